@@ -1,0 +1,61 @@
+"""The attack template (DESIGN.md): ``run(context) -> AttackResult``, one self-describing class per attack.
+
+The context is the attacker's view: the model and its states, the task, the defense (to produce the
+shared gradient of a target batch through the defense's own ``release`` path, or to train shadow models
+with the same defense), a seed and a folder for artefacts. An attack reports its metrics under
+``leakage.<attack>.<metric>``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from defenses.base import Defense
+
+
+class AttackParams:
+    """Base for an attack's parameter dataclass; ``validate`` raises ConfigError naming ``attack.<field>``."""
+
+    def validate(self) -> None:
+        return None
+
+
+@dataclass
+class NoAttackParams(AttackParams):
+    pass
+
+
+@dataclass
+class AttackContext:
+    model: torch.nn.Module                 # architecture with the final weights loaded
+    states: dict[str, dict[str, torch.Tensor]]  # named weight snapshots, e.g. "init", "final"
+    task: Any                              # harness.data.Task
+    make_defense: Callable[[], Defense]    # a fresh defense configured exactly as in training
+    spec: Any                              # harness.config.RunSpec (public hyperparameters)
+    seed: int
+    out_dir: Path
+    device: torch.device
+
+
+@dataclass
+class AttackResult:
+    metrics: dict[str, float]              # metric name -> value, reported as leakage.<attack>.<metric>
+    artefacts: dict[str, str] = field(default_factory=dict)  # name -> path of files written
+
+
+class Attack(ABC):
+    Params: ClassVar[type] = NoAttackParams
+    description: ClassVar[str] = ""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    @abstractmethod
+    def run(self, context: AttackContext) -> AttackResult:
+        """Attack what the defense releases; never read raw per-sample gradients or private labels
+        beyond what the threat model grants."""

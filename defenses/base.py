@@ -1,0 +1,154 @@
+"""The defense template: one method per stage of a private gradient release (DESIGN.md).
+
+Training and attacks call the same three methods, so what an attacker receives is exactly what training
+shares:
+
+1. ``begin_epoch(epoch, epochs)``   schedules (e.g. sparsification rate, mask refresh)
+2. ``clip_and_accumulate(grads)``   per micro-batch: per-sample transform, clipping, running sum
+3. ``release(batch_size)``          noise, rescale, reset -> ``SharedGradient``
+
+Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
+one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+FLOAT_BYTES = 4  # released values are float32
+INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)
+
+
+@dataclass
+class SharedGradient:
+    """What a defense releases for one logical step, and all an attacker ever receives.
+
+    ``grads`` are the per-parameter released tensors (already divided by the logical batch size).
+    Everything else is public metadata: ``mask`` marks released coordinates (True = released; None =
+    all released), ``noise_std`` is the std of the Gaussian noise on each released coordinate of
+    ``grads`` (σ·C / B for DP-SGD), ``extra`` holds defense-specific public state (anchors, statistics).
+    """
+
+    grads: dict[str, torch.Tensor]
+    batch_size: int
+    noise_std: float
+    mask: dict[str, torch.Tensor] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel() for g in self.grads.values())
+
+    @property
+    def released(self) -> int:
+        """Number of released (possibly non-zero) coordinates."""
+        if self.mask is None:
+            return self.numel
+        return int(sum(int(m.sum()) for m in self.mask.values()))
+
+    @property
+    def density(self) -> float:
+        return self.released / max(self.numel, 1)
+
+    def bytes_dense(self) -> int:
+        return FLOAT_BYTES * self.numel
+
+    def bytes_sparse(self) -> int:
+        """Values of released coordinates plus the cheaper coordinate encoding (index list or bitmask)."""
+        if self.mask is None:
+            return self.bytes_dense()
+        index_cost = min(INDEX_BYTES * self.released, math.ceil(self.numel / 8))
+        return FLOAT_BYTES * self.released + index_cost
+
+
+class DefenseParams:
+    """Base for a defense's parameter dataclass: ``validate`` raises ConfigError naming ``defense.<field>``."""
+
+    def validate(self) -> None:  # pragma: no cover - trivial default
+        return None
+
+
+@dataclass
+class NoParams(DefenseParams):
+    pass
+
+
+class Defense(ABC):
+    """Base class. Subclasses set ``Params`` (a dataclass of validated knobs) and implement the stages.
+
+    ``dp`` says whether the release is a DP mechanism whose ε the accountant reports. ``noise_multiplier``
+    is the σ the defense must use; ``accounted_noise_multiplier`` is the σ the accountant is told (they
+    differ only for defenses whose release composes several Gaussian mechanisms, e.g. GEP).
+    """
+
+    Params: ClassVar[type] = NoParams
+    dp: ClassVar[bool] = True
+    description: ClassVar[str] = ""
+
+    def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.param_shapes = dict(param_shapes)
+        self.noise_multiplier = float(noise_multiplier)
+        self.generator = generator
+        self.device = torch.device(device)
+        self._sum: dict[str, torch.Tensor] = {}
+        self.samples_seen = 0  # per-sample gradients accumulated since the last release
+        self.reset()
+
+    # -- accounting facts ------------------------------------------------------------------------------
+    @classmethod
+    def noise_for_accounted(cls, accounted_sigma: float) -> float:
+        """The σ the defense must add so that its release is covered by ``accounted_sigma``."""
+        return accounted_sigma
+
+    def accounted_noise_multiplier(self) -> float:
+        return self.noise_multiplier
+
+    def param_dict(self) -> dict[str, Any]:
+        """Parameters as reported under ``defense.<param>`` in results."""
+        return dataclasses.asdict(self.params)
+
+    # -- the three stages --------------------------------------------------------------------------------
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        """Called before each epoch (and by attacks before producing a release at a given epoch)."""
+        return None
+
+    @abstractmethod
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        """Add one micro-batch of per-sample gradients to the running sum."""
+
+    @abstractmethod
+    def release(self, batch_size: int) -> SharedGradient:
+        """Produce the shared gradient of the logical step and reset the running sum."""
+
+    # -- helpers for subclasses ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._sum = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}
+        self.samples_seen = 0
+
+    def gaussian(self, shape: torch.Size, std: float) -> torch.Tensor:
+        """Noise from the defense's own generator (seeded per run; not a cryptographically secure RNG)."""
+        noise = torch.randn(shape, generator=self.generator, device=self.device)
+        return noise * std
+
+    def state_dict(self) -> dict[str, Any]:
+        """Public defense state worth checkpointing (masks, statistics). Stateless defenses return {}."""
+        return {}
+
+
+def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each sample's gradient over all parameters: Tensor[b]."""
+    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
+    return torch.stack(squares, dim=1).sum(dim=1).sqrt()
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(1, C / (‖g‖ + 1e-6)): the +1e-6 (as in Opacus) keeps ‖clipped g‖ < C even when ‖g‖ is tiny."""
+    return (clip / (norms + 1e-6)).clamp(max=1.0)

@@ -1,0 +1,41 @@
+"""``dpsgd``: DP-SGD (Abadi et al. 2016) with flat clipping.
+
+Release = (Σ_i g_i·min(1, C/‖g_i‖) + N(0, σ²C²·I)) / B, with ‖·‖ over all parameters and B the logical
+(expected, under Poisson sampling) batch size. Dividing by the expected rather than the realised batch
+size keeps the batch size itself private (Opacus does the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.registry import DEFENSES
+from harness.config import check_range
+
+
+@dataclass
+class ClipParams(DefenseParams):
+    clip: float = 1.0  # per-sample L2 clipping norm C
+
+    def validate(self) -> None:
+        check_range("defense.clip", self.clip, low=0, low_open=True)
+
+
+@DEFENSES.register("dpsgd", "DP-SGD: flat per-sample clipping to C, Gaussian noise N(0, σ²C²) on the sum")
+class DPSGD(Defense):
+    Params = ClipParams
+
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        factors = clip_factors(per_sample_norms(grads), self.params.clip)
+        for name, g in grads.items():
+            self._sum[name] += torch.einsum("b,b...->...", factors, g)
+        self.samples_seen += factors.shape[0]
+
+    def release(self, batch_size: int) -> SharedGradient:
+        std = self.noise_multiplier * self.params.clip
+        grads = {n: (s + self.gaussian(s.shape, std)) / batch_size for n, s in self._sum.items()}
+        self.reset()
+        return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)

@@ -1,0 +1,25 @@
+"""``none``: the non-private baseline — the plain mean of the per-sample gradients (ε = inf)."""
+
+from __future__ import annotations
+
+import torch
+
+from defenses.base import Defense, SharedGradient
+from defenses.registry import DEFENSES
+
+
+@DEFENSES.register("none", "no defense: plain mean gradient, not private (ε = inf)")
+class NoDefense(Defense):
+    dp = False
+
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        for name, g in grads.items():
+            self._sum[name] += g.sum(dim=0)
+        self.samples_seen += next(iter(grads.values())).shape[0]
+
+    def release(self, batch_size: int) -> SharedGradient:
+        # Non-private: divide by the number of samples actually seen (the true mean gradient).
+        count = max(self.samples_seen, 1)
+        shared = SharedGradient({n: s / count for n, s in self._sum.items()}, batch_size=count, noise_std=0.0)
+        self.reset()
+        return shared

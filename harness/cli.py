@@ -1,0 +1,258 @@
+"""The ``dpeval`` command line (DESIGN.md contract).
+
+Exit codes: 0 success; 2 bad usage / invalid config (one line naming the field, no traceback); 1 runtime
+failure (message and where the log is). ``--json`` prints exactly one JSON object on stdout; progress bars
+and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from harness import __version__
+from harness.errors import ConfigError, RunFailure
+
+DEFAULT_RESULTS = "./dpeval-results"
+
+
+def fail_usage(message: str) -> None:
+    click.echo(f"dpeval: error: {message}", err=True)
+    sys.exit(2)
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            fail_usage(str(exc))
+        except RunFailure as exc:
+            click.echo(f"dpeval: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("dpeval: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def emit(data: Any, as_json: bool, text: str) -> None:
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+    else:
+        click.echo(text)
+
+
+def setup_logging() -> None:
+    logger = logging.getLogger("dpeval")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+               for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        # Per-epoch lines go to the run's log file; the terminal gets the progress bar and warnings.
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.propagate = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dpeval")
+def main() -> None:
+    """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs leakage."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# run
+
+
+def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...]) -> dict[str, Any]:
+    """Merge the layers: YAML file ← explicit CLI flags ← ``--set`` (later wins)."""
+    from harness.config import load_yaml, parse_set, set_dotted
+
+    raw = load_yaml(config) if config else {}
+    if isinstance(raw.get("defense"), str):
+        raw["defense"] = {"name": raw["defense"]}
+    for key, value in flags.items():
+        if value is not None:
+            set_dotted(raw, key, value)
+    for key, value in parse_set(list(sets)):
+        set_dotted(raw, key, value)
+    return raw
+
+
+def format_run(m: dict[str, Any]) -> str:
+    def num(v: Any, fmt: str = ".4f") -> str:
+        return "inf" if v == math.inf else format(v, fmt)
+
+    lines = [
+        f"run {m['run_id']}  ({m['dataset']} / {m['model']} / defense {m['defense']} / attack {m['attack']}, seed {m['seed']})",
+        f"  test accuracy   {num(m['utility.test_accuracy'])}   train accuracy {num(m['utility.train_accuracy'])}",
+        f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {m['privacy.delta']:.3g}  "
+        f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
+        f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
+        f"  communication   density {m['comm.density']:.3f}  {m['comm.bytes_sparse']:.0f} B sparse / "
+        f"{m['comm.bytes_dense']:.0f} B dense per step",
+        f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
+    ]
+    leak = {k: v for k, v in m.items() if k.startswith("leakage.")}
+    for key, value in sorted(leak.items()):
+        lines.append(f"  {key:<40} {num(value) if isinstance(value, float) else value}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.option("--defense", help="defense name (dpeval list); default dpsgd")
+@click.option("--attack", "attacks", multiple=True, help="attack name, repeatable; 'none' for no attack")
+@click.option("--dataset", help="dataset name; default digits (embedded, offline)")
+@click.option("--model", help="model name; default: the dataset's default model")
+@click.option("--epsilon", type=float, help="target ε (σ is calibrated); default 3")
+@click.option("--delta", type=float, help="target δ; default min(1e-5, 1/(2N))")
+@click.option("--epochs", type=int, help="training epochs")
+@click.option("--seed", type=int, help="run seed (default 0)")
+@click.option("--device", help="auto | cpu | cuda (default auto)")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting, e.g. train.lr=0.5")
+@click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
+@click.option("--quiet", is_flag=True, help="no progress bar or log lines")
+@handle_errors
+def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
+        epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
+        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool) -> None:
+    """Train a victim with a defense, run attacks on it, store and print the result."""
+    from harness.config import build_spec
+    from harness.runner import execute
+    from harness.store import ResultStore
+
+    flags = {
+        "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
+        "privacy.delta": delta, "train.epochs": epochs, "seed": seed, "device": device,
+        "attacks": list(attacks) if attacks else None,
+    }
+    spec = build_spec(raw_config(config, flags, sets))
+    setup_logging()
+    metrics = execute(spec, ResultStore(results), progress=not quiet)
+    emit(metrics, as_json, format_run(metrics))
+
+
+# ---------------------------------------------------------------------------------------------------
+# privacy
+
+
+@main.command()
+@click.option("--epsilon", type=float, help="target ε: print the calibrated σ")
+@click.option("--noise-multiplier", type=float, help="σ: print the ε it spends")
+@click.option("--delta", type=float, required=True, help="δ")
+@click.option("--sample-rate", type=float, required=True, help="sampling rate q = B/N")
+@click.option("--epochs", type=int, help="epochs (steps = epochs·⌊1/q⌋)")
+@click.option("--steps", type=int, help="steps")
+@click.option("--accountant", type=click.Choice(["rdp", "prv"]), default="rdp", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
+            epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
+    """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
+    from harness.accounting import epsilon_for, noise_for, steps_for
+
+    if (epochs is None) == (steps is None):
+        raise ConfigError("--epochs/--steps: give exactly one of them")
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ConfigError("--epsilon/--noise-multiplier: give exactly one of them")
+    if epochs is not None and epochs < 1:
+        raise ConfigError(f"--epochs: must be >= 1, got {epochs}")
+    if not 0 < sample_rate <= 1:
+        raise ConfigError(f"--sample-rate: must satisfy 0 < q <= 1, got {sample_rate}")
+    total = steps if steps is not None else steps_for(epochs, sample_rate)
+    if noise_multiplier is not None:
+        if noise_multiplier <= 0:
+            raise ConfigError(f"--noise-multiplier: must be > 0, got {noise_multiplier}")
+        if not 0 < delta < 1:
+            raise ConfigError(f"--delta: must satisfy 0 < delta < 1, got {delta}")
+        sigma = noise_multiplier
+    else:
+        sigma = noise_for(epsilon, delta, sample_rate, total, accountant)
+    spent = epsilon_for(sigma, sample_rate, total, delta, accountant)
+    data = {"noise_multiplier": sigma, "epsilon": spent, "target_epsilon": epsilon, "delta": delta,
+            "sample_rate": sample_rate, "steps": total, "accountant": accountant}
+    emit(data, as_json, f"noise multiplier σ = {sigma:.6g}\nε = {spent:.4f} at δ = {delta:g} "
+                        f"(q = {sample_rate:g}, {total} steps, {accountant} accountant)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# list / show / leaderboard
+
+
+@main.command(name="list")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def list_cmd(as_json: bool) -> None:
+    """Defenses, attacks, datasets and models, with one-line descriptions."""
+    from attacks import ATTACKS
+    from defenses import DEFENSES
+    from harness.data import DATASETS
+    from harness.models import MODELS
+
+    data = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
+            "datasets": DATASETS.describe(), "models": MODELS.describe()}
+    text = []
+    for section, items in data.items():
+        text.append(f"{section}:")
+        text += [f"  {name:<16} {desc}" for name, desc in items.items()]
+    emit(data, as_json, "\n".join(text))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def show(run_id: str, results: str, as_json: bool) -> None:
+    """One stored run: status, config and metrics (a unique prefix of the id is enough)."""
+    from harness.store import ResultStore
+
+    row = ResultStore(results).get(run_id)
+    if row is None:
+        raise ConfigError(f"RUN_ID: no single run matches {run_id!r} in {results}")
+    text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",
+                                       "finished_at", "duration_s", "error") if row.get(k) is not None]
+    text.append("config:")
+    text += [f"  {line}" for line in json.dumps(row["config"], indent=2, sort_keys=True).splitlines()]
+    text.append("metrics:")
+    text += [f"  {k}: {v}" for k, v in sorted(row["metrics"].items())]
+    emit(row, as_json, "\n".join(text))
+
+
+@main.command()
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="write CSV here (else a table on the terminal)")
+@click.option("--group-seeds", is_flag=True, help="aggregate seeds: mean, <col>.sem and n per configuration")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def leaderboard(results: str, out: str | None, group_seeds: bool, as_json: bool) -> None:
+    """One row per finished run with the DESIGN.md result keys."""
+    from harness import leaderboard as lb
+    from harness.store import ResultStore
+
+    rows = ResultStore(results).rows()
+    records = lb.leaderboard(rows, group_seeds)
+    if out:
+        lb.write_leaderboard(rows, Path(out), group_seeds)
+        emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}")
+    else:
+        emit(records, as_json, lb.format_table(records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""One run end to end: RunSpec → task → model → defense + accounting → training → attacks → results store.
+
+Everything that can be wrong with the user's input (names, ranges, a missing dataset folder, an
+unreachable ε) is checked in ``prepare`` before anything is written, so bad input leaves the store
+untouched. ``execute`` then records the run as ``running`` and finishes it as ``done`` or ``failed``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from attacks import ATTACKS
+from attacks.base import AttackContext
+from defenses import DEFENSES, Defense
+from harness import __version__
+from harness.accounting import default_delta, epsilon_for, noise_for
+from harness.config import RunSpec, field_names
+from harness.data import Task, load_task
+from harness.errors import ConfigError, RunFailure
+from harness.models import DEFAULT_MODELS, build_model
+from harness.store import ResultStore
+from harness.training import BatchSampler, accuracy, train
+
+log = logging.getLogger("dpeval")
+
+# Independent random streams derived from the run seed, so e.g. changing the noise never changes the
+# batches drawn.
+STREAM_SAMPLER, STREAM_NOISE, STREAM_ATTACK = 1, 2, 3
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is available; use auto or cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1000 + stream)
+    return gen
+
+
+@dataclass
+class PrivacyPlan:
+    """The accounting facts of a run (reported under ``privacy.*``)."""
+
+    epsilon: float
+    delta: float
+    noise_multiplier: float        # the σ the defense adds
+    accounted_noise_multiplier: float
+    sample_rate: float
+    steps: int
+    accountant: str
+    sampling: str
+
+
+@dataclass
+class Prepared:
+    spec: RunSpec
+    task: Task
+    model_name: str
+    model: nn.Module
+    sampler: BatchSampler
+    privacy: PrivacyPlan
+    make_defense: Callable[[int], Defense]
+    device: torch.device
+
+
+def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyPlan:
+    p, t = spec.privacy, spec.train
+    sample_rate = t.batch_size / n_private
+    steps = t.epochs * (n_private // t.batch_size)
+    delta = p.delta if p.delta is not None else default_delta(n_private)
+    if not defense_cls.dp:
+        return PrivacyPlan(math.inf, delta, 0.0, 0.0, sample_rate, steps, p.accountant, t.sampling)
+    if p.noise_multiplier is not None:
+        sigma = p.noise_multiplier
+        accounted = sigma / defense_cls.noise_for_accounted(1.0)
+    else:
+        accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant)
+        sigma = defense_cls.noise_for_accounted(accounted)
+    epsilon = epsilon_for(accounted, sample_rate, steps, delta, p.accountant)
+    return PrivacyPlan(epsilon, delta, sigma, accounted, sample_rate, steps, p.accountant, t.sampling)
+
+
+def prepare(spec: RunSpec) -> Prepared:
+    """Load data, build the model and plan privacy; raises ConfigError on any invalid input."""
+    device = resolve_device(spec.device)
+    task = load_task(spec.data)
+    n = len(task.train)
+    if spec.train.batch_size > n:
+        raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
+    model_name = spec.model.name or DEFAULT_MODELS[spec.data.name]
+    seed_everything(spec.seed)
+    model = build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
+    defense_cls = DEFENSES.get(spec.defense_name, field="defense")
+    privacy = plan_privacy(spec, defense_cls, n)
+    shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
+
+    def make_defense(stream: int = STREAM_NOISE) -> Defense:
+        return defense_cls(spec.defense, shapes, privacy.noise_multiplier,
+                           generator(spec.seed, stream, device), device)
+
+    sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, generator(spec.seed, STREAM_SAMPLER, torch.device("cpu")))
+    return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, device)
+
+
+def base_metrics(prep: Prepared) -> dict[str, Any]:
+    spec = prep.spec
+    row: dict[str, Any] = {
+        "run_key": spec.run_key,
+        "dataset": spec.data.name,
+        "model": prep.model_name,
+        "defense": spec.defense_name,
+        "attack": "+".join(spec.attacks) if spec.attacks else "none",
+        "seed": spec.seed,
+        "version": __version__,
+        "device": str(prep.device),
+    }
+    row.update({f"defense.{k}": v for k, v in dataclasses.asdict(spec.defense).items()})
+    pp = prep.privacy
+    row.update({
+        "privacy.epsilon": pp.epsilon,
+        "privacy.delta": pp.delta,
+        "privacy.noise_multiplier": pp.noise_multiplier,
+        "privacy.accounted_noise_multiplier": pp.accounted_noise_multiplier,
+        "privacy.sample_rate": pp.sample_rate,
+        "privacy.steps": pp.steps,
+        "privacy.accountant": pp.accountant,
+        "privacy.sampling": pp.sampling,
+        "data.train_size": len(prep.task.train),
+        "data.test_size": len(prep.task.test),
+        "data.public_size": len(prep.task.public),
+    })
+    return row
+
+
+def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], out_dir: Path) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for name in prep.spec.attacks:
+        cls = ATTACKS.get(name, field="attack")
+        own = {k: v for k, v in prep.spec.attack.items() if k in field_names(cls.Params)}
+        attack = cls(cls.Params(**own))
+        context = AttackContext(
+            model=prep.model, states=states, task=prep.task,
+            make_defense=lambda: prep.make_defense(STREAM_ATTACK), spec=prep.spec,
+            seed=prep.spec.seed, out_dir=out_dir / name, device=prep.device,
+        )
+        context.out_dir.mkdir(parents=True, exist_ok=True)
+        log.info("attack %s", name)
+        result = attack.run(context)
+        metrics.update({f"leakage.{name}.{k}": v for k, v in result.metrics.items()})
+    return metrics
+
+
+def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
+    """Run ``spec`` and record it; returns the flat result (DESIGN.md result keys)."""
+    prep = prepare(spec)
+    config = spec.canonical()
+    run_id = store.begin(spec.run_key, config)
+    run_dir = store.run_dir(run_id)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
+    handler = logging.FileHandler(run_dir / "log.txt")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    try:
+        metrics = {"run_id": run_id, **base_metrics(prep)}
+        log.info("run %s: %s", run_id, json_line(metrics))
+        seed_everything(spec.seed)
+        states = {"init": copy.deepcopy(prep.model.state_dict())}
+        result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(), spec.train,
+                       prep.sampler, prep.device, progress=progress)
+        states["final"] = copy.deepcopy(prep.model.state_dict())
+        torch.save(states["final"], run_dir / "model.pt")
+        metrics.update({
+            "utility.test_accuracy": result.history[-1]["test_accuracy"],
+            "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
+            "utility.test_accuracy_by_epoch": [h["test_accuracy"] for h in result.history],
+            "comm.density": result.density,
+            "comm.bytes_sparse": result.bytes_sparse,
+            "comm.bytes_dense": result.bytes_dense,
+            "time.train_s": result.train_s,
+        })
+        attack_start = time.perf_counter()
+        metrics.update(run_attacks(prep, states, run_dir))
+        metrics["time.attack_s"] = time.perf_counter() - attack_start
+        metrics["status"] = "done"
+        store.finish(run_id, metrics)
+        return metrics
+    except KeyboardInterrupt:
+        store.fail(run_id, "interrupted")
+        raise
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        store.fail(run_id, f"{type(exc).__name__}: {exc}")
+        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def json_line(data: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in data.items())
+
+
+def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load a model state saved by a run (tensors only: ``weights_only=True`` refuses pickled code)."""
+    return torch.load(path, weights_only=True, map_location="cpu")
