@@ -74,13 +74,15 @@ class PrivacyConfig:
 
 @dataclass
 class TrainConfig:
-    """Victim training. Defaults are tuned for the embedded digits data (see docs/configuration.md)."""
+    """Victim training. Defaults are tuned for the embedded digits data (see docs/configuration.md):
+    Adam at lr 0.01 serves both DP-SGD (≈0.91 test accuracy at ε = 3) and the non-private baseline (≈0.97);
+    the papers' SGD recipes are in configs/. ``momentum`` applies to SGD only."""
 
-    epochs: int = 30
-    batch_size: int = 256
+    epochs: int = 20
+    batch_size: int = 128
     physical_batch_size: int = 256
-    optimizer: str = "sgd"
-    lr: float = 2.0
+    optimizer: str = "adam"
+    lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
     lr_schedule: str = "constant"

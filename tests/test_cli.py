@@ -213,3 +213,22 @@ def test_json_stdout_is_exactly_one_object(tmp_path):
     obj = json.loads(proc.stdout)
     assert isinstance(obj, dict) and obj["status"] == "done"
     assert proc.stdout.strip().count("\n") == 0
+
+
+def test_acceptance_default_dpsgd_run(tmp_path):
+    """Issue 'done when': the default DP-SGD run at ε = 3 on digits prints accuracy, ε, δ, σ; ε ≤ 3 within 2%."""
+    result = invoke("run", "--defense", "dpsgd", "--attack", "none", "--epsilon", "3", "--results", tmp_path, "--quiet")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for label in ("test accuracy", "ε =", "δ =", "σ ="):
+        assert label in text, label
+    (row,) = ResultStore(tmp_path).rows()
+    m = row["metrics"]
+    assert 0.98 * 3 <= m["privacy.epsilon"] <= 3
+    assert f"{m['utility.test_accuracy']:.4f}" in text and f"{m['privacy.epsilon']:.3f}" in text
+    assert m["utility.test_accuracy"] >= 0.85
+
+
+def test_acceptance_no_defense_accuracy(tmp_path):
+    m = json.loads(invoke("run", "--defense", "none", "--results", tmp_path, "--quiet", "--json").stdout)
+    assert m["utility.test_accuracy"] >= 0.95
