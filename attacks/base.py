@@ -32,10 +32,20 @@ class NoAttackParams(AttackParams):
 
 @dataclass
 class AttackContext:
+    """The attacker's view of a run.
+
+    ``states`` maps a model state name to its weights: always ``init`` (before training) and ``final``,
+    plus ``epoch:N`` (weights at the start of epoch N) for every name an attack asked for through
+    ``Attack.wanted_states``. ``defense_states`` holds the defense's public state (``state_dict()``)
+    at the same moments; ``trained_defense`` is the defense object training used, in its final state.
+    """
+
     model: torch.nn.Module                 # architecture with the final weights loaded
-    states: dict[str, dict[str, torch.Tensor]]  # named weight snapshots, e.g. "init", "final"
+    states: dict[str, dict[str, torch.Tensor]]
+    defense_states: dict[str, dict[str, Any]]
+    trained_defense: Defense
     task: Any                              # harness.data.Task
-    make_defense: Callable[[], Defense]    # a fresh defense configured exactly as in training
+    make_defense: Callable[[], Defense]    # a fresh defense configured exactly as in training (bound)
     spec: Any                              # harness.config.RunSpec (public hyperparameters)
     seed: int
     out_dir: Path
@@ -54,6 +64,11 @@ class Attack(ABC):
 
     def __init__(self, params: Any) -> None:
         self.params = params
+
+    @classmethod
+    def wanted_states(cls, params: Any) -> set[str]:
+        """Model states (``epoch:N``) to snapshot during training besides ``init`` and ``final``."""
+        return set()
 
     @abstractmethod
     def run(self, context: AttackContext) -> AttackResult:

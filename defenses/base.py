@@ -115,6 +115,12 @@ class Defense(ABC):
         """Parameters as reported under ``defense.<param>`` in results."""
         return dataclasses.asdict(self.params)
 
+    def bind(self, model: torch.nn.Module, task: Any) -> None:
+        """Called once after construction with the model being trained and the task. Defenses whose
+        public state comes from public data (GEP anchors) keep what they need; the default keeps nothing.
+        Only ``task.public`` may shape public state: private data must never reach it."""
+        return None
+
     # -- the three stages --------------------------------------------------------------------------------
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         """Called before each epoch (and by attacks before producing a release at a given epoch)."""

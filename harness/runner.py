@@ -119,8 +119,10 @@ def prepare(spec: RunSpec) -> Prepared:
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
     def make_defense(stream: int = STREAM_NOISE) -> Defense:
-        return defense_cls(spec.defense, shapes, privacy.noise_multiplier,
-                           generator(spec.seed, stream, device), device)
+        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier,
+                              generator(spec.seed, stream, device), device)
+        defense.bind(model, task)
+        return defense
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, generator(spec.seed, STREAM_SAMPLER, torch.device("cpu")))
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, device)
@@ -156,15 +158,22 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
     return row
 
 
-def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], out_dir: Path) -> dict[str, Any]:
-    metrics: dict[str, Any] = {}
-    for name in prep.spec.attacks:
+def attacks_of(spec: RunSpec) -> list:
+    out = []
+    for name in spec.attacks:
         cls = ATTACKS.get(name, field="attack")
-        own = {k: v for k, v in prep.spec.attack.items() if k in field_names(cls.Params)}
-        attack = cls(cls.Params(**own))
+        own = {k: v for k, v in spec.attack.items() if k in field_names(cls.Params)}
+        out.append((name, cls(cls.Params(**own))))
+    return out
+
+
+def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
+                trained_defense: Defense, out_dir: Path) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for name, attack in attacks_of(prep.spec):
         context = AttackContext(
-            model=prep.model, states=states, task=prep.task,
-            make_defense=lambda: prep.make_defense(STREAM_ATTACK), spec=prep.spec,
+            model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
+            task=prep.task, make_defense=lambda: prep.make_defense(STREAM_ATTACK), spec=prep.spec,
             seed=prep.spec.seed, out_dir=out_dir / name, device=prep.device,
         )
         context.out_dir.mkdir(parents=True, exist_ok=True)
@@ -188,10 +197,22 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         metrics = {"run_id": run_id, **base_metrics(prep)}
         log.info("run %s: %s", run_id, json_line(metrics))
         seed_everything(spec.seed)
+        wanted = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
-        result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(), spec.train,
-                       prep.sampler, prep.device, progress=progress)
+        defense_states: dict[str, Any] = {}
+
+        def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
+            if epoch == 0:
+                defense_states["init"] = copy.deepcopy(defense.state_dict())
+            if f"epoch:{epoch}" in wanted:
+                states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
+                defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
+
+        defense = prep.make_defense()
+        result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
+                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot)
         states["final"] = copy.deepcopy(prep.model.state_dict())
+        defense_states["final"] = copy.deepcopy(defense.state_dict())
         torch.save(states["final"], run_dir / "model.pt")
         metrics.update({
             "utility.test_accuracy": result.history[-1]["test_accuracy"],
@@ -203,7 +224,7 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
             "time.train_s": result.train_s,
         })
         attack_start = time.perf_counter()
-        metrics.update(run_attacks(prep, states, run_dir))
+        metrics.update(run_attacks(prep, states, defense_states, defense, run_dir))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
         metrics["status"] = "done"
         store.finish(run_id, metrics)

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -95,8 +96,12 @@ def accuracy(model: nn.Module, split: Split, device: torch.device, batch: int = 
 
 
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
-          sampler: BatchSampler, device: torch.device, progress: bool = True) -> TrainResult:
-    """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``."""
+          sampler: BatchSampler, device: torch.device, progress: bool = True,
+          on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None) -> TrainResult:
+    """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``.
+
+    ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
+    the weights and public defense state an attack targets)."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     psg = PerSampleGradients(model)
     optimizer = make_optimizer(model, cfg)
@@ -111,6 +116,8 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, leave=False)
     for epoch in range(cfg.epochs):
         defense.begin_epoch(epoch, cfg.epochs)
+        if on_epoch_start is not None:
+            on_epoch_start(epoch, model, defense)
         for batch in sampler.epoch():
             batch = batch.to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
