@@ -180,6 +180,7 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
         log.info("attack %s", name)
         result = attack.run(context)
         metrics.update({f"leakage.{name}.{k}": v for k, v in result.metrics.items()})
+        metrics.update({f"artefacts.{name}.{k}": str(v) for k, v in result.artefacts.items()})
     return metrics
 
 
