@@ -40,6 +40,7 @@ class SharedGradient:
     noise_std: float
     mask: dict[str, torch.Tensor] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    mask_is_new: bool = True  # False while a mask the receiver already has is reused (its indices are not resent)
 
     @property
     def numel(self) -> int:
@@ -60,10 +61,11 @@ class SharedGradient:
         return FLOAT_BYTES * self.numel
 
     def bytes_sparse(self) -> int:
-        """Values of released coordinates plus the cheaper coordinate encoding (index list or bitmask)."""
+        """Values of released coordinates plus the cheaper coordinate encoding (uint32 index list or
+        bitmask), the latter only when the mask is new to the receiver (an epoch-shared mask is sent once)."""
         if self.mask is None:
             return self.bytes_dense()
-        index_cost = min(INDEX_BYTES * self.released, math.ceil(self.numel / 8))
+        index_cost = min(INDEX_BYTES * self.released, math.ceil(self.numel / 8)) if self.mask_is_new else 0
         return FLOAT_BYTES * self.released + index_cost
 
 
@@ -90,6 +92,7 @@ class Defense(ABC):
     Params: ClassVar[type] = NoParams
     dp: ClassVar[bool] = True
     description: ClassVar[str] = ""
+    steps_per_epoch: int = 1  # set by the runner before ``bind``; schedules that act within an epoch use it
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
                  generator: torch.Generator, device: torch.device | str = "cpu") -> None:
@@ -103,6 +106,11 @@ class Defense(ABC):
         self.reset()
 
     # -- accounting facts ------------------------------------------------------------------------------
+    @classmethod
+    def is_dp(cls, params: Any) -> bool:
+        """Whether a release with these parameters is a DP mechanism (ε accounted) or not (ε = inf)."""
+        return cls.dp
+
     @classmethod
     def noise_for_accounted(cls, accounted_sigma: float) -> float:
         """The σ the defense must add so that its release is covered by ``accounted_sigma``."""

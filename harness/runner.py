@@ -92,7 +92,7 @@ def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> P
     sample_rate = t.batch_size / n_private
     steps = t.epochs * (n_private // t.batch_size)
     delta = p.delta if p.delta is not None else default_delta(n_private)
-    if not defense_cls.dp:
+    if not defense_cls.is_dp(spec.defense):
         return PrivacyPlan(math.inf, delta, 0.0, 0.0, sample_rate, steps, p.accountant, t.sampling)
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
@@ -121,6 +121,7 @@ def prepare(spec: RunSpec) -> Prepared:
     def make_defense(stream: int = STREAM_NOISE) -> Defense:
         defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier,
                               generator(spec.seed, stream, device), device)
+        defense.steps_per_epoch = n // spec.train.batch_size
         defense.bind(model, task)
         return defense
 

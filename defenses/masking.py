@@ -1,0 +1,185 @@
+"""Shared mechanics of random sparsification (RS) and random freeze: DP-SGD on a random coordinate mask.
+
+Per step (RS paper, Algorithm 1; random freeze, Algorithm 1):
+  mask each per-sample gradient → clip the masked vector to C (norm over kept coordinates) → sum
+  → add N(0, σ²C²) noise on kept coordinates only → divide by the logical batch size B.
+Masked coordinates of the release are exactly zero; there is no 1/(1−r) rescaling.
+
+The mask is one global mask over the flattened parameter vector (in ``named_parameters`` order) with
+exactly ⌊r·d⌋ zeroed coordinates, drawn uniformly without replacement. It is data-independent and public
+(it travels in ``SharedGradient.mask``), so σ and the accounting are those of plain DP-SGD (RS paper,
+Theorem 3.1). Subclasses only say what rate applies when (``scheduled_rate``).
+
+Choices where the papers are silent (tested, documented in docs/sparsification.md):
+- Masks come from their own generator, seeded from the noise generator's seed, and the noise is drawn
+  over all d coordinates and then masked (as the reference code does). Hence r = 0 reproduces ``dpsgd``
+  bit for bit, and changing r never changes which noise a kept coordinate gets.
+- ``refresh: k`` draws k masks per epoch, at steps ⌊j·S/k⌋ (S = steps per epoch, j = 0..k−1).
+- ``mask: ranked`` (RS paper, Appendix Algorithm 4): from the second mask on, zero the ⌊r·d⌋ coordinates
+  with the smallest |z|, where z accumulates the released gradients since the previous mask plus, on
+  masked coordinates, the unreleased part of the same full-size noise draw divided by B (so they can
+  re-enter the ranking). The first mask of training is all ones (Alg. 4) — a rate > 0 at that point is
+  only possible with the constant schedule, and then it is random. Ranking uses only released values and
+  data-independent noise: post-processing, no privacy cost.
+- Non-DP attack mode (``clip: null`` with ``noise_std``): no clipping, and Gaussian noise of std
+  ``noise_std`` on each kept coordinate of the released *average*, as in the RS paper's reconstruction
+  experiment (Section 6.3, Fig. 5). Reported with ε = inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from harness.config import check_range
+from harness.errors import ConfigError
+
+MASK_SEED_OFFSET = 7919  # the mask generator's seed = noise generator's seed + this (independent streams)
+
+
+@dataclass
+class MaskedClipParams(DefenseParams):
+    clip: float | None = 1.0          # per-sample clipping norm C; null = no clipping (non-DP attack mode)
+    final_rate: float = 0.9           # r*: the fraction of coordinates zeroed at the end of the schedule
+    refresh: int = 1                  # masks drawn per epoch
+    noise_std: float | None = None    # only with clip=null: noise std on each kept coordinate of the release
+
+    def validate(self) -> None:
+        check_range("defense.clip", self.clip, low=0, low_open=True)
+        check_range("defense.final_rate", self.final_rate, low=0, high=1, high_open=True)
+        check_range("defense.refresh", self.refresh, low=1)
+        check_range("defense.noise_std", self.noise_std, low=0)
+        if self.clip is None and self.noise_std is None:
+            raise ConfigError("defense.noise_std: required when defense.clip is null (the non-DP attack "
+                              "setting: fixed-std noise, no clipping); use 0 for no noise")
+        if self.clip is not None and self.noise_std is not None:
+            raise ConfigError("defense.noise_std: only with defense.clip=null; with clipping the noise is "
+                              "σ·C from privacy.epsilon / privacy.noise_multiplier")
+
+
+class MaskedDPSGD(Defense):
+    """DP-SGD on a public random mask; subclasses define the rate schedule."""
+
+    Params = MaskedClipParams
+
+    @classmethod
+    def is_dp(cls, params: Any) -> bool:
+        return params.clip is not None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.d = sum(math.prod(s) for s in self.param_shapes.values())
+        self.mask_generator = torch.Generator().manual_seed(self.generator.initial_seed() + MASK_SEED_OFFSET)
+        self.keep = torch.ones(self.d, dtype=torch.bool, device=self.device)  # flat; True = released
+        self.rate = 0.0
+        self.epoch, self.epochs, self.period = 0, 1, 0
+        self.step_in_epoch = 0
+        self.mask_is_new = True
+        self.ranking_sum: torch.Tensor | None = None  # z of Algorithm 4 (ranked masks only)
+        self.masks_drawn = 0
+
+    # -- schedule -------------------------------------------------------------------------------------------
+    def scheduled_rate(self, epoch: int, epochs: int, period: int, periods: int) -> float:
+        """The sparsification rate of mask ``period`` (of ``periods`` per epoch) in ``epoch`` of ``epochs``."""
+        raise NotImplementedError
+
+    def ranked(self) -> bool:
+        return False
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        self.epoch, self.epochs, self.step_in_epoch = epoch, epochs, 0
+        self._new_mask(period=0)
+
+    def _new_mask(self, period: int) -> None:
+        self.period = period
+        self.rate = self.rate_now()
+        zeroed = math.floor(self.rate * self.d)
+        keep = torch.ones(self.d, dtype=torch.bool)
+        if self.ranked() and self.ranking_sum is not None:
+            order = torch.argsort(self.ranking_sum.abs().cpu(), stable=True)  # ascending |z|
+            keep[order[:zeroed]] = False
+        elif self.ranked() and self.masks_drawn == 0:
+            pass  # Algorithm 4: the first mask is all ones
+        else:
+            keep[torch.randperm(self.d, generator=self.mask_generator)[:zeroed]] = False
+        if self.ranked():
+            self.ranking_sum = torch.zeros(self.d, device=self.device)
+        self.keep = keep.to(self.device)
+        self.mask_is_new = True
+        self.masks_drawn += 1
+
+    def rate_now(self) -> float:
+        return self.scheduled_rate(self.epoch, self.epochs, self.period, self.params.refresh)
+
+    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, start = {}, 0
+        for name, shape in self.param_shapes.items():
+            n = math.prod(shape)
+            out[name] = flat[start:start + n].view(shape)
+            start += n
+        return out
+
+    # -- the release ----------------------------------------------------------------------------------------
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        keep = self._views(self.keep)
+        masked = {n: g * keep[n] for n, g in grads.items()}  # 1) mask first
+        batch = next(iter(grads.values())).shape[0]
+        if self.params.clip is None:
+            factors = torch.ones(batch, device=self.device)
+        else:
+            factors = clip_factors(per_sample_norms(masked), self.params.clip)  # 2) clip the masked vector
+        for name, g in masked.items():
+            self._sum[name] += torch.einsum("b,b...->...", factors, g)
+        self.samples_seen += batch
+
+    def release(self, batch_size: int) -> SharedGradient:
+        if self.params.clip is None:
+            std = self.params.noise_std * batch_size  # noise_std is meant on the released average
+        else:
+            std = self.noise_multiplier * self.params.clip
+        keep = self._views(self.keep)
+        grads, mask = {}, {}
+        full_noise = {}
+        for name, s in self._sum.items():
+            full_noise[name] = self.gaussian(s.shape, std)
+            grads[name] = (s + full_noise[name] * keep[name]) / batch_size  # 3) noise on kept coordinates only
+            mask[name] = keep[name].clone()
+        if self.ranking_sum is not None:
+            # z += released gradient + (1/B)(1−m)⊙noise: masked coordinates get data-independent noise.
+            flat_release = torch.cat([grads[n].reshape(-1) for n in self.param_shapes])
+            flat_noise = torch.cat([full_noise[n].reshape(-1) for n in self.param_shapes])
+            self.ranking_sum += flat_release + (~self.keep) * flat_noise / batch_size
+        shared = SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size, mask=mask,
+                                extra={"rate": self.rate, "epoch": self.epoch, "period": self.period},
+                                mask_is_new=self.mask_is_new)
+        self.reset()
+        self.mask_is_new = False
+        self._advance_step()
+        return shared
+
+    def _advance_step(self) -> None:
+        self.step_in_epoch += 1
+        k, steps = self.params.refresh, max(self.steps_per_epoch, 1)
+        period = min(k - 1, self.step_in_epoch * k // steps)
+        if period != self.period and self.step_in_epoch < steps:
+            self._new_mask(period)
+
+    # -- public state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {"keep": self.keep.cpu().clone(), "rate": self.rate, "epoch": self.epoch, "period": self.period,
+                 "masks_drawn": self.masks_drawn, "mask_generator": self.mask_generator.get_state()}
+        if self.ranking_sum is not None:
+            state["ranking_sum"] = self.ranking_sum.cpu().clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.keep = state["keep"].to(self.device)
+        self.rate, self.epoch, self.period = state["rate"], state["epoch"], state["period"]
+        self.masks_drawn = state["masks_drawn"]
+        self.mask_generator.set_state(state["mask_generator"])
+        self.ranking_sum = state["ranking_sum"].to(self.device) if "ranking_sum" in state else None
+        self.mask_is_new = True
