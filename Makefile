@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(DEVSTAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,distributed]'
 	touch $(STAMP) $@
 
 run: $(STAMP)

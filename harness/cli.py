@@ -7,6 +7,7 @@ and logs go to stderr.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -148,6 +149,59 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
 
 # ---------------------------------------------------------------------------------------------------
+# sweep
+
+
+@main.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="local worker processes")
+@click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray")
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
+@click.option("--rerun", is_flag=True, help="run grid points again even if they are done")
+@click.option("--fail-fast", is_flag=True, help="stop at the first failed run")
+@click.option("--wait", "wait_for_lock", is_flag=True, help="wait for another sweep on --results instead of refusing")
+@click.option("--dry-run", is_flag=True, help="list the grid points and whether each is done, run nothing")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON summary on stdout")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@handle_errors
+def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None, results: str, rerun: bool,
+          fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool) -> None:
+    """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
+    from harness import sweep as sw
+    from harness.store import ResultStore
+
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    specs = sw.load_sweep(sweep_file)
+    store = ResultStore(results)
+    if dry_run:
+        done = store.done_keys()
+        swept = sw.swept_fields(specs)
+        points = [{"run_key": s.run_key, "done": s.run_key in done, "point": sw.describe(s, swept)} for s in specs]
+        emit(points, as_json, "\n".join(f"{'done   ' if p['done'] else 'pending'} {p['run_key']}  {p['point']}"
+                                         for p in points))
+        return
+    setup_logging()
+    if executor == "ray":
+        runner: sw.Executor = sw.RayExecutor(ray_address)
+    elif workers > 1:
+        runner = sw.ProcessExecutor(workers)
+    else:
+        runner = sw.SequentialExecutor()
+    summary = sw.run_sweep(specs, store, runner, rerun=rerun, fail_fast=fail_fast, progress=not quiet,
+                           wait_for_lock=wait_for_lock)
+    data = dataclasses.asdict(summary)
+    emit(data, as_json, f"sweep {sweep_file}: {summary.planned} runs planned, {summary.skipped} already done, "
+                        f"{summary.done} done now, {summary.failed} failed")
+    if summary.failed:
+        if not as_json:
+            for line in summary.failures:
+                click.echo(f"  failed: {line}", err=True)
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------
 # privacy
 
 
@@ -238,17 +292,20 @@ def show(run_id: str, results: str, as_json: bool) -> None:
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), help="write CSV here (else a table on the terminal)")
 @click.option("--group-seeds", is_flag=True, help="aggregate seeds: mean, <col>.sem and n per configuration")
+@click.option("--sort", "sort_by", help="sort by this column (e.g. utility.test_accuracy)")
+@click.option("--descending", is_flag=True, help="with --sort: largest first")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def leaderboard(results: str, out: str | None, group_seeds: bool, as_json: bool) -> None:
-    """One row per finished run with the DESIGN.md result keys."""
+def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str | None, descending: bool,
+                as_json: bool) -> None:
+    """One row per finished run (or seed group) with the DESIGN.md result keys and, per attack, whether
+    the configuration is on the utility–leakage Pareto front (pareto.<attack>)."""
     from harness import leaderboard as lb
     from harness.store import ResultStore
 
-    rows = ResultStore(results).rows()
-    records = lb.leaderboard(rows, group_seeds)
+    records = lb.leaderboard(ResultStore(results).rows(), group_seeds, sort_by, descending)
     if out:
-        lb.write_leaderboard(rows, Path(out), group_seeds)
+        lb.write_leaderboard(records, Path(out))
         emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}")
     else:
         emit(records, as_json, lb.format_table(records))

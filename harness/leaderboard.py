@@ -1,7 +1,8 @@
 """Leaderboard rows from the results store: one row per ``done`` run with the DESIGN.md result keys.
 
-``group_seeds`` aggregates runs that differ only in their seed: numeric columns become the mean, with
-``<column>.sem`` (standard error of the mean, sample std / √n) and ``n`` beside them.
+``group_seeds`` aggregates runs that differ only in their seed: metric columns (utility, leakage, comm,
+time) become the mean, with ``<column>.sem`` (standard error of the mean, sample std / √n) beside them,
+plus ``n`` and ``seeds``; configuration columns keep their common value.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ LEADING = [
     "privacy.accountant", "utility.test_accuracy", "utility.train_accuracy",
     "comm.density", "comm.bytes_sparse", "comm.bytes_dense", "time.train_s", "time.attack_s",
 ]
+METRIC_PREFIXES = ("utility.", "leakage.", "comm.", "time.")  # averaged over seeds, with .sem
 TERMINAL = ["run_id", "dataset", "model", "defense", "attack", "seed", "privacy.epsilon", "utility.test_accuracy"]
 
 
@@ -50,7 +52,7 @@ def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         columns = {c for m in members for c in m}
         for col in sorted(columns - {"run_id", "run_key", "seed"}):
             values = [m.get(col) for m in members]
-            if all(_is_number(v) for v in values):
+            if col.startswith(METRIC_PREFIXES) and all(_is_number(v) for v in values):
                 agg[col] = statistics.fmean(values) if all(math.isfinite(v) for v in values) else values[0]
                 finite = [v for v in values if math.isfinite(v)]
                 agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) > 1 else 0.0
@@ -84,32 +86,96 @@ def write_csv(records: list[dict[str, Any]], handle: TextIO) -> None:
         writer.writerow([_cell(record.get(c)) for c in columns])
 
 
+# Leakage metric that ranks configurations per attack, and whether a higher value means more leakage.
+HEADLINE = (("psnr", True), ("auc", True), ("ssim", True), ("mse", False))
+
+
+def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
+    for metric, higher_leaks in HEADLINE:
+        if f"leakage.{attack}.{metric}" in record_keys:
+            return f"leakage.{attack}.{metric}", higher_leaks
+    return None
+
+
+def attacks_in(records: list[dict[str, Any]]) -> list[str]:
+    return sorted({c.split(".")[1] for r in records for c in r if c.startswith("leakage.") and c.count(".") >= 2})
+
+
+def mark_pareto(records: list[dict[str, Any]]) -> None:
+    """Set ``pareto.<attack>``: True when no other configuration has test accuracy ≥ and leakage ≤ (one
+    of them strictly) under that attack's headline metric; records without the metric are left out."""
+    keys = {c for r in records for c in r}
+    for attack in attacks_in(records):
+        found = headline(keys, attack)
+        if found is None:
+            continue
+        metric, higher_leaks = found
+        points = []
+        for r in records:
+            acc, leak = r.get("utility.test_accuracy"), r.get(metric)
+            if _is_number(acc) and _is_number(leak):
+                points.append((r, acc, leak if higher_leaks else -leak))
+        for r, acc, leak in points:
+            dominated = any(a >= acc and l <= leak and (a > acc or l < leak) for _, a, l in points)
+            r[f"pareto.{attack}"] = not dominated
+
+
+def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -> list[dict[str, Any]]:
+    if records and not any(column in r for r in records):
+        from harness.errors import ConfigError
+
+        raise ConfigError(f"--sort: no column {column!r}; columns: {', '.join(ordered_columns(records))}")
+
+    present = [r for r in records if r.get(column) is not None]
+    missing = [r for r in records if r.get(column) is None]
+    ordered = sorted(present, key=lambda r: (0, r[column], "") if _is_number(r[column]) else (1, 0, str(r[column])),
+                     reverse=descending)
+    return ordered + missing  # rows without the column go last either way
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "(no finished runs)"
-    leak = sorted({c for r in records for c in r if c.startswith("leakage.") and not c.endswith(".sem")})
-    columns = [c for c in (["n", *TERMINAL] if "n" in records[0] else TERMINAL) if c in ordered_columns(records)] + leak
+    grouped = "n" in records[0]
+    keys = {c for r in records for c in r}
+    varying = sorted(c for c in keys if c.startswith("defense.") and not c.endswith(".sem")
+                     and len({repr(r.get(c)) for r in records}) > 1)
+    leak = [h[0] for a in attacks_in(records) if (h := headline(keys, a))]
+    pareto = sorted(c for c in keys if c.startswith("pareto."))
+    base = [c for c in TERMINAL if c != "seed" and c in keys | set(TERMINAL)]
+    if grouped:
+        base = ["n", *[c for c in base if c != "run_id"], "seeds"]
+    else:
+        base.insert(base.index("attack") + 1, "seed")
+    columns = base[:base.index("attack") + 1] + varying + base[base.index("attack") + 1:] + leak + pareto
 
-    def show(v: Any) -> str:
+    def show(r: dict[str, Any], c: str) -> str:
+        v = r.get(c)
         if isinstance(v, float):
-            return "inf" if v == math.inf else f"{v:.4g}"
+            text = "inf" if v == math.inf else f"{v:.4g}"
+            sem = r.get(f"{c}.sem")
+            return f"{text} ± {sem:.2g}" if grouped and _is_number(sem) and math.isfinite(v) else text
+        if isinstance(v, bool):
+            return "*" if v else ""
         return "" if v is None else str(v)
 
-    cells = [[show(r.get(c)) for c in columns] for r in records]
+    cells = [[show(r, c) for c in columns] for r in records]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
 
 
-def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False) -> list[dict[str, Any]]:
+def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: str | None = None,
+                descending: bool = False) -> list[dict[str, Any]]:
+    """Records of the ``done`` runs (or seed groups), with Pareto marks, optionally sorted."""
     done = [r for r in rows if r["status"] == "done"]
-    return group_seeds(done) if seeds_grouped else [flat_row(r) for r in done]
+    records = group_seeds(done) if seeds_grouped else [flat_row(r) for r in done]
+    mark_pareto(records)
+    return sort_records(records, sort, descending) if sort else records
 
 
-def write_leaderboard(rows: list[dict[str, Any]], out: Path, seeds_grouped: bool = False) -> int:
-    records = leaderboard(rows, seeds_grouped)
+def write_leaderboard(records: list[dict[str, Any]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:
         write_csv(records, handle)
-    return len(records)

@@ -185,13 +185,14 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
     return metrics
 
 
-def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
-    """Run ``spec`` and record it; returns the flat result (DESIGN.md result keys)."""
-    prep = prepare(spec)
-    config = spec.canonical()
-    run_id = store.begin(spec.run_key, config)
-    run_dir = store.run_dir(run_id)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
+def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -> dict[str, Any]:
+    """Train, attack and write the artefacts of one run into ``run_dir``; returns its flat result.
+
+    Touches no store: the caller (a single run, or a sweep driver for its workers) records the result.
+    """
+    spec = prep.spec
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.canonical(), sort_keys=True))
     handler = logging.FileHandler(run_dir / "log.txt")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
@@ -229,18 +230,30 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         metrics.update(run_attacks(prep, states, defense_states, defense, run_dir))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
         metrics["status"] = "done"
-        store.finish(run_id, metrics)
         return metrics
+    except Exception:
+        log.exception("run %s failed", run_id)
+        raise
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
+    """Run ``spec`` and record it; returns the flat result (DESIGN.md result keys)."""
+    prep = prepare(spec)
+    run_id = store.begin(spec.run_key, spec.canonical())
+    run_dir = store.run_dir(run_id)
+    try:
+        metrics = perform(prep, run_id, run_dir, progress)
     except KeyboardInterrupt:
         store.fail(run_id, "interrupted")
         raise
     except Exception as exc:
-        log.exception("run %s failed", run_id)
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
         raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
-    finally:
-        log.removeHandler(handler)
-        handler.close()
+    store.finish(run_id, metrics)
+    return metrics
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -31,7 +32,9 @@ CREATE TABLE IF NOT EXISTS runs (
     version      TEXT NOT NULL,
     started_at   TEXT NOT NULL,
     finished_at  TEXT,
-    duration_s   REAL
+    duration_s   REAL,
+    host         TEXT,
+    pid          INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_by_key ON runs (run_key, status);
 """
@@ -39,6 +42,18 @@ CREATE INDEX IF NOT EXISTS runs_by_key ON runs (run_key, status);
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -75,9 +90,10 @@ class ResultStore:
         self.run_dir(run_id).mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
             conn.execute(
-                "INSERT INTO runs (run_id, run_key, status, config_json, version, started_at) "
-                "VALUES (?, ?, 'running', ?, ?, ?)",
-                (run_id, run_key, json.dumps(config, sort_keys=True, default=str), __version__, _now()),
+                "INSERT INTO runs (run_id, run_key, status, config_json, version, started_at, host, pid) "
+                "VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                (run_id, run_key, json.dumps(config, sort_keys=True, default=str), __version__, _now(),
+                 socket.gethostname(), os.getpid()),
             )
         self._t0[run_id] = time.perf_counter()
         return run_id
@@ -98,6 +114,31 @@ class ResultStore:
                 "UPDATE runs SET status='failed', error=?, finished_at=?, duration_s=? WHERE run_id=?",
                 (error, _now(), duration, run_id),
             )
+
+    def status(self, run_id: str) -> str | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return row[0] if row else None
+
+    def done_keys(self) -> set[str]:
+        """Run keys that already have a ``done`` row (what a resumed sweep skips)."""
+        if not self.db_path.exists():
+            return set()
+        with self._connect() as conn:
+            return {key for (key,) in conn.execute("SELECT DISTINCT run_key FROM runs WHERE status='done'")}
+
+    def fail_stale(self) -> int:
+        """Mark ``running`` rows whose recording process on this host is gone (killed, crashed, power loss)
+        as ``failed``; returns how many. Rows of live processes and of other hosts are left alone."""
+        if not self.db_path.exists():
+            return 0
+        host = socket.gethostname()
+        with self._connect() as conn:
+            stale = [run_id for run_id, pid in conn.execute(
+                "SELECT run_id, pid FROM runs WHERE status='running' AND host=?", (host,)) if not _alive(pid)]
+            conn.executemany("UPDATE runs SET status='failed', error='interrupted: its process is gone', "
+                             "finished_at=? WHERE run_id=?", [(_now(), r) for r in stale])
+        return len(stale)
 
     def rows(self, status: str | None = None) -> list[dict[str, Any]]:
         if not self.db_path.exists():
