@@ -311,5 +311,22 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
         emit(records, as_json, lb.format_table(records))
 
 
+@main.command()
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="the HTML file to write")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def report(results: str, out: str, as_json: bool) -> None:
+    """One self-contained HTML page: leaderboard, utility vs leakage, rate trends, ROC curves, pictures."""
+    from harness.report import write_report
+    from harness.store import ResultStore
+
+    if not out.endswith((".html", ".htm")):
+        raise ConfigError(f"--out: must name an .html file, got {out!r}")
+    written = write_report(ResultStore(results).rows(), Path(out))
+    emit(written, as_json, f"wrote {written['out']} ({written['runs']} runs, {len(written['plots'])} plots, "
+                           f"{written['pictures']} pictures)")
+
+
 if __name__ == "__main__":
     main()
