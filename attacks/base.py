@@ -45,8 +45,12 @@ class AttackContext:
     defense_states: dict[str, dict[str, Any]]
     trained_defense: Defense
     task: Any                              # harness.data.Task
-    make_defense: Callable[[], Defense]    # a fresh defense configured exactly as in training (bound)
+    # make_defense(stream=…, bound_to=model): a fresh defense configured exactly as in training, drawing
+    # noise/masks from random stream ``stream`` (attack-owned streams start at 3; shadow i uses 100 + i),
+    # bound to ``bound_to`` (default: the victim model)
+    make_defense: Callable[..., Defense]
     spec: Any                              # harness.config.RunSpec (public hyperparameters)
+    accounted: Any                         # harness.runner.PrivacyPlan: ε, δ, σ, q, steps of the victim
     seed: int
     out_dir: Path
     device: torch.device

@@ -102,7 +102,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class RunSpec:
-    """Everything that defines one run. ``defense`` and ``attack`` hold validated parameter dataclasses."""
+    """Everything that defines one run. ``defense`` holds the defense's validated Params; ``attack`` maps
+    each selected attack's name to its validated Params."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -122,7 +123,7 @@ class RunSpec:
             "model": dataclasses.asdict(self.model),
             "defense": {"name": self.defense_name, **dataclasses.asdict(self.defense)},
             "attacks": list(self.attacks),
-            "attack": dict(sorted(self.attack.items())),
+            "attack": {name: dataclasses.asdict(params) for name, params in sorted(self.attack.items())},
             "privacy": dataclasses.asdict(self.privacy),
             "train": dataclasses.asdict(self.train),
             "seed": self.seed,
@@ -346,21 +347,25 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
 
 
 def _validate_attack_params(raw: Any, names: list[str], classes: list[type]) -> dict[str, Any]:
-    """Attack parameters share one ``attack.<param>`` namespace: the union of the selected attacks'
-    ``Params`` fields (a name means the same thing in every attack that has it)."""
+    """Attack parameters: ``attack.<param>`` applies to every selected attack that has that parameter
+    (a name means the same thing in each), ``attack.<attack>.<param>`` to that attack alone; every attack
+    keeps its own defaults. Returns ``{attack name: validated Params}``."""
     if not isinstance(raw, dict):
         raise ConfigError("attack: must be a mapping of attack parameters")
-    merged: dict[str, Any] = {}
-    valid: list[str] = []
-    for cls in classes:
-        fields = field_names(cls.Params)
-        valid.extend(f for f in fields if f not in valid)
-        own = {k: v for k, v in raw.items() if k in fields}
-        params = from_dict(cls.Params, own, "attack")
-        params.validate()
-        merged.update(dataclasses.asdict(params))
-    for key in raw:
+    shared = {k: v for k, v in raw.items() if k not in names}
+    valid = sorted({f for cls in classes for f in field_names(cls.Params)})
+    for key in shared:
         if key not in valid:
             allowed = ", ".join(valid) if valid else f"none (no parameters for attacks {names or '[]'})"
             raise ConfigError(f"attack.{key}: unknown setting; valid keys here: {allowed}")
-    return merged
+    params: dict[str, Any] = {}
+    for name, cls in zip(names, classes):
+        fields = field_names(cls.Params)
+        own = {k: v for k, v in shared.items() if k in fields}
+        specific = raw.get(name, {})
+        if not isinstance(specific, dict):
+            raise ConfigError(f"attack.{name}: must be a mapping of {name}'s parameters")
+        own.update(specific)
+        params[name] = from_dict(cls.Params, own, f"attack.{name}" if specific else "attack")
+        params[name].validate()
+    return params

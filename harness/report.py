@@ -6,7 +6,7 @@ membership attacks; reconstruction grids of gradient attacks. Every plot is also
 the HTML (``<stem>_<plot>.png``).
 
 Attack artefact conventions read here: ``artefacts.<attack>.roc`` → a JSON file with ``fpr`` and ``tpr``
-lists; any ``artefacts.<attack>.*`` ending in ``.png`` is shown as a reconstruction picture.
+lists; any other ``artefacts.<attack>.*`` ending in ``.png`` is shown as a reconstruction picture.
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ def pictures(rows: list[dict[str, Any]]) -> list[tuple[str, Path]]:
     found = []
     for row in rows:
         for key, value in sorted(row["metrics"].items()):
-            if key.startswith("artefacts.") and str(value).endswith(".png") and Path(value).is_file():
+            if (key.startswith("artefacts.") and str(value).endswith(".png") and "roc" not in key
+                    and Path(value).is_file()):
                 found.append((f"{key.split('.')[1]} — {_label(lb.flat_row(row))}, seed {row['metrics'].get('seed')}",
                               Path(value)))
     return found[:MAX_PICTURES]

@@ -27,7 +27,7 @@ from attacks.base import AttackContext
 from defenses import DEFENSES, Defense
 from harness import __version__
 from harness.accounting import default_delta, epsilon_for, noise_for
-from harness.config import RunSpec, field_names
+from harness.config import RunSpec
 from harness.data import Task, load_task
 from harness.errors import ConfigError, RunFailure
 from harness.models import DEFAULT_MODELS, build_model
@@ -83,7 +83,7 @@ class Prepared:
     model: nn.Module
     sampler: BatchSampler
     privacy: PrivacyPlan
-    make_defense: Callable[[int], Defense]
+    make_defense: Callable[..., Defense]
     device: torch.device
 
 
@@ -118,11 +118,13 @@ def prepare(spec: RunSpec) -> Prepared:
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
-    def make_defense(stream: int = STREAM_NOISE) -> Defense:
+    def make_defense(stream: int = STREAM_NOISE, bound_to: nn.Module | None = None) -> Defense:
+        """A fresh defense as in training, on its own random stream, bound to ``bound_to`` (the victim
+        model by default)."""
         defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier,
                               generator(spec.seed, stream, device), device)
         defense.steps_per_epoch = n // spec.train.batch_size
-        defense.bind(model, task)
+        defense.bind(bound_to if bound_to is not None else model, task)
         return defense
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, generator(spec.seed, STREAM_SAMPLER, torch.device("cpu")))
@@ -160,12 +162,7 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
 
 
 def attacks_of(spec: RunSpec) -> list:
-    out = []
-    for name in spec.attacks:
-        cls = ATTACKS.get(name, field="attack")
-        own = {k: v for k, v in spec.attack.items() if k in field_names(cls.Params)}
-        out.append((name, cls(cls.Params(**own))))
-    return out
+    return [(name, ATTACKS.get(name, field="attack")(spec.attack[name])) for name in spec.attacks]
 
 
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
@@ -174,7 +171,8 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
     for name, attack in attacks_of(prep.spec):
         context = AttackContext(
             model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
-            task=prep.task, make_defense=lambda: prep.make_defense(STREAM_ATTACK), spec=prep.spec,
+            task=prep.task, make_defense=lambda stream=STREAM_ATTACK, bound_to=None: prep.make_defense(stream, bound_to),
+            spec=prep.spec, accounted=prep.privacy,
             seed=prep.spec.seed, out_dir=out_dir / name, device=prep.device,
         )
         context.out_dir.mkdir(parents=True, exist_ok=True)
