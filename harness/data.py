@@ -7,8 +7,10 @@ Every dataset becomes a :class:`Task` with three disjoint :class:`Split` s:
 * ``public`` - a public / auxiliary set (GEP anchor gradients, membership-inference populations).
 
 Images are float32 ``N x C x H x W`` in ``[0, 1]`` and deliberately *not* normalised: models carry
-their own Normalize layer, built from ``Task.mean`` / ``Task.std`` (per-channel statistics of
-``train.x``; std uses the population formula and is floored at 1e-3 so constant channels cannot blow
+their own Normalize layer, built from ``Task.mean`` / ``Task.std`` (per-channel statistics of the
+*public* split ``public.x`` — never of the private pool, whose statistics would be an unaccounted release;
+0.5 / 0.25 when there is no public split; std uses the population formula and is floored at 1e-3 so
+constant channels cannot blow
 up the division). Everything is held in memory; the datasets here are small. ``imagefolder`` loads
 the whole folder into memory after resizing, so keep user folders modest.
 
@@ -77,6 +79,7 @@ from harness.registry import Registry
 
 SYNTHETIC_NOISE_STD = 0.15
 STD_FLOOR = 1e-3
+NO_PUBLIC_MEAN, NO_PUBLIC_STD = 0.5, 0.25  # normalisation when there is no public split
 MIN_IMAGE_SIZE = 4
 
 
@@ -245,7 +248,13 @@ def _assemble(
     train = _take(train_x, train_y, pool)
     public = _take(train_x, train_y, public_idx)
     c, h, w = (int(s) for s in train.x.shape[1:])
-    mean, std = _channel_stats(train.x)
+    # Normalisation statistics are public information: they come from the public split, never from the
+    # private pool (that would be a data-dependent release outside the accountant); with no public split,
+    # a fixed 0.5 / 0.25 per channel.
+    if len(public):
+        mean, std = _channel_stats(public.x)
+    else:
+        mean, std = (NO_PUBLIC_MEAN,) * c, (NO_PUBLIC_STD,) * c
     return Task(
         dataset=cfg.name,
         train=train,

@@ -82,10 +82,16 @@ def test_digits_shapes_roles_and_provenance(digits: Task) -> None:
     assert torch.equal(digits.test.y, torch.from_numpy(bunch.target[src.numpy()]).long())
 
 
-def test_digits_mean_std_match_train(digits: Task) -> None:
-    x = digits.train.x.double()
+def test_normalisation_comes_from_public_data_only(digits: Task) -> None:
+    x = digits.public.x.double()
     assert digits.mean == pytest.approx((float(x.mean()),), rel=1e-6)
     assert digits.std == pytest.approx((float(x.std(correction=0)),), rel=1e-6)
+    private = digits.train.x.double()
+    assert digits.mean != pytest.approx((float(private.mean()),), rel=1e-6)
+    # Changing the private pool (a cap) must not change what the model is told.
+    assert load_task(cfg_with(max_train=100)).mean == digits.mean
+    none_public = load_task(cfg_with(public_fraction=0.0))
+    assert none_public.mean == (0.5,) and none_public.std == (0.25,)
 
 
 def test_split_seed_determinism(digits: Task) -> None:
@@ -104,8 +110,6 @@ def test_max_train_caps_pool_without_moving_other_roles(digits: Task) -> None:
     assert torch.equal(capped.train.source_index, digits.train.source_index[:100])
     assert torch.equal(capped.test.source_index, digits.test.source_index)
     assert torch.equal(capped.public.source_index, digits.public.source_index)
-    x = capped.train.x.double()
-    assert capped.mean == pytest.approx((float(x.mean()),), rel=1e-6)
     # A cap larger than the pool is simply the whole pool.
     assert len(load_task(cfg_with(max_train=10_000)).train) == 1258
 
