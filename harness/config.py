@@ -174,8 +174,19 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str):
+            value = _number_or_text(value)
         parsed.append((key, value))
     return parsed
+
+
+def _number_or_text(text: str) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; take it as the number a user means."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

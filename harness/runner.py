@@ -104,6 +104,20 @@ def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> P
     return PrivacyPlan(epsilon, delta, sigma, accounted, sample_rate, steps, p.accountant, t.sampling)
 
 
+def check_attacks(spec: RunSpec, model: nn.Module, shape: tuple[int, int, int]) -> None:
+    """Fail before training when an attack cannot work on this run: a model it does not support
+    (``Attack.check_model``) or a model state that training will never record."""
+    for name, attack in attacks_of(spec):
+        check = getattr(type(attack), "check_model", None)
+        if check is not None:
+            check(model, shape)
+        for state in type(attack).wanted_states(attack.params):
+            epoch = int(state.split(":", 1)[1])
+            if epoch >= spec.train.epochs:
+                raise ConfigError(f"attack.at: {state} does not exist in a run of {spec.train.epochs} epoch(s); "
+                                  f"use epoch:0 .. epoch:{spec.train.epochs - 1}, init or final")
+
+
 def prepare(spec: RunSpec) -> Prepared:
     """Load data, build the model and plan privacy; raises ConfigError on any invalid input."""
     device = resolve_device(spec.device)
@@ -114,6 +128,7 @@ def prepare(spec: RunSpec) -> Prepared:
     model_name = spec.model.name or DEFAULT_MODELS[spec.data.name]
     seed_everything(spec.seed)
     model = build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
+    check_attacks(spec, model, task.shape)
     defense_cls = DEFENSES.get(spec.defense_name, field="defense")
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
