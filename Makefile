@@ -20,7 +20,7 @@ $(DEVSTAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP) $@
 
 run: $(STAMP)
-	$(BIN)/dpeval run --defense dpsgd --attack none
+	$(BIN)/dpeval run --defense rs --attack ig
 
 test: $(DEVSTAMP) browser
 	$(BIN)/python -m pytest -m "not slow" -q
