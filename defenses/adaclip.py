@@ -1,0 +1,184 @@
+"""``adaclip``: AdaCliP (Pichapati, Suresh, Yu, Reddi, Kumar 2019), Algorithm 1 with the §4.1 transform.
+
+One logical step with public statistics a = m (mean estimate) and b (scale), flattened over all d params:
+
+1. per example: w_k = (g_k − a)/b (element-wise), clipped to ‖w_k‖ ≤ C (C = ``clip``, 1 in the paper);
+2. sum, add Gaussian noise N(0, σ²C²·I) ONCE to the sum in w-space, divide by the logical batch size B;
+3. map back: g̃ = b ⊙ w̄ + a. Sensitivity in w-space is C whatever a and b are (they depend only on
+   earlier releases), so the step is DP-SGD's sampled Gaussian mechanism with multiplier σ: same
+   accounting as ``dpsgd``. a = 0, b = 1 is DP-SGD with clip C bit for bit (and a = 0, b = C·1 with
+   C = 1 is DP-SGD with clip C up to float rounding).
+4. statistics from the noisy release only (post-processing, no privacy cost), with a^t = m^t and b^t the
+   values used in this step:
+       v     = clamp(B·[(g̃ − m)² − b²σ²C²/B²], h1, h2)          (per-example variance estimate)
+       m    ← β1·m + (1 − β1)·g̃                                    (eq. 4)
+       s²   ← β2·s² + (1 − β2)·v                                   (eq. 5)
+       b_i   = √s_i · √(Σ_j s_j),  s = √(s²)                        (Theorem 1 with γ = 1, Algorithm 1 l.6)
+
+Why noise once on the sum: Algorithm 1 adds N(0, σ²I) to every example and averages, which puts σb/√B
+of noise on the mean — √B times the σb/B of noise on the sum that the accountant's σ pays for (the paper
+calls the two "essentially equivalent"; they are not for B > 1). The correction term: g̃_i − m_i =
+(ḡ_i − m_i) + b_i·N_i/B without clipping, so E(g̃_i − m_i)² = s_i²/B + (μ_i − m_i)² + b_i²σ²C²/B²; the
+paper's eq. (5) subtracts b_i²σ² (its per-example noise with B = 1). We subtract the noise on the mean,
+b_i²σ²C²/B², and multiply by B to estimate the per-example variance s_i² that Theorem 1's b is built
+from (``variance: batch_mean`` skips the ×B). Derivations and the saturation caveat (when noise dominates
+the estimate sits at h2 on ≈32% of steps and b becomes nearly uniform) are in docs/gep-adaclip.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.registry import DEFENSES
+from harness.config import check_range
+from harness.errors import ConfigError
+
+log = logging.getLogger("dpeval")
+
+VARIANCE_CHOICES = ("per_example", "batch_mean")
+
+
+@dataclass
+class AdaCliPParams(DefenseParams):
+    clip: float = 1.0             # C: clipping norm in the transformed space w = (g − a)/b (paper: 1)
+    beta1: float = 0.99           # EMA decay of the mean estimate m (paper: 0.99)
+    beta2: float = 0.9            # EMA decay of the variance estimate s² (paper: 0.9)
+    h1: float = 1e-12             # lower clamp of the per-step variance estimate v (paper: 1e-12)
+    h2: float = 1e-4              # upper clamp of v: the paper's only tuned knob; sets the scale of b
+    variance: str = "per_example"  # per_example: v estimates Var(g_k) (×B); batch_mean: Var of the mean
+
+    def validate(self) -> None:
+        check_range("defense.clip", self.clip, low=0, low_open=True)
+        check_range("defense.beta1", self.beta1, low=0, high=1, high_open=True)
+        check_range("defense.beta2", self.beta2, low=0, high=1, high_open=True)
+        check_range("defense.h1", self.h1, low=0, low_open=True)
+        check_range("defense.h2", self.h2, low=0, low_open=True)
+        if not self.h1 < self.h2:
+            raise ConfigError(f"defense.h2: must be > defense.h1 ({self.h1}), got {self.h2}")
+        if self.variance not in VARIANCE_CHOICES:
+            raise ConfigError(f"defense.variance: must be one of {', '.join(VARIANCE_CHOICES)}, "
+                              f"got {self.variance!r}")
+
+
+def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Theorem 1 (γ = 1): b_i = √s_i·√(Σ_j s_j) over ALL coordinates, s a per-coordinate std.
+
+    It minimises the noise energy σ²‖b‖² subject to E‖w‖² = Σ s_i²/b_i² ≤ 1 (with a = E g); the minimum
+    is σ²(Σ s_i)², against σ²·d·Σ s_i² for whitening (b_i = √d·s_i)."""
+    total = sum(float(v.sum()) for v in s.values())
+    return {n: (v * total).sqrt() for n, v in s.items()}
+
+
+@DEFENSES.register("adaclip", "AdaCliP: per-coordinate shift/scale (public noisy statistics), clip, noise in w-space")
+class AdaCliP(Defense):
+    Params = AdaCliPParams
+
+    def __init__(self, params: AdaCliPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+        self.d = sum(math.prod(s) for s in self.param_shapes.values())
+        # Algorithm 1, line 2: m⁰ = 0, s⁰ = √(h1·h2) (a std, so the state s² starts at h1·h2).
+        self.m = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}
+        self.s2 = {n: torch.full(s, params.h1 * params.h2, device=self.device) for n, s in self.param_shapes.items()}
+        self.b = optimal_scale(self.std())
+        self.steps = 0
+        self.at_h1 = 0   # coordinates whose last v hit the lower clamp h1
+        self.at_h2 = 0   # ... the upper clamp h2
+
+    def std(self) -> dict[str, torch.Tensor]:
+        return {n: v.sqrt() for n, v in self.s2.items()}
+
+    # -- the three stages ----------------------------------------------------------------------------
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        if self.steps:
+            log.info("adaclip: %d of %d coordinates at h1, %d at h2 (last update); ‖b‖ = %.4g",
+                     self.at_h1, self.d, self.at_h2, self.scale_norm())
+
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        w = {n: (g - self.m[n]) / self.b[n] for n, g in grads.items()}
+        factors = clip_factors(per_sample_norms(w), self.params.clip)
+        for name, wn in w.items():
+            self._sum[name] += torch.einsum("b,b...->...", factors, wn)
+        self.samples_seen += factors.shape[0]
+
+    def release(self, batch_size: int) -> SharedGradient:
+        p = self.params
+        std = self.noise_multiplier * p.clip  # in w-space, on the sum
+        a, b = self.m, self.b
+        grads = {n: b[n] * ((s + self.gaussian(s.shape, std)) / batch_size) + a[n] for n, s in self._sum.items()}
+        noise_std = {n: b[n] * (std / batch_size) for n in grads}  # per coordinate, in gradient space
+        self.reset()
+        self.update_statistics(grads, batch_size)
+        extra = {
+            "adaclip.a": a,                      # the shift and scale this release used (public)
+            "adaclip.b": b,
+            "adaclip.noise_std": noise_std,
+            "adaclip.at_h1": self.at_h1,
+            "adaclip.at_h2": self.at_h2,
+            "adaclip.frac_at_h2": self.at_h2 / self.d,
+        }
+        rms = std * self.scale_norm(b) / (batch_size * math.sqrt(self.d))
+        return SharedGradient(grads, batch_size=batch_size, noise_std=rms, extra=extra)
+
+    def update_statistics(self, released: dict[str, torch.Tensor], batch_size: int) -> None:
+        """Eqs. (4)–(5) from the released g̃ only. The m and b used for this release are replaced by new
+        tensors (never modified in place), so the release's ``extra`` keeps the values it used."""
+        p = self.params
+        at_h1 = at_h2 = 0
+        new_m, new_s2 = {}, {}
+        raw_all = self.raw_variance(released, batch_size)
+        for n, g in released.items():
+            raw = raw_all[n]
+            v = raw.clamp(min=p.h1, max=p.h2)
+            at_h1 += int((raw <= p.h1).sum())
+            at_h2 += int((raw >= p.h2).sum())
+            new_m[n] = p.beta1 * self.m[n] + (1 - p.beta1) * g
+            new_s2[n] = p.beta2 * self.s2[n] + (1 - p.beta2) * v
+        self.m, self.s2 = new_m, new_s2
+        self.b = optimal_scale(self.std())
+        self.at_h1, self.at_h2 = at_h1, at_h2
+        self.steps += 1
+
+    def raw_variance(self, released: dict[str, torch.Tensor], batch_size: int) -> dict[str, torch.Tensor]:
+        """The unclamped per-step variance estimate from a release made with the current m and b:
+        B·[(g̃ − m)² − b²σ²C²/B²] (``per_example``, unbiased for Var(g_k) without clipping when m = E g)
+        or without the factor B (``batch_mean``, unbiased for the variance of the batch mean)."""
+        noise_var = (self.noise_multiplier * self.params.clip / batch_size) ** 2
+        scale = batch_size if self.params.variance == "per_example" else 1
+        return {n: scale * ((g - self.m[n]) ** 2 - self.b[n] ** 2 * noise_var) for n, g in released.items()}
+
+    def scale_norm(self, b: dict[str, torch.Tensor] | None = None) -> float:
+        b = self.b if b is None else b
+        return math.sqrt(sum(float(v.pow(2).sum()) for v in b.values()))
+
+    # -- public state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """m, s², b (all computed from noisy releases only) and the clamp counts: public."""
+        return {
+            "m": {n: v.clone() for n, v in self.m.items()},
+            "s2": {n: v.clone() for n, v in self.s2.items()},
+            "b": {n: v.clone() for n, v in self.b.items()},
+            "steps": self.steps,
+            "at_h1": self.at_h1,
+            "at_h2": self.at_h2,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore statistics. ``b`` given explicitly overrides Theorem 1's b(s) until the next update
+        (lets attacks replay a saved step, and tests pin a = 0, b = 1 to compare with DP-SGD)."""
+        if "m" in state:
+            self.m = {n: state["m"][n].to(self.device).clone() for n in self.param_shapes}
+        if "s2" in state:
+            self.s2 = {n: state["s2"][n].to(self.device).clone() for n in self.param_shapes}
+        self.b = optimal_scale(self.std())
+        if "b" in state:
+            self.b = {n: state["b"][n].to(self.device).clone() for n in self.param_shapes}
+        self.steps = int(state.get("steps", self.steps))
+        self.at_h1 = int(state.get("at_h1", self.at_h1))
+        self.at_h2 = int(state.get("at_h2", self.at_h2))

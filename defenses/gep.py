@@ -1,0 +1,324 @@
+"""``gep``: Gradient Embedding Perturbation (Yu, Zhang, Chen, Liu; ICLR 2021), Algorithms 1 and 2.
+
+One logical step:
+
+1. Anchor subspace, from PUBLIC data only (``task.public``, handed over in ``bind``): per-sample gradients
+   of ``num_anchors`` public examples at the model's *current* weights (random labels by default, as the
+   reference code; the public set's own labels with ``anchor_labels: real``), the flattened parameter
+   vector cut into ``groups`` contiguous chunks, ``num_bases`` k split across groups ∝ √(group size), and
+   ``power_iter`` rounds of L ← G_aᵀ(G_a L), L ← orthonormalise(L) from a fresh Gaussian start. V_g
+   (p_g × k_g) has orthonormal columns. Recomputed every ``anchor_every`` steps (1 = every step, as Algorithm 2).
+2. Per private example (flattened g_i): embedding θ_i = g_i·V (concatenated over groups, k-dim), residual
+   r_i = g_i − θ_i·Vᵀ from the *unclipped* θ_i; θ_i clipped to C0 and r_i to C1, each with ONE norm over
+   all its coordinates (over all groups / all d coordinates, as the reference code); both summed.
+3. Release: θ̃ = (Σθ̂_i + N(0, σ²C0²·I_k))/B, r̃ = (Σr̂_i + N(0, σ²C1²·I_d))/B, gradient = V·θ̃ + r̃
+   (``biased: true`` = B-GEP: V·θ̃ only, no residual is computed, clipped or released).
+
+Accounting (docs/gep-adaclip.md, "GEP accounting"). Scale the two noisy sums by 1/C0 and 1/C1 and stack
+them: one Gaussian mechanism with noise std σ on every coordinate, whose add/remove-one sensitivity is
+‖(θ̂_i/C0, r̂_i/C1)‖ ≤ √(1 + 1) = √2. A Gaussian mechanism's (subsampled) privacy depends only on
+noise std / sensitivity, so the step is exactly a sampled Gaussian mechanism with multiplier σ/√2: the
+accountant is told σ/√2 (``noise_for_accounted``: σ = √2·σ_acc). This is the paper's own "sensitivity √2"
+description; the reference code instead doubles the sampled-Gaussian RDP of σ, which treats the two parts
+as independently subsampled and is optimistic. B-GEP releases the embedding alone (sensitivity C0), so it
+adds noise σ_acc·C0 = (σ/√2)·C0 and is covered by the same accounted multiplier.
+
+Choices where paper and code are silent or disagree are documented next to the code below and in
+docs/gep-adaclip.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.registry import DEFENSES
+from harness.config import check_range
+from harness.errors import ConfigError
+from harness.per_sample import PerSampleGradients
+
+ANCHOR_SEED_OFFSET = 4099  # anchor generator seed = noise generator seed + this: an independent stream
+STEP_SEED_STRIDE = 1_000_003  # the anchor generator is reseeded per refresh: seed + stride·(step + 1)
+LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool
+SQRT2 = math.sqrt(2.0)
+
+
+@dataclass
+class GEPParams(DefenseParams):
+    clip0: float = 0.5            # C0: per-sample L2 clip of the k-dim embedding θ_i
+    clip1: float = 0.5            # C1: per-sample L2 clip of the d-dim residual r_i
+    num_bases: int = 200          # k: total anchor-subspace dimension, split over groups ∝ √(group size)
+    groups: int = 3               # contiguous chunks of the flattened parameter vector, one basis each
+    power_iter: int = 1           # power-iteration rounds (0 = random orthonormal bases, an ablation)
+    num_anchors: int = 1000       # m: public examples whose gradients span the subspace (capped at |public|)
+    anchor_every: int = 1         # recompute the anchors every N steps (1 = every step, as Algorithm 2)
+    anchor_labels: str = "random"  # random (drawn once, as the code) | resample (each recompute) | real
+    anchor_batch_size: int = 256  # micro-batch for the public per-sample gradients (memory only)
+    biased: bool = False          # B-GEP: release V·θ̃ only (no residual)
+
+    def validate(self) -> None:
+        check_range("defense.clip0", self.clip0, low=0, low_open=True)
+        check_range("defense.clip1", self.clip1, low=0, low_open=True)
+        check_range("defense.num_bases", self.num_bases, low=1)
+        check_range("defense.groups", self.groups, low=1)
+        check_range("defense.power_iter", self.power_iter, low=0)
+        check_range("defense.num_anchors", self.num_anchors, low=1)
+        check_range("defense.anchor_every", self.anchor_every, low=1)
+        check_range("defense.anchor_batch_size", self.anchor_batch_size, low=1)
+        if self.anchor_labels not in LABEL_CHOICES:
+            raise ConfigError(f"defense.anchor_labels: must be one of {', '.join(LABEL_CHOICES)}, "
+                              f"got {self.anchor_labels!r}")
+
+
+def group_bounds(d: int, groups: int) -> list[tuple[int, int]]:
+    """Split [0, d) into ``min(groups, d)`` contiguous chunks whose sizes differ by at most one."""
+    g = max(1, min(groups, d))
+    edges = [round(i * d / g) for i in range(g + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(g)]
+
+
+def allocate_bases(sizes: list[int], k: int, cap: int) -> list[int]:
+    """k_g ∝ √p_g (paper §4 / reference code), each capped at min(p_g, cap).
+
+    Largest-remainder rounding makes Σk_g = k exactly when the caps allow (the code's int() floors and
+    loses up to one basis per group); bases a capped group cannot take go to the others, again ∝ √p_g.
+    ``cap`` is the number of anchors m: power iteration on m anchor gradients spans at most m directions.
+    """
+    caps = [min(p, cap) for p in sizes]
+    alloc = [0] * len(sizes)
+    remaining = min(k, sum(caps))
+    open_groups = [i for i in range(len(sizes)) if caps[i] > 0]
+    while remaining > 0 and open_groups:
+        weights = [math.sqrt(sizes[i]) for i in open_groups]
+        total = sum(weights)
+        shares = [remaining * w / total for w in weights]
+        floors = [int(s) for s in shares]
+        order = sorted(range(len(open_groups)), key=lambda j: shares[j] - floors[j], reverse=True)
+        for j in order[:remaining - sum(floors)]:
+            floors[j] += 1
+        for j, i in enumerate(open_groups):
+            take = min(floors[j], caps[i] - alloc[i])
+            alloc[i] += take
+            remaining -= take
+        open_groups = [i for i in open_groups if alloc[i] < caps[i]]
+    return alloc
+
+
+def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
+    """Scale each row to L2 norm ≤ clip: factor min(1, C/(‖x‖ + 1e-6)) as ``defenses.base.clip_factors``."""
+    factors = (clip / (x.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    return x * factors[:, None]
+
+
+@DEFENSES.register("gep", "GEP: public anchor subspace; embedding clipped to C0, residual to C1, noise on each")
+class GEP(Defense):
+    Params = GEPParams
+
+    def __init__(self, params: GEPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+        self.names = list(param_shapes)
+        self.sizes = [math.prod(param_shapes[n]) for n in self.names]
+        self.d = sum(self.sizes)
+        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+        self.bounds = group_bounds(self.d, params.groups)
+        # Anchors get their own generator (random labels, power-iteration start), reseeded from (seed,
+        # step) at every refresh: they are a function of (public data, current weights, seed, step) only,
+        # never shift the noise stream, and a fresh defense replaying step t recomputes the same bases.
+        self.anchor_seed = generator.initial_seed() + ANCHOR_SEED_OFFSET
+        self.anchor_generator = torch.Generator(device=self.device)
+        self.anchor_generator.manual_seed(self.anchor_seed)
+        self.bases: list[torch.Tensor] | None = None   # V_g: p_g × k_g, orthonormal columns
+        self.bases_step = -1                           # the step the current bases were computed for
+        self.step = 0                                  # logical steps released so far
+        self.model: torch.nn.Module | None = None
+        self.anchor_x: torch.Tensor | None = None
+        self.anchor_y: torch.Tensor | None = None
+        self.num_classes = 0
+        self._psg = None
+
+    # -- accounting ----------------------------------------------------------------------------------
+    @classmethod
+    def noise_for_accounted(cls, accounted_sigma: float) -> float:
+        # Joint release has sensitivity √2 in units of its noise std σ: the accountant sees σ/√2.
+        return accounted_sigma * SQRT2
+
+    def accounted_noise_multiplier(self) -> float:
+        return self.noise_multiplier / SQRT2
+
+    @property
+    def embedding_multiplier(self) -> float:
+        """Noise multiplier on the embedding sum: σ (GEP) or σ/√2 = the accounted σ (B-GEP, sensitivity C0)."""
+        return self.noise_multiplier / SQRT2 if self.params.biased else self.noise_multiplier
+
+    # -- binding and anchors -----------------------------------------------------------------------------
+    @classmethod
+    def check_task(cls, params: GEPParams, task: Any) -> None:
+        """Raise ConfigError if the task cannot serve GEP (no public split for the anchors)."""
+        if len(task.public) == 0:
+            raise ConfigError("data.public_fraction: gep needs public data for its anchor subspace, but the "
+                              "public split is empty; use data.public_fraction > 0")
+
+    def bind(self, model: torch.nn.Module, task: Any) -> None:
+        """Keep the model (its weights move during training) and the public anchor examples. Only
+        ``task.public`` is read: the private pool never reaches the anchors."""
+        self.check_task(self.params, task)
+        public = task.public
+        m = min(self.params.num_anchors, len(public))
+        # The public split is already a uniform random permutation (harness/data.py), so its first m
+        # examples are a random subset; they stay fixed for the run, as the reference code's 2000 images.
+        self.model = model
+        self.num_classes = int(task.num_classes)
+        self.anchor_generator.manual_seed(self.anchor_seed)  # labels drawn once per run ("random")
+        self.anchor_x = public.x[:m].to(self.device)
+        self.real_y = public.y[:m].to(self.device)
+        self.anchor_y = self._draw_labels(m) if self.params.anchor_labels != "real" else self.real_y
+        self._psg = PerSampleGradients(model)
+
+    def _draw_labels(self, m: int) -> torch.Tensor:
+        return torch.randint(0, self.num_classes, (m,), generator=self.anchor_generator, device=self.device)
+
+    def anchor_gradients(self) -> torch.Tensor:
+        """G_a: m × d per-sample gradients of the public anchors at the model's current weights."""
+        if self._psg is None:
+            raise RuntimeError("gep: bind(model, task) must be called before the first step")
+        if self.params.anchor_labels == "resample":
+            self.anchor_y = self._draw_labels(self.anchor_x.shape[0])
+        chunks = []
+        for start in range(0, self.anchor_x.shape[0], self.params.anchor_batch_size):
+            stop = start + self.params.anchor_batch_size
+            grads = self._psg(self.anchor_x[start:stop], self.anchor_y[start:stop])
+            chunks.append(self.flatten(grads))
+        return torch.cat(chunks, dim=0)
+
+    def compute_bases(self, anchors: torch.Tensor) -> list[torch.Tensor]:
+        """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7)."""
+        m = anchors.shape[0]
+        ks = allocate_bases([hi - lo for lo, hi in self.bounds], self.params.num_bases, m)
+        bases = []
+        for (lo, hi), k in zip(self.bounds, ks):
+            start = torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
+            v = torch.linalg.qr(start).Q if self.params.power_iter == 0 else start
+            block = anchors[:, lo:hi]
+            for _ in range(self.params.power_iter):
+                v = block.T @ (block @ v)     # L ← G_aᵀ G_a L
+                v = torch.linalg.qr(v).Q      # orthonormal columns (QR = Gram–Schmidt up to signs)
+            bases.append(v)
+        return bases
+
+    def refresh_anchors(self) -> None:
+        self.anchor_generator.manual_seed(self.anchor_seed + STEP_SEED_STRIDE * (self.step + 1))
+        anchors = self.anchor_gradients()
+        self.bases = self.compute_bases(anchors)
+        self.bases_step = self.step
+        del anchors  # m × d: free it before the private pass (Algorithm 1, line 8)
+
+    def _ensure_bases(self) -> None:
+        due = self.step % self.params.anchor_every == 0
+        if self.bases is None or (due and self.bases_step != self.step):
+            self.refresh_anchors()
+
+    @property
+    def k(self) -> int:
+        return 0 if self.bases is None else sum(v.shape[1] for v in self.bases)
+
+    # -- flattening ----------------------------------------------------------------------------------
+    def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """{name: [b, *shape]} → [b, d] in ``param_shapes`` order."""
+        return torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in self.names], dim=1)
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: part.reshape(self.param_shapes[n]) for n, part in zip(self.names, flat.split(self.sizes))}
+
+    def embed(self, g: torch.Tensor) -> torch.Tensor:
+        """θ = g·V (groups concatenated): [b, d] → [b, k]."""
+        return torch.cat([g[:, lo:hi] @ v for (lo, hi), v in zip(self.bounds, self.bases)], dim=1)
+
+    def lift(self, theta: torch.Tensor) -> torch.Tensor:
+        """θ·Vᵀ: [b, k] → [b, d]."""
+        parts, start = [], 0
+        for v in self.bases:
+            parts.append(theta[:, start:start + v.shape[1]] @ v.T)
+            start += v.shape[1]
+        return torch.cat(parts, dim=1)
+
+    # -- the three stages ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        # Running sums live in the embedding (k) and flattened residual (d) spaces; the base class's
+        # per-parameter ``_sum`` is not used.
+        self._sum = {}
+        self._emb_sum: torch.Tensor | None = None
+        self._res_sum: torch.Tensor | None = None
+        self.samples_seen = 0
+
+    def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
+        self._ensure_bases()
+        g = self.flatten(grads)
+        theta = self.embed(g)
+        if self._emb_sum is None:
+            self._emb_sum = torch.zeros(self.k, device=self.device)
+        self._emb_sum += clip_rows(theta, self.params.clip0).sum(dim=0)
+        if not self.params.biased:
+            residual = g - self.lift(theta)  # from the unclipped θ (Algorithm 1, line 11)
+            if self._res_sum is None:
+                self._res_sum = torch.zeros(self.d, device=self.device)
+            self._res_sum += clip_rows(residual, self.params.clip1).sum(dim=0)
+        self.samples_seen += g.shape[0]
+
+    def release(self, batch_size: int) -> SharedGradient:
+        self._ensure_bases()  # an empty Poisson batch still releases noise through V
+        p = self.params
+        emb_sum = self._emb_sum if self._emb_sum is not None else torch.zeros(self.k, device=self.device)
+        emb_std = self.embedding_multiplier * p.clip0
+        emb = (emb_sum + self.gaussian(emb_sum.shape, emb_std)) / batch_size
+        flat = self.lift(emb[None])[0]
+        res_std = 0.0
+        if not p.biased:
+            res_sum = self._res_sum if self._res_sum is not None else torch.zeros(self.d, device=self.device)
+            res_std = self.noise_multiplier * p.clip1
+            flat = flat + (res_sum + self.gaussian(res_sum.shape, res_std)) / batch_size
+        # Per-coordinate noise is σ_r² + σ_e²·‖V_j‖² (V_j = row j of V); ``noise_std`` is its RMS over the
+        # d coordinates: sqrt(σ_r² + σ_e²·k/d), because ‖V‖_F² = k.
+        rms = math.sqrt(res_std**2 + emb_std**2 * self.k / self.d) / batch_size
+        extra = {
+            "gep.groups": list(self.bounds),
+            "gep.bases_per_group": [v.shape[1] for v in self.bases],
+            "gep.bases": list(self.bases),
+            "gep.param_order": list(self.names),
+            "gep.embedding": emb,
+            "gep.noise_std_embedding": emb_std / batch_size,
+            "gep.noise_std_residual": res_std / batch_size,
+            "gep.num_anchors": int(self.anchor_x.shape[0]) if self.anchor_x is not None else 0,
+            "gep.biased": p.biased,
+            "gep.bases_step": self.bases_step,
+        }
+        self.step += 1
+        self.reset()
+        return SharedGradient(self.unflatten(flat), batch_size=batch_size, noise_std=rms, extra=extra)
+
+    # -- public state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Anchors (V per group) and where they apply: public (computed from public data and weights)."""
+        return {
+            "step": self.step,
+            "bases_step": self.bases_step,
+            "groups": list(self.bounds),
+            "bases": None if self.bases is None else [v.detach().clone() for v in self.bases],
+            "param_order": list(self.names),
+            "anchor_labels": None if self.anchor_y is None else self.anchor_y.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore anchors (e.g. an attack replaying a training step): the loaded bases are used for the
+        step they were computed for; later steps recompute them on schedule."""
+        if list(state.get("groups", self.bounds)) != list(self.bounds):
+            raise ValueError(f"gep: groups {state['groups']} do not match this model's {self.bounds}")
+        self.step = int(state.get("step", self.step))
+        self.bases_step = int(state.get("bases_step", self.step))
+        if state.get("bases") is not None:
+            self.bases = [v.to(self.device) for v in state["bases"]]
+        if state.get("anchor_labels") is not None and self.anchor_x is not None:
+            self.anchor_y = state["anchor_labels"].to(self.device)
