@@ -18,9 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from attacks.base import Attack, AttackContext, AttackResult
-from attacks.membership_common import ShadowParams, View, out_dir, score_all, shadow_pool
-from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.membership_common import ShadowAttack, ShadowParams, View
 from attacks.registry import ATTACKS
 from harness.errors import ConfigError
 
@@ -65,16 +63,14 @@ def lira_scores(view: View, params: LiraParams) -> np.ndarray:
 
 
 @ATTACKS.register("lira", "LiRA: likelihood ratio of the target's confidence under IN/OUT shadow models")
-class LiRA(Attack):
+class LiRA(ShadowAttack):
     Params = LiraParams
     description = ("Likelihood-ratio membership inference (Carlini et al. 2022) with shadow models trained "
                    "by the same defense; online/offline, global/per-example variance.")
 
-    def run(self, context: AttackContext) -> AttackResult:
+    def score(self, view: View) -> np.ndarray:
+        return lira_scores(view, self.params)
+
+    def title(self) -> str:
         p = self.params
-        pool = shadow_pool(context, p.shadows)
-        scores, labels = score_all(pool, p.mia_target, lambda v: lira_scores(v, p))
-        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
-        variant = "online" if p.online else f"offline {p.offline_test}"
-        artefacts = save_roc(scores, labels, out_dir(context), f"LiRA ({variant}, {p.variance} variance)")
-        return AttackResult(metrics, artefacts)
+        return f"LiRA ({'online' if p.online else f'offline {p.offline_test}'}, {p.variance} variance)"

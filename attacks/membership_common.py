@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.base import AttackContext, AttackParams
+from attacks.base import Attack, AttackContext, AttackParams, AttackResult
+from attacks.membership_metrics import membership_metrics, save_roc
 from defenses.base import Defense
 from harness import shadows as sh
 from harness.config import check_range
@@ -143,3 +144,20 @@ def score_all(pool: ShadowPool, target: str, score_view: Any) -> tuple[np.ndarra
 def out_dir(context: AttackContext) -> Path:
     context.out_dir.mkdir(parents=True, exist_ok=True)
     return context.out_dir
+
+
+class ShadowAttack(Attack):
+    """A membership attack scoring a target against shadow references: subclasses give ``score(view)``
+    and ``title()``; the pool, protocol, metrics and ROC artefacts are common."""
+
+    def score(self, view: View) -> np.ndarray:
+        raise NotImplementedError
+
+    def title(self) -> str:
+        raise NotImplementedError
+
+    def run(self, context: AttackContext) -> AttackResult:
+        pool = shadow_pool(context, self.params.shadows)
+        scores, labels = score_all(pool, self.params.mia_target, self.score)
+        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
+        return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))

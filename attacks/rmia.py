@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attacks.base import Attack, AttackContext, AttackResult
-from attacks.membership_common import ShadowParams, View, out_dir, score_all, shadow_pool
-from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.membership_common import ShadowAttack, ShadowParams, View
 from attacks.registry import ATTACKS
 from harness.config import check_range
 from harness.errors import ConfigError
@@ -54,16 +52,14 @@ def rmia_scores(view: View, params: RmiaParams) -> np.ndarray:
 
 
 @ATTACKS.register("rmia", "RMIA: pairwise likelihood ratios against population samples, shadow references")
-class RMIA(Attack):
+class RMIA(ShadowAttack):
     Params = RmiaParams
     description = ("Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by "
                    "the same defense and the public split as population z.")
 
-    def run(self, context: AttackContext) -> AttackResult:
+    def score(self, view: View) -> np.ndarray:
+        return rmia_scores(view, self.params)
+
+    def title(self) -> str:
         p = self.params
-        pool = shadow_pool(context, p.shadows)
-        scores, labels = score_all(pool, p.mia_target, lambda v: rmia_scores(v, p))
-        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
-        variant = "online" if p.online else f"offline, a={p.offline_a}"
-        artefacts = save_roc(scores, labels, out_dir(context), f"RMIA ({variant}, γ={p.gamma})")
-        return AttackResult(metrics, artefacts)
+        return f"RMIA ({'online' if p.online else f'offline, a={p.offline_a}'}, γ={p.gamma})"
