@@ -112,6 +112,11 @@ class Defense(ABC):
         return cls.dp
 
     @classmethod
+    def check_task(cls, params: Any, task: Any) -> None:
+        """Raise ConfigError if this task cannot serve the defense (checked before a run starts)."""
+        return None
+
+    @classmethod
     def noise_for_accounted(cls, accounted_sigma: float) -> float:
         """The σ the defense must add so that its release is covered by ``accounted_sigma``."""
         return accounted_sigma

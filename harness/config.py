@@ -174,19 +174,8 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        if isinstance(value, str):
-            value = _number_or_text(value)
         parsed.append((key, value))
     return parsed
-
-
-def _number_or_text(text: str) -> Any:
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string; take it as the number a user means."""
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return number if math.isfinite(number) else text
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -238,8 +227,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; take the number meant
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
+        if math.isinf(value):
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
         if math.isnan(value):
             raise ConfigError(f"{where}: must be a number, got nan")
         return float(value)

@@ -130,6 +130,7 @@ def prepare(spec: RunSpec) -> Prepared:
     model = build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
     check_attacks(spec, model, task.shape)
     defense_cls = DEFENSES.get(spec.defense_name, field="defense")
+    defense_cls.check_task(spec.defense, task)
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 

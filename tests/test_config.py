@@ -121,3 +121,28 @@ def test_yaml_cannot_construct_objects(tmp_path):
     evil.write_text("seed: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(ConfigError, match="malformed YAML"):
         load_yaml(evil)
+
+
+def test_exponent_floats_from_yaml_and_set(tmp_path):
+    spec = build_spec({"train": {"lr": "1e-3"}})
+    assert spec.train.lr == 0.001
+    (key, value), = parse_set(["train.lr=5e-3"])
+    raw = {}
+    set_dotted(raw, key, value)
+    assert build_spec(raw).train.lr == 0.005
+    with pytest.raises(ConfigError, match="train.lr"):
+        build_spec({"train": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match="train.lr"):
+        build_spec({"train": {"lr": "inf"}})
+
+
+def test_defense_that_needs_public_data_fails_before_the_run(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    results = tmp_path / "r"
+    result = CliRunner().invoke(main, ["run", "--defense", "gep", "--set", "data.public_fraction=0",
+                                       "--results", str(results)])
+    assert result.exit_code == 2 and "data.public_fraction" in result.stderr
+    assert not results.exists()
