@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -108,8 +107,3 @@ def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) 
     fig.savefig(roc_png, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return {"roc": str(roc_json), "roc_png": str(roc_png)}
-
-
-def result_metrics(metrics: dict[str, Any], accounted_epsilon: float) -> dict[str, Any]:
-    """Attach the accounted ε the lower bound is compared with."""
-    return {**metrics, "accounted_epsilon": accounted_epsilon}
