@@ -17,9 +17,12 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from defenses.clipping import GroupClipping
 
 FLOAT_BYTES = 4  # released values are float32
 INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)
@@ -117,6 +120,11 @@ class Defense(ABC):
         return None
 
     @classmethod
+    def check_model(cls, params: Any, model: torch.nn.Module) -> None:
+        """Raise ConfigError if the defense cannot work on this model (checked before a run starts)."""
+        return None
+
+    @classmethod
     def noise_for_accounted(cls, accounted_sigma: float) -> float:
         """The σ the defense must add so that its release is covered by ``accounted_sigma``."""
         return accounted_sigma
@@ -133,6 +141,19 @@ class Defense(ABC):
         public state comes from public data (GEP anchors) keep what they need; the default keeps nothing.
         Only ``task.public`` may shape public state: private data must never reach it."""
         return None
+
+    def clipping(self) -> GroupClipping | None:
+        """The per-sample transform when it is pure group-wise clipping of the raw per-sample gradient
+        (DP-SGD, group-wise clipping). The book-keeping engine then forms the clipped sum during backprop
+        without materialising per-sample gradients and hands it to ``accumulate_clipped``. ``None`` (the
+        default): the defense needs materialised per-sample gradients (masks, projections, whitening)."""
+        return None
+
+    def accumulate_clipped(self, clipped_sum: dict[str, torch.Tensor], count: int) -> None:
+        """Add an already clipped micro-batch sum Σ_i clip(g_i) of ``count`` samples (see ``clipping``)."""
+        for name, value in clipped_sum.items():
+            self._sum[name] += value
+        self.samples_seen += count
 
     # -- the three stages --------------------------------------------------------------------------------
     def begin_epoch(self, epoch: int, epochs: int) -> None:

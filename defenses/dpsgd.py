@@ -3,6 +3,9 @@
 Release = (Σ_i g_i·min(1, C/‖g_i‖) + N(0, σ²C²·I)) / B, with ‖·‖ over all parameters and B the logical
 (expected, under Poisson sampling) batch size. Dividing by the expected rather than the realised batch
 size keeps the batch size itself private (Opacus does the same).
+
+Flat clipping is group-wise clipping with one group (``defenses/clipping.py``); ``groupwise`` extends
+this class with other groupings and clipping functions.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.clipping import GroupClipping
 from defenses.registry import DEFENSES
 from harness.config import check_range
 
@@ -28,14 +32,14 @@ class ClipParams(DefenseParams):
 class DPSGD(Defense):
     Params = ClipParams
 
+    def clipping(self) -> GroupClipping:
+        return GroupClipping.of([list(self.param_shapes)], self.params.clip, "abadi")
+
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        factors = clip_factors(per_sample_norms(grads), self.params.clip)
-        for name, g in grads.items():
-            self._sum[name] += torch.einsum("b,b...->...", factors, g)
-        self.samples_seen += factors.shape[0]
+        self.accumulate_clipped(self.clipping().clip_sum(grads), next(iter(grads.values())).shape[0])
 
     def release(self, batch_size: int) -> SharedGradient:
-        std = self.noise_multiplier * self.params.clip
+        std = self.noise_multiplier * self.clipping().sensitivity
         grads = {n: (s + self.gaussian(s.shape, std)) / batch_size for n, s in self._sum.items()}
         self.reset()
         return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)

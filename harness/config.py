@@ -87,6 +87,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     lr_schedule: str = "constant"
     sampling: str = "poisson"
+    engine: str = "auto"
 
 
 DEFAULT_EPSILON = 3.0
@@ -96,6 +97,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.optimizer": ("sgd", "adam"),
     "train.lr_schedule": ("constant", "cosine", "step"),
     "train.sampling": ("poisson", "shuffle"),
+    "train.engine": ("auto", "func", "lean"),
     "device": ("auto", "cpu", "cuda"),
 }
 
@@ -208,7 +210,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value is None and type(None) in options:
             return None
         inner = [t for t in options if t is not type(None)]
-        return _coerce(value, inner[0], where)
+        errors = []
+        for option in inner:  # the first type that accepts the value wins
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as error:
+                errors.append(error)
+        if len(inner) == 1:
+            raise errors[0]
+        raise ConfigError(f"{where}: must be {' or '.join(_type_name(t) for t in inner)}, got {value!r}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -283,6 +293,7 @@ def _check_choices(spec: RunSpec) -> None:
         "train.optimizer": spec.train.optimizer,
         "train.lr_schedule": spec.train.lr_schedule,
         "train.sampling": spec.train.sampling,
+        "train.engine": spec.train.engine,
         "device": spec.device,
     }
     for key, value in values.items():

@@ -13,9 +13,10 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from attacks.base import AttackContext
 from defenses import DEFENSES, Defense
 from harness import __version__
 from harness.accounting import default_delta, epsilon_for, noise_for
+from harness.book_keeping import trainable_layers
 from harness.config import RunSpec
 from harness.data import Task, load_task
 from harness.errors import ConfigError, RunFailure
@@ -131,6 +133,12 @@ def prepare(spec: RunSpec) -> Prepared:
     check_attacks(spec, model, task.shape)
     defense_cls = DEFENSES.get(spec.defense_name, field="defense")
     defense_cls.check_task(spec.defense, task)
+    defense_cls.check_model(spec.defense, model)
+    if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
+        if defense_cls.clipping is Defense.clipping:
+            raise ConfigError(f"train.engine: lean needs a defense whose per-sample transform is group-wise "
+                              f"clipping (dpsgd, groupwise), not {spec.defense_name}: use auto or func")
+        trainable_layers(model)
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
@@ -239,6 +247,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
             "comm.bytes_sparse": result.bytes_sparse,
             "comm.bytes_dense": result.bytes_dense,
             "time.train_s": result.train_s,
+            "train.engine_used": result.engine,
         })
         attack_start = time.perf_counter()
         metrics.update(run_attacks(prep, states, defense_states, defense, run_dir))

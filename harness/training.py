@@ -1,8 +1,13 @@
 """The victim training loop: batch sampling, per-sample gradients, the defense's release, optimizer step.
 
-Every step goes through ``Defense.clip_and_accumulate`` (per micro-batch) and ``Defense.release``; the
-released ``SharedGradient`` becomes ``p.grad`` and the optimizer steps on it, so the model only ever learns
-from what the defense shares.
+Every step goes through the defense per micro-batch and ``Defense.release``; the released
+``SharedGradient`` becomes ``p.grad`` and the optimizer steps on it, so the model only ever learns from what
+the defense shares. Per micro-batch, one of two engines (``train.engine``) feeds the defense:
+
+- ``func``: materialised per-sample gradients (torch.func) into ``clip_and_accumulate`` — every defense;
+- ``lean``: book-keeping (``harness/book_keeping.py``) forms the clipped sum during backprop and hands it
+  to ``accumulate_clipped`` — defenses whose transform is group-wise clipping (dpsgd, groupwise); the same
+  release to float rounding, with less memory and time. ``auto`` picks ``lean`` where it applies.
 """
 
 from __future__ import annotations
@@ -10,14 +15,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from defenses.base import Defense
+from harness.book_keeping import BookKeeping, select_engine
 from harness.config import TrainConfig
 from harness.data import Split
 from harness.per_sample import PerSampleGradients, micro_batches
@@ -64,6 +70,16 @@ class TrainResult:
     density: float = 1.0           # mean fraction of released coordinates per step
     bytes_sparse: float = 0.0      # mean bytes per released gradient, sparse encoding
     bytes_dense: float = 0.0       # bytes per released gradient, dense float32
+    engine: str = "func"           # the per-sample engine used (train.engine resolved)
+
+
+def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``feed(x, y)``: add one micro-batch to the defense's running sum with the chosen engine."""
+    if engine == "lean":
+        book_keeping = BookKeeping(model, defense.clipping())
+        return lambda x, y: defense.accumulate_clipped(book_keeping(x, y), x.shape[0])
+    psg = PerSampleGradients(model)
+    return lambda x, y: defense.clip_and_accumulate(psg(x, y))
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -103,13 +119,13 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
     the weights and public defense state an attack targets)."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
-    psg = PerSampleGradients(model)
+    result = TrainResult(engine=select_engine(cfg.engine, model, defense))
+    feed = clipped_sum_feeder(result.engine, model, defense)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
     schedule = make_schedule(optimizer, cfg, total_steps)
     params = dict(model.named_parameters())
     x_all, y_all = train_split.x.to(device), train_split.y.to(device)
-    result = TrainResult()
     densities: list[float] = []
     sparse_bytes: list[int] = []
     start = time.perf_counter()
@@ -121,7 +137,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         for batch in sampler.epoch():
             batch = batch.to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
-                defense.clip_and_accumulate(psg(xb, yb))
+                feed(xb, yb)
             shared = defense.release(sampler.batch_size)
             for name, value in shared.grads.items():
                 params[name].grad = value.to(params[name].dtype)
