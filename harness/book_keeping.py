@@ -36,7 +36,7 @@ from defenses.clipping import GroupClipping
 from harness.errors import ConfigError, RunFailure
 
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
-UNFOLD_BUDGET = 1 << 22  # elements (16 MiB in float32) of unfolded conv input alive at once
+WORKSPACE_BUDGET = 1 << 21  # elements (8 MiB in float32) of unfolded conv input per chunk of samples
 
 
 def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -96,6 +96,7 @@ class BookKeeping:
             raise ValueError(f"groups and trainable parameters differ: {sorted(set(owner) ^ set(clipping.names))}")
         self.owner = owner  # full name -> (layer path, attribute)
         self.group_of = {n: m for m, g in enumerate(clipping.groups) for n in g}
+        self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
         self.layer_groups = {path: sorted({self.group_of[n] for n, (p, _) in owner.items() if p == path})
                              for path in self.layers}
 
@@ -104,6 +105,7 @@ class BookKeeping:
         norms = [torch.zeros(x.shape[0], device=x.device) for _ in self.clipping.groups]
         pending = [len(g) for g in self.clipping.groups]  # parameters not yet seen in backprop
         sums: dict[str, torch.Tensor] = {}
+        held: set[str] = set()  # layers seen in backprop whose groups are still open
 
         def close(group: int) -> None:
             factors = self.clipping.factor(norms[group].sqrt())
@@ -114,10 +116,13 @@ class BookKeeping:
                 kept[path].open_groups -= 1
                 if kept[path].open_groups == 0:
                     del kept[path]  # free the activation / output gradient / per-sample gradients
+                    held.discard(path)
 
         def on_backward(path: str, module: nn.Module, ds: torch.Tensor) -> None:
             k = kept[path]
             k.ds = ds.detach()
+            held.add(path)
+            self.peak_held = max(self.peak_held, len(held))
             for attr, sq in self._square_norms(module, k).items():
                 name = f"{path}.{attr}" if path else attr
                 group = self.group_of[name]
@@ -159,50 +164,58 @@ class BookKeeping:
         biases, weights whose per-sample gradient is the smaller object) or the activation and output
         gradient (ghost-norm weights); the rest is dropped here."""
         trainable = {n for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+        out: dict[str, torch.Tensor] = {}
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
             k.per_sample = {n: g for n, g in _norm_layer_grads(module, k.a, k.ds).items() if n in trainable}
         else:
-            if "bias" in trainable:
+            if "bias" in trainable:  # per-sample bias gradients are small: always instantiated
                 k.per_sample["bias"] = k.ds.flatten(2).sum(2) if isinstance(module, nn.Conv2d) else \
                     k.ds.reshape(k.ds.shape[0], -1, k.ds.shape[-1]).sum(1)
             if "weight" in trainable:
-                weight_sq = self._weight_square_norms(module, k)
+                out["weight"] = self._weight_square_norms(module, k)
+        out.update({n: g.flatten(1).pow(2).sum(1) for n, g in k.per_sample.items() if n not in out})
         if set(k.per_sample) == trainable:
             k.a = k.ds = None  # everything the close needs is instantiated
-        out = {n: g.flatten(1).pow(2).sum(1) for n, g in k.per_sample.items()}
-        if "weight" in trainable and "weight" not in out:
-            out["weight"] = weight_sq
         return out
 
     def _weight_square_norms(self, module: nn.Module, k: _Kept) -> torch.Tensor:
         """‖∂L_i/∂W‖² of a Linear / Conv2d, by ghost norm or by instantiation (then kept in ``k``).
 
-        Samples are processed in chunks so the transient unfolded input (k²× the activation for a conv)
-        stays within ``UNFOLD_BUDGET`` elements whatever the micro-batch size."""
-        b, step = k.a.shape[0], self._chunk(module, k.a)
-        squares, grads = [], []
-        for lo in range(0, b, step):
-            a, ds = _as_tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])
-            t, d, p = a.shape[1], a.shape[2], ds.shape[2]
-            if t == 1:  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
-                squares.append(a.pow(2).sum((1, 2)) * ds.pow(2).sum((1, 2)))
-            elif 2 * t * t <= p * d:  # ghost norm (FastDP's rule): the T×T Gram matrices are the smaller
+        The rule is FastDP's: ghost norm when the T×T Gram matrices are smaller than the per-sample
+        gradient (2T² ≤ p·d; T tokens or output pixels, d inputs, p outputs), else instantiate."""
+        b, w = k.a.shape[0], module.weight
+        if isinstance(module, nn.Conv2d):
+            t, d, p = k.ds[0, 0].numel(), w[0].numel(), w.shape[0]
+        else:
+            t, d, p = k.a[0].numel() // w.shape[1], w.shape[1], w.shape[0]
+        if t == 1:  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
+            a, ds = _as_tokens(module, k.a, k.ds)
+            return a.pow(2).sum((1, 2)) * ds.pow(2).sum((1, 2))
+        step = self._chunk(module, k.a)
+        if 2 * t * t <= p * d:  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
+            squares = []
+            for lo in range(0, b, step):
+                a, ds = _as_tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, d], [c, T, p]
                 squares.append((a @ a.transpose(1, 2)).mul_(ds @ ds.transpose(1, 2)).sum((1, 2)))
-            else:  # instantiate the per-sample gradient [chunk, p, d]; reused for the clipped sum
-                g = ds.transpose(1, 2) @ a
-                grads.append(g)
-                squares.append(g.flatten(1).pow(2).sum(1))
-        if grads:
-            k.per_sample["weight"] = torch.cat(grads).view(b, *module.weight.shape)
-        return torch.cat(squares)
+            return torch.cat(squares)
+        if isinstance(module, nn.Conv2d):  # per-sample gradients by grouped convolutions, one group per sample
+            g = torch.cat([_conv_per_sample_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
+                           for lo in range(0, b, step)])
+        else:
+            a, ds = _as_tokens(module, k.a, k.ds)
+            g = ds.transpose(1, 2) @ a
+        if w.numel() <= k.a[0].numel() + k.ds[0].numel():
+            k.per_sample["weight"] = g.view(b, *w.shape)  # smaller than what it replaces: keep it for the sum
+        return g.view(b, -1).pow(2).sum(1)
 
     @staticmethod
     def _chunk(module: nn.Module, a: torch.Tensor) -> int:
+        """Samples per chunk, so a conv's transient workspace (unfolded input, k²× the activation) stays
+        within ``WORKSPACE_BUDGET`` elements whatever the micro-batch size."""
         if not isinstance(module, nn.Conv2d):
             return a.shape[0]
         kh, kw = module.kernel_size
-        per_sample = a[0].numel() * kh * kw  # upper bound on one sample's unfolded input
-        return max(1, UNFOLD_BUDGET // per_sample)
+        return max(1, WORKSPACE_BUDGET // (a[0].numel() * kh * kw))
 
     def _clipped_sum(self, module: nn.Module, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
         """Σ_i c_i·g_i for parameter ``attr`` of ``module`` from what the layer kept."""
@@ -222,6 +235,15 @@ def _as_tokens(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[to
         cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, T]
         return cols.transpose(1, 2), ds.reshape(b, ds.shape[1], -1).transpose(1, 2)
     return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
+
+
+def _conv_per_sample_grads(module: nn.Conv2d, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+    """[b, *weight.shape]: a batch of b samples as one convolution with b groups (no unfold needed)."""
+    b, w = a.shape[0], module.weight
+    g = torch.nn.grad.conv2d_weight(a.reshape(1, -1, *a.shape[2:]), (b * w.shape[0], *w.shape[1:]),
+                                    ds.reshape(1, -1, *ds.shape[2:]), module.stride, module.padding,
+                                    module.dilation, b)
+    return g.view(b, *w.shape)
 
 
 def _norm_layer_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -26,12 +26,11 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -77,7 +76,7 @@ def _is_list_typed(path: str, raw: dict[str, Any]) -> bool:
     for cls in classes:
         hints = typing.get_type_hints(cls.Params)
         tp = hints.get(name)
-        if tp is not None and any(t is list or typing.get_origin(t) is list for t in (tp, *typing.get_args(tp))):
+        if tp is not None and (typing.get_origin(tp) is list or list in typing.get_args(tp)):
             return True
     return False
 

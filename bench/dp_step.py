@@ -1,0 +1,178 @@
+"""Time and peak memory of one logical DP training step, every per-sample path side by side in one run.
+
+Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the logical batch + the update):
+
+- ``non-private``   plain autograd, summed loss, no clipping or noise (the reference for the ratios)
+- ``opacus``        Opacus hooks (GradSampleModule + DPOptimizer, flat clipping, virtual steps)
+- ``func``          dpeval's torch.func path: materialised per-sample gradients → ``dpsgd``
+- ``lean-M1``       dpeval's book-keeping engine, flat clipping (``dpsgd``, train.engine=lean)
+- ``lean-M2``       book-keeping, ``groupwise`` uniform:2 (abadi)
+- ``lean-layer``    book-keeping, ``groupwise`` layer (abadi)
+- ``lean-param``    book-keeping, ``groupwise`` param (abadi)
+
+Each (model, path, batch) runs in its own Python process, so peak memories do not mix: on CPU the peak is
+the process's peak resident set during the measured step minus its resident set before it (Linux
+``/proc/self/clear_refs`` resets the peak; glibc's mmap threshold is pinned so freed tensors leave the
+resident set); on CUDA it is ``torch.cuda.max_memory_allocated`` over the step minus what was allocated
+before. Time is the median over ``--steps`` steps after one warm-up step (CUDA: synchronised).
+
+    .venv/bin/python bench/dp_step.py                                  # DP-CNN + ResNet-20-GN, batch 256
+    .venv/bin/python bench/dp_step.py --models dpcnn --batch 1024 --micro 256 --paths lean-M1 non-private
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param")
+GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
+
+
+# -- one measurement (runs in a child process) ---------------------------------------------------------
+def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
+    from defenses.dpsgd import DPSGD, ClipParams
+    from defenses.groupwise import Groupwise, GroupwiseParams
+    from harness.per_sample import micro_batches
+    from harness.training import clipped_sum_feeder
+
+    batch = x.shape[0]
+    params = dict(model.named_parameters())
+    if path == "non-private":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step() -> None:
+            for xb, yb in micro_batches(x, y, micro):
+                (F.cross_entropy(model(xb), yb, reduction="sum") / batch).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    if path == "opacus":
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        model.train()  # Opacus captures activations only in training mode (no dropout / batch norm here)
+        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
+                          expected_batch_size=batch, loss_reduction="sum")
+
+        def step() -> None:
+            chunks = list(micro_batches(x, y, micro))
+            for i, (xb, yb) in enumerate(chunks):
+                F.cross_entropy(gsm(xb), yb, reduction="sum").backward()
+                opt.signal_skip_step(do_skip=i < len(chunks) - 1)  # what Opacus' BatchMemoryManager does
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return step
+    shapes = {n: p.shape for n, p in params.items()}
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    if path in GROUPS:
+        defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, gen, x.device)
+    else:
+        defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, gen, x.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    feed = clipped_sum_feeder("func" if path == "func" else "lean", model, defense)
+
+    def step() -> None:
+        for xb, yb in micro_batches(x, y, micro):
+            feed(xb, yb)
+        for name, value in defense.release(batch).grads.items():
+            params[name].grad = value
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def measure(cfg: dict) -> dict:
+    from harness.models import build_model
+
+    torch.manual_seed(0)
+    device = torch.device(cfg["device"])
+    model = build_model(cfg["model"], (3, 32, 32), 10, [0.5] * 3, [0.25] * 3).to(device).eval()
+    x = torch.rand(cfg["batch"], 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (cfg["batch"],), device=device)
+    step = step_function(cfg["path"], model, x, y, cfg["micro"])
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step()  # warm-up
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        sync()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        before = _status_kb("VmRSS") * 1024
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set
+        step()
+        peak = _status_kb("VmHWM") * 1024 - before
+    times = []
+    for _ in range(cfg["steps"]):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {**cfg, "time_s": statistics.median(times), "peak_mb": peak / 2**20}
+
+
+# -- the driver ------------------------------------------------------------------------------------------
+def run_child(cfg: dict) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors leave the resident set
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{cfg['model']} {cfg['path']} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["dpcnn", "resnet20-gn"])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--batch", type=int, default=256, help="logical batch size")
+    parser.add_argument("--micro", type=int, default=None, help="micro-batch (default: the logical batch)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(json.loads(args.child))))
+        return
+    micro = args.micro or args.batch
+    device = args.device
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
+    print(f"# {name}, {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"logical batch {args.batch}, micro-batch {micro}, {args.steps} timed steps")
+    print(f"{'model':<12} {'path':<12} {'s/step':>8} {'×time':>6} {'peak MiB':>9} {'×mem':>6}")
+    for model in args.models:
+        rows = [run_child({"model": model, "path": p, "batch": args.batch, "micro": micro, "steps": args.steps,
+                           "device": device}) for p in args.paths]
+        ref = next((r for r in rows if r["path"] == "non-private"), None)
+        for r in rows:
+            t = f"{r['time_s'] / ref['time_s']:.2f}" if ref else "-"
+            m = f"{r['peak_mb'] / ref['peak_mb']:.2f}" if ref else "-"
+            print(f"{model:<12} {r['path']:<12} {r['time_s']:8.3f} {t:>6} {r['peak_mb']:9.1f} {m:>6}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

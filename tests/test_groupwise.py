@@ -1,0 +1,299 @@
+"""Group-wise clipping (``groupwise``) and the book-keeping per-sample engine (``train.engine=lean``)."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from defenses import DEFENSES
+from defenses.clipping import GroupClipping
+from defenses.dpsgd import DPSGD, ClipParams
+from defenses.groupwise import Groupwise, GroupwiseParams, resolve_groups
+from harness.book_keeping import BookKeeping, select_engine, trainable_layers
+from harness.cli import main
+from harness.config import build_spec, set_dotted
+from harness.errors import ConfigError, RunFailure
+from harness.models import build_model
+from harness.per_sample import PerSampleGradients
+from harness.runner import prepare
+from harness.sweep import expand
+
+NAMES = ["1.0.weight", "1.2.weight", "1.4.weight", "1.7.weight", "1.7.bias"]  # cnn3's parameters
+
+
+def spec_for(defense, **sets):
+    raw = {"defense": {"name": defense}}
+    for key, value in sets.items():
+        set_dotted(raw, key.replace("__", "."), value)
+    return build_spec(raw)
+
+
+# -- groupings ------------------------------------------------------------------------------------------
+def test_groupings_partition_the_parameters():
+    assert resolve_groups("all", NAMES) == [NAMES]
+    assert resolve_groups("param", NAMES) == [[n] for n in NAMES]
+    assert resolve_groups("layer", NAMES) == [["1.0.weight"], ["1.2.weight"], ["1.4.weight"],
+                                              ["1.7.weight", "1.7.bias"]]
+    assert resolve_groups("uniform:2", NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight", "1.7.weight", "1.7.bias"]]
+    # 4 layers in 3 groups: sizes 2, 1, 1 (the larger groups first)
+    assert resolve_groups("uniform:3", NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight"], ["1.7.weight", "1.7.bias"]]
+    assert resolve_groups(["1.4"], NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight", "1.7.weight", "1.7.bias"]]
+    assert resolve_groups(["1.0", "1.7"], NAMES) == [NAMES[:3], NAMES[3:]]
+
+
+@pytest.mark.parametrize("groups,match", [
+    ("uniform:0", "M >= 1"), ("uniform:x", "M >= 1"), ("uniform:5", "more groups than the model has layers"),
+    ("blocks", "must be one of"), (["1.9"], "unknown layer"), (["1.4", "1.2"], "forward order"),
+    (["1.4", "1.4"], "forward order"),
+])
+def test_bad_groupings_are_refused(groups, match):
+    with pytest.raises(ConfigError, match=match):
+        GroupwiseParams(groups=groups).validate()
+        resolve_groups(groups, NAMES)
+
+
+def test_bad_groupings_fail_before_training_with_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
+                                       "defense.groups=[nope]", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "defense.groups: unknown layer" in result.output
+    result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
+                                       "defense.clip_fn=psac", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "defense.clip_fn" in result.output
+
+
+def test_a_sweep_over_groupings_is_an_axis_and_lists_are_head_lists():
+    points = expand({"defense": {"name": "groupwise", "groups": ["all", "layer", ["1.0", "1.4"]]}})
+    assert [p["defense"]["groups"] for p in points] == ["all", "layer", ["1.0", "1.4"]]
+
+
+# -- the clipping bound -----------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(scale=st.floats(1e-4, 1e4), clip=st.floats(0.1, 10.0), fn=st.sampled_from(["auto", "abadi"]),
+       spec=st.sampled_from(["all", "layer", "param", "uniform:2"]), seed=st.integers(0, 1000))
+def test_each_group_stays_within_r_over_root_m_and_the_sample_within_r(scale, clip, fn, spec, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"1.0.weight": (4, 3), "1.2.weight": (5,), "1.4.weight": (2, 2), "1.7.weight": (3, 4), "1.7.bias": (3,)}
+    grads = {n: torch.randn(1, *s, generator=gen) * scale * torch.rand(1, generator=gen) for n, s in shapes.items()}
+    clipping = GroupClipping.of(resolve_groups(spec, list(shapes)), clip, fn)
+    clipped = clipping.clip_sum(grads)
+    per_group = [torch.cat([clipped[n].reshape(-1) for n in g]).norm() for g in clipping.groups]
+    slack = 1 + 1e-6  # float32 rounding of n·R/(n + 1e-6) when n ≫ 1e-6
+    assert all(float(n) <= clipping.threshold * slack for n in per_group)
+    total = torch.cat([c.reshape(-1) for c in clipped.values()]).norm()
+    assert float(total) <= clip * slack
+    assert clipping.threshold == pytest.approx(clip / len(clipping.groups) ** 0.5)
+
+
+def test_auto_clipping_is_r_m_over_norm_plus_gamma():
+    clipping = GroupClipping.of([["a"], ["b"]], 2.0, "auto")
+    g = {"a": torch.tensor([[3.0, 4.0]]), "b": torch.tensor([[0.0, 0.5]])}
+    out = clipping.clip_sum(g)
+    r_m = 2.0 / 2 ** 0.5
+    torch.testing.assert_close(out["a"], torch.tensor([3.0, 4.0]) * r_m / (5.0 + 0.01))
+    torch.testing.assert_close(out["b"], torch.tensor([0.0, 0.5]) * r_m / (0.5 + 0.01))  # small groups grow
+
+
+def test_all_with_abadi_is_dpsgd_bit_for_bit():
+    model = build_model("cnn3", (1, 8, 8), 10, (0.3,), (0.4,))
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    grads = PerSampleGradients(model)(x, y)
+    dp = DPSGD(ClipParams(clip=0.7), shapes, 1.3, torch.Generator().manual_seed(3))
+    gw = Groupwise(GroupwiseParams(clip=0.7, groups="all", clip_fn="abadi"), shapes, 1.3, torch.Generator().manual_seed(3))
+    for d in (dp, gw):
+        d.clip_and_accumulate(grads)
+    a, b = dp.release(16), gw.release(16)
+    assert a.noise_std == b.noise_std
+    for n in a.grads:
+        assert torch.equal(a.grads[n], b.grads[n])
+
+
+@pytest.mark.parametrize("spec", ["all", "layer", "param"])
+def test_noise_is_sigma_r_on_every_coordinate_whatever_the_grouping(spec):
+    shapes = {"1.0.weight": (200, 50), "1.7.weight": (100, 30), "1.7.bias": (100,)}
+    defense = Groupwise(GroupwiseParams(clip=0.8, groups=spec), shapes, 1.5, torch.Generator().manual_seed(0))
+    defense.clip_and_accumulate({n: torch.zeros(1, *s) for n, s in shapes.items()})
+    shared = defense.release(batch_size=4)
+    noise = torch.cat([g.reshape(-1) for g in shared.grads.values()]) * 4
+    assert shared.noise_std == pytest.approx(1.5 * 0.8 / 4)
+    # 13,100 coordinates: the sample std is within 2% of σR with overwhelming probability
+    assert float(noise.std()) == pytest.approx(1.5 * 0.8, rel=0.02)
+
+
+def test_accounting_is_dpsgd_accounting():
+    a = prepare(spec_for("groupwise", defense__groups="param", privacy__epsilon=2.0)).privacy
+    b = prepare(spec_for("dpsgd", privacy__epsilon=2.0)).privacy
+    assert a == b
+
+
+# -- the book-keeping engine against the torch.func reference ---------------------------------------------
+class TokenNet(nn.Module):
+    """Linear layers on [b, T, d] inputs (ghost norm for few tokens, instantiation for many) and LayerNorm."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.embed = nn.Linear(8, 6)
+        self.norm = nn.LayerNorm(6)
+        self.mix = nn.Linear(6, 40, bias=False)
+        self.head = nn.Linear(40, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], self.tokens, 8)
+        return self.head(torch.tanh(self.mix(self.norm(self.embed(h)))).mean(1))
+
+
+class DilatedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=2, dilation=2)
+        self.gn = nn.GroupNorm(2, 4)
+        self.fc = nn.Linear(4 * 5 * 5, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.gn(self.conv(x))).flatten(1))
+
+
+CASES = {
+    "cnn3": (lambda: build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,)), (1, 8, 8)),
+    "dpcnn-small": (lambda: build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3), (3, 32, 32)),
+    "resnet20-gn": (lambda: build_model("resnet20-gn", (3, 8, 8), 10, (0.5,) * 3, (0.25,) * 3), (3, 8, 8)),
+    "dpcnn": (lambda: build_model("dpcnn", (3, 16, 16), 10, (0.5,) * 3, (0.25,) * 3), (3, 16, 16)),
+    "tokens-ghost": (lambda: TokenNet(2), (2, 8)),
+    "tokens-instantiated": (lambda: TokenNet(12), (12, 8)),
+    "dilated-conv-groupnorm": (lambda: DilatedNet(), (3, 9, 9)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_book_keeping_matches_the_torch_func_path(case):
+    build, shape = CASES[case]
+    torch.manual_seed(0)
+    model = build()
+    x, y = torch.randn(5, *shape), torch.randint(0, 10, (5,))
+    names = [n for n, p in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    for spec in ("all", "layer", "param", "uniform:2"):
+        for fn in ("auto", "abadi"):
+            clipping = GroupClipping.of(resolve_groups(spec, names), 0.3 if fn == "abadi" else 1.0, fn)
+            ref, got = clipping.clip_sum(grads), BookKeeping(model, clipping)(x, y)
+            for n in names:
+                scale = ref[n].abs().max().clamp(min=1e-12)
+                assert float((ref[n] - got[n]).abs().max() / scale) < 1e-5, (case, spec, fn, n)
+
+
+def test_finer_groups_hold_fewer_layers_at_once():
+    model = build_model("dpcnn", (3, 16, 16), 10, (0.5,) * 3, (0.25,) * 3)  # 8 layers
+    names = [n for n, p in model.named_parameters()]
+    x, y = torch.randn(3, 3, 16, 16), torch.randint(0, 10, (3,))
+    held = {}
+    for spec in ("all", "uniform:2", "layer", "param"):
+        bk = BookKeeping(model, GroupClipping.of(resolve_groups(spec, names), 1.0, "auto"))
+        bk(x, y)
+        held[spec] = bk.peak_held
+    assert held == {"all": 8, "uniform:2": 4, "layer": 1, "param": 1}
+
+
+def test_micro_batches_add_up_to_the_whole_batch():
+    model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
+    names = [n for n, p in model.named_parameters()]
+    bk = BookKeeping(model, GroupClipping.of(resolve_groups("layer", names), 1.0, "auto"))
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 10, (12,))
+    whole, a, b = bk(x, y), bk(x[:5], y[:5]), bk(x[5:], y[5:])
+    for n in names:
+        torch.testing.assert_close(whole[n], a[n] + b[n], rtol=1e-5, atol=1e-6)
+
+
+# -- refusals: never drop a parameter silently ------------------------------------------------------------
+class WithEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.scale = nn.Parameter(torch.ones(4))
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(x).mean(1) * self.scale)
+
+
+def test_unsupported_parameters_are_named():
+    with pytest.raises(ConfigError) as err:
+        trainable_layers(WithEmbedding())
+    assert "emb.weight" in str(err.value) and "scale" in str(err.value) and "fc.weight" not in str(err.value)
+
+
+def test_a_layer_used_twice_is_refused():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.fc(x)))
+
+    model = Twice()
+    bk = BookKeeping(model, GroupClipping.of([["fc.weight", "fc.bias"]], 1.0, "auto"))
+    with pytest.raises(RunFailure, match="more than once"):
+        bk(torch.randn(3, 4), torch.randint(0, 4, (3,)))
+
+
+def test_engine_selection():
+    model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    gen = torch.Generator()
+    dp = DPSGD(ClipParams(), shapes, 1.0, gen)
+    rs_cls = DEFENSES.get("rs")
+    rs = rs_cls(rs_cls.Params(), shapes, 1.0, gen)
+    assert select_engine("auto", model, dp) == "lean"
+    assert select_engine("func", model, dp) == "func"
+    assert select_engine("auto", model, rs) == "func"
+    with pytest.raises(ConfigError, match="train.engine"):
+        select_engine("lean", model, rs)
+    embedding = WithEmbedding()
+    dp_emb = DPSGD(ClipParams(), {n: p.shape for n, p in embedding.named_parameters()}, 1.0, gen)
+    assert select_engine("auto", embedding, dp_emb) == "func"
+    with pytest.raises(ConfigError, match="emb.weight"):
+        select_engine("lean", embedding, dp_emb)
+
+
+def test_lean_with_a_masking_defense_exits_2(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "none", "--set", "train.engine=lean",
+                                       "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "train.engine" in result.output
+
+
+# -- end to end ---------------------------------------------------------------------------------------------
+def test_groupwise_run_and_leaderboard_show_grouping_and_clipping(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", "--defense", "groupwise", "--set", "defense.groups=layer", "--attack", "none",
+                                  "--epochs", "3", "--results", str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert row["defense.groups"] == "layer" and row["defense.clip_fn"] == "auto"
+    assert row["train.engine_used"] == "lean" and row["utility.test_accuracy"] > 0.5
+    board = runner.invoke(main, ["leaderboard", "--results", str(tmp_path), "--out", str(tmp_path / "b.csv")])
+    assert board.exit_code == 0
+    header = (tmp_path / "b.csv").read_text().splitlines()[0].split(",")
+    assert "defense.groups" in header and "defense.clip_fn" in header
+
+
+def test_lean_and_func_training_agree():
+    """Both engines train the same model to float rounding over a short run (same batches and noise)."""
+    from harness.runner import seed_everything
+    from harness.training import train
+
+    results = {}
+    for engine in ("func", "lean"):
+        spec = spec_for("groupwise", defense__groups="uniform:2", train__epochs=1, train__batch_size=64,
+                        train__engine=engine, train__lr=0.001, seed=2)
+        prep = prepare(spec)
+        seed_everything(spec.seed)
+        out = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(), spec.train, prep.sampler,
+                    prep.device, progress=False)
+        assert out.engine == engine
+        results[engine] = torch.cat([p.detach().reshape(-1) for p in prep.model.parameters()])
+    torch.testing.assert_close(results["func"], results["lean"], rtol=1e-4, atol=1e-5)
