@@ -245,6 +245,46 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 
 
 # ---------------------------------------------------------------------------------------------------
+# audit
+
+
+@main.command()
+@click.option("--defense", required=True, help="defense name (dpeval list); must be a DP defense")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
+@click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
+@click.option("--trials", type=int, help="trials per neighbour (with / without the canary); default 100000")
+@click.option("--noise-multiplier", type=float,
+              help="accounted σ of each audited step (the defense adds noise_for_accounted(σ)); default 2.0")
+@click.option("--steps", type=int, help="consecutive audited steps; default 2")
+@click.option("--canaries", type=int, help="orthogonal canaries per release (1 = one trial per release); default 512")
+@click.option("--seed", type=int, help="audit seed (default 0)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
+@handle_errors
+def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int | None,
+          noise_multiplier: float | None, steps: int | None, canaries: int | None, seed: int | None,
+          as_json: bool) -> None:
+    """Statistical canary audit of a defense's release: empirical ε lower bound vs the accountant's ε
+    (exit 1 when ε_LB > ε). See docs/audit.md."""
+    from harness.audit import AuditOptions, format_audit, run_audit
+    from harness.config import build_spec
+
+    raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
+    privacy = raw.get("privacy")
+    for key in ("epsilon", "noise_multiplier"):
+        if isinstance(privacy, dict) and key in privacy:
+            raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
+    spec = build_spec(raw)
+    given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
+    result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None}))
+    emit(result, as_json, format_audit(result))
+    if not result["audit.passed"]:
+        click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
+                   f"ε = {result['privacy.epsilon']:.3f} ({result['audit.statistic']})", err=True)
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------
 # list / show / leaderboard
 
 
