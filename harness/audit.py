@@ -89,13 +89,15 @@ def unflatten_rows(rows: torch.Tensor, shapes: dict[str, torch.Size]) -> dict[st
 class Canaries:
     """``k`` orthonormal canary directions for one step: dense [k, d] rows, or sparse rows given by flat
     ``coords`` [k, m] and ``values`` [k, m] (axis canaries: cheap for large models). ``parts`` are named
-    dense unit components a statistic projects on (GEP: the in-subspace and residual parts)."""
+    dense unit components a statistic projects on (GEP: the in-subspace and residual parts); ``carried``
+    is a per-canary score about the previous step's canaries seen in this step's public state."""
 
     d: int
     dense: torch.Tensor | None = None
     coords: torch.Tensor | None = None
     values: torch.Tensor | None = None
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    carried: torch.Tensor | None = None  # a per-canary score carried over from the previous step
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """⟨u_i, x⟩ for every canary: [k]."""
@@ -174,8 +176,11 @@ class CanaryDesign:
 
 class MaskedDesign(CanaryDesign):
     """RS / random freeze: at each step, axis canaries on coordinates the step's public mask keeps
-    (``kept``) or zeroes (``masked``); projection statistic."""
+    (``kept``) or zeroes (``masked``). ``projection`` as for DP-SGD; ``mask``: how many of a canary's
+    coordinates of earlier steps the next step's public mask keeps (a data-dependent mask shows the canary
+    there; a ranked mask from noisy releases is post-processing, a random one carries nothing)."""
 
+    statistics = ("projection", "mask")
     fixed_directions = False
 
     def variants(self, defense: Defense) -> tuple[str, ...]:
@@ -190,7 +195,17 @@ class MaskedDesign(CanaryDesign):
 
     def design(self, defense: Defense, variant: str, k: int, gen: torch.Generator,
                previous: Canaries | None) -> Canaries:
-        return axis_canaries(pick(self._pool(defense, variant), k, gen), defense.d, defense.device)
+        canaries = axis_canaries(pick(self._pool(defense, variant), k, gen), defense.d, defense.device)
+        if previous is not None:
+            keep = defense.state_dict()["keep"].to(previous.coords.device)
+            canaries.carried = keep[previous.coords].float().sum(dim=1)
+        return canaries
+
+    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+        scores = super().score(defense, shared, canaries)
+        carried = canaries.carried
+        scores["mask"] = carried if carried is not None else torch.zeros_like(scores["projection"])
+        return scores
 
 
 class AdaCliPDesign(CanaryDesign):

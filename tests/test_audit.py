@@ -60,6 +60,16 @@ def test_every_dp_defense_passes_with_a_worst_case_canary(name):
         assert tests["masked/projection"]["separation"] == 0
 
 
+def test_ranked_rs_passes_although_its_mask_follows_the_releases():
+    """Ranked masks depend on earlier (noisy) releases: post-processing, so the mask statistic stays
+    within ε; the same run with the clean gradient in the ranking is caught below."""
+    result = audit("rs", trials=5000, mask="ranked")
+    assert result["audit.passed"]
+    tests = by_name(result)
+    assert tests["kept/projection"]["separation"] == pytest.approx(MU, abs=0.1)
+    assert tests["kept/mask"]["epsilon_lower_bound"] < result["privacy.epsilon"]
+
+
 def test_groupwise_layer_groups_get_a_canary_in_every_group():
     """With per-layer groups each group is clipped to R/√M: a canary in one group would reach only μ/√M."""
     result = audit("groupwise", trials=5000, groups="layer")
@@ -128,6 +138,18 @@ class UnmaskedSumRS(RandomSparsification):
             self.keep = keep
 
 
+class CleanRankingRS(RandomSparsification):
+    """Bug: ranked masks rank coordinates by the clean (un-noised) gradient: a data-dependent mask."""
+
+    def release(self, batch_size):
+        clean = torch.cat([self._sum[n].reshape(-1) for n in self.param_shapes]) / batch_size
+        ranking = None if self.ranking_sum is None else self.ranking_sum.clone()
+        shared = super().release(batch_size)
+        if ranking is not None:
+            self.ranking_sum = ranking + clean
+        return shared
+
+
 def test_halved_noise_is_caught_where_the_real_dpsgd_passes():
     """Factor-2 under-noising (μ = 1 per step instead of 0.5) at the default trial count."""
     trials = audit_mod.DEFAULT_TRIALS
@@ -139,14 +161,15 @@ def test_halved_noise_is_caught_where_the_real_dpsgd_passes():
     assert by_name(broken)["released/projection"]["separation"] == pytest.approx(2 * MU, abs=0.1)
 
 
-@pytest.mark.parametrize("name,broken,statistic", [
-    ("dpsgd", NoiseBeforeClippingDPSGD, "released/projection"),
-    ("adaclip", CleanStatisticsAdaCliP, "released/state"),
-    ("gep", PrivateAnchorsGEP, "released/anchors"),
-    ("rs", UnmaskedSumRS, "masked/projection"),
+@pytest.mark.parametrize("name,broken,statistic,settings", [
+    ("dpsgd", NoiseBeforeClippingDPSGD, "released/projection", {}),
+    ("adaclip", CleanStatisticsAdaCliP, "released/state", {}),
+    ("gep", PrivateAnchorsGEP, "released/anchors", {}),
+    ("rs", UnmaskedSumRS, "masked/projection", {}),
+    ("rs", CleanRankingRS, "kept/mask", {"mask": "ranked"}),
 ])
-def test_noise_free_leaks_are_caught(name, broken, statistic):
-    result = audit(name, trials=2000, defense_cls=broken)
+def test_noise_free_leaks_are_caught(name, broken, statistic, settings):
+    result = audit(name, trials=2000, defense_cls=broken, **settings)
     assert result["audit.epsilon_lower_bound"] > result["privacy.epsilon"], format_failure(result)
     assert not result["audit.passed"]
     assert result["audit.statistic"] == statistic
