@@ -10,11 +10,11 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
 - ``lean-layer``    book-keeping, ``groupwise`` layer (abadi)
 - ``lean-param``    book-keeping, ``groupwise`` param (abadi)
 
-Each (model, path, batch) runs in its own Python process, so peak memories do not mix: on CPU the peak is
-the process's peak resident set during the measured step minus its resident set before it (Linux
-``/proc/self/clear_refs`` resets the peak; glibc's mmap threshold is pinned so freed tensors leave the
-resident set); on CUDA it is ``torch.cuda.max_memory_allocated`` over the step minus what was allocated
-before. Time is the median over ``--steps`` steps after one warm-up step (CUDA: synchronised).
+Each (model, path, batch) is measured in fresh Python processes, one for time and one for memory, so
+nothing mixes. Peak memory, on CPU: the process's peak resident set during one step minus its resident set
+before it (Linux ``/proc/self/clear_refs`` resets the peak; glibc's mmap threshold is pinned so freed
+tensors leave the resident set); on CUDA: ``torch.cuda.max_memory_allocated`` over the step minus what was
+allocated before. Time: the median over ``--steps`` steps after one warm-up step (CUDA: synchronised).
 
     .venv/bin/python bench/dp_step.py                                  # DP-CNN + ResNet-20-GN, batch 256
     .venv/bin/python bench/dp_step.py --models dpcnn --batch 1024 --micro 256 --paths lean-M1 non-private
@@ -113,18 +113,18 @@ def measure(cfg: dict) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step()  # warm-up
     sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step()
-        sync()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
+    if cfg["mode"] == "memory":
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            step()
+            sync()
+            return {"peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
         before = _status_kb("VmRSS") * 1024
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set
         step()
-        peak = _status_kb("VmHWM") * 1024 - before
+        return {"peak_mb": (_status_kb("VmHWM") * 1024 - before) / 2**20}
     times = []
     for _ in range(cfg["steps"]):
         sync()
@@ -132,17 +132,24 @@ def measure(cfg: dict) -> dict:
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {**cfg, "time_s": statistics.median(times), "peak_mb": peak / 2**20}
+    return {"time_s": statistics.median(times)}
 
 
 # -- the driver ------------------------------------------------------------------------------------------
 def run_child(cfg: dict) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors leave the resident set
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
-                         text=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"{cfg['model']} {cfg['path']} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """Time and memory in separate processes: the memory run pins glibc's mmap threshold so freed tensors
+    leave the resident set, which would also slow allocation-heavy paths down if timed that way."""
+    result = dict(cfg)
+    for mode in ("time", "memory"):
+        env = dict(os.environ)
+        if mode == "memory":
+            env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps({**cfg, "mode": mode})], env=env,
+                             capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"{cfg['model']} {cfg['path']} failed:\n{out.stderr[-3000:]}")
+        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    return result
 
 
 def main() -> None:

@@ -68,7 +68,9 @@ def test_signal_cache_is_keyed_by_weights_and_indices(tmp_path, monkeypatch):
 def test_vectorised_shadows_equal_sequential(defense):
     """Same random streams ⇒ the vectorised path trains the same models as the normal training loop."""
     spec = build_spec({"defense": {"name": defense, "final_rate": 0.5} if defense == "rs" else defense,
-                       "train": {"epochs": 2, "batch_size": 64}, "privacy": {"noise_multiplier": 1.0}})
+                       # the same per-sample engine as the vectorised path (lean vs func: tests/test_groupwise.py)
+                       "train": {"epochs": 2, "batch_size": 64, "engine": "func"},
+                       "privacy": {"noise_multiplier": 1.0}})
     prep = prepare(spec)
     task = prep.task
     pop = sh.population(task)
