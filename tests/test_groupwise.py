@@ -297,3 +297,25 @@ def test_lean_and_func_training_agree():
         assert out.engine == engine
         results[engine] = torch.cat([p.detach().reshape(-1) for p in prep.model.parameters()])
     torch.testing.assert_close(results["func"], results["lean"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["all", "uniform:2", "layer", "param"])
+@pytest.mark.parametrize("fn", ["auto", "abadi"])
+def test_book_keeping_bounds_one_samples_contribution(spec, fn):
+    """Add/remove one (adversarially large) example: the lean engine's clipped sum moves by at most R,
+    and by at most R/√M within each group — the sensitivity the noise is calibrated to."""
+    model = build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3)
+    names = [n for n, p in model.named_parameters()]
+    clipping = GroupClipping.of(resolve_groups(spec, names), 0.8, fn)
+    bk = BookKeeping(model, clipping)
+    torch.manual_seed(1)
+    x, y = torch.rand(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    x[0] = x[0] * 1e3 - 5e2  # a huge-gradient canary example
+    raw = PerSampleGradients(model)(x[:1], y[:1])
+    assert float(torch.cat([g.reshape(-1) for g in raw.values()]).norm()) > 10 * 0.8  # really needs clipping
+    with_it, without = bk(x, y), bk(x[1:], y[1:])
+    diff = {n: with_it[n] - without[n] for n in names}
+    slack = 1 + 1e-5
+    assert float(torch.cat([d.reshape(-1) for d in diff.values()]).norm()) <= 0.8 * slack
+    for group in clipping.groups:
+        assert float(torch.cat([diff[n].reshape(-1) for n in group]).norm()) <= clipping.threshold * slack
