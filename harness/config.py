@@ -216,6 +216,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, option, where)
             except ConfigError as error:
                 errors.append(error)
+        for option, error in zip(inner, errors):  # the option of the value's own kind explains best
+            if isinstance(value, typing.get_origin(option) or option):
+                raise error
         if len(inner) == 1:
             raise errors[0]
         raise ConfigError(f"{where}: must be {' or '.join(_type_name(t) for t in inner)}, got {value!r}")

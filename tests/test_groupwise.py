@@ -63,6 +63,10 @@ def test_bad_groupings_fail_before_training_with_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
                                        "defense.clip_fn=psac", "--results", str(tmp_path)])
     assert result.exit_code == 2 and "defense.clip_fn" in result.output
+    # numeric-looking layer names must be quoted: the error names the list item, not "str or list"
+    result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
+                                       "defense.groups=[1.0, 1.4]", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "defense.groups[0]: must be a string, got 1.0" in result.output
 
 
 def test_a_sweep_over_groupings_is_an_axis_and_lists_are_head_lists():
