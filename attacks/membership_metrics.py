@@ -42,7 +42,9 @@ def epsilon_from_rates(tpr_lo: float, fpr_hi: float, delta: float) -> float:
     return max(candidates)
 
 
-def _bound_at(scores: np.ndarray, labels: np.ndarray, threshold: float, delta: float, alpha: float) -> float:
+def bound_at(scores: np.ndarray, labels: np.ndarray, threshold: float, delta: float, alpha: float) -> float:
+    """ε lower bound of the test ``score >= threshold`` (and its complement), rates bounded by
+    Clopper–Pearson at level ``alpha``; ``labels`` is a boolean membership array."""
     positives, negatives = labels.sum(), (~labels).sum()
     tp = int((scores[labels] >= threshold).sum())
     fp = int((scores[~labels] >= threshold).sum())
@@ -60,10 +62,10 @@ def epsilon_lower_bound(scores: np.ndarray, labels: np.ndarray, delta: float, se
     candidates = np.unique(scores[choose])
     if len(candidates) > 512:  # quantiles are enough to find a good threshold
         candidates = np.unique(np.quantile(scores[choose], np.linspace(0, 1, 512)))
-    best = max(candidates, key=lambda t: _bound_at(scores[choose], labels[choose], t, delta, alpha), default=None)
+    best = max(candidates, key=lambda t: bound_at(scores[choose], labels[choose], t, delta, alpha), default=None)
     if best is None:
         return 0.0
-    return _bound_at(scores[judge], labels[judge], best, delta, alpha)
+    return bound_at(scores[judge], labels[judge], best, delta, alpha)
 
 
 def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float, seed: int = 0) -> dict[str, float]:

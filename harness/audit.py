@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks.membership_metrics import clopper_pearson, epsilon_from_rates
+from attacks.membership_metrics import bound_at, clopper_pearson
 from defenses import DEFENSES, Defense, SharedGradient
 from defenses.adaclip import AdaCliP
 from defenses.gep import GEP
@@ -417,13 +417,6 @@ def rates_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> tuple[
     """(true positives, members, false positives, non-members) of the test ``score >= threshold``."""
     hit = scores >= threshold
     return int((hit & labels).sum()), int(labels.sum()), int((hit & ~labels).sum()), int((~labels).sum())
-
-
-def bound_at(scores: np.ndarray, labels: np.ndarray, threshold: float, delta: float, alpha: float) -> float:
-    tp, pos, fp, neg = rates_at(scores, labels, threshold)
-    tpr_lo, _ = clopper_pearson(tp, pos, alpha)
-    _, fpr_hi = clopper_pearson(fp, neg, alpha)
-    return epsilon_from_rates(tpr_lo, fpr_hi, delta)
 
 
 def split_bound(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: float) -> dict[str, Any]:
