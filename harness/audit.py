@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from attacks.membership_metrics import bound_at, clopper_pearson
 from defenses import DEFENSES, Defense, SharedGradient
@@ -456,6 +457,7 @@ class AuditOptions:
     steps: int = DEFAULT_STEPS
     noise_multiplier: float = DEFAULT_NOISE_MULTIPLIER  # accounted σ of each audited step
     canaries: int = DEFAULT_CANARIES
+    progress: bool = False  # a progress bar over releases on stderr (the CLI turns it on)
 
     def validate(self) -> None:
         if self.trials < 2:
@@ -510,7 +512,8 @@ def audit_variant(ctx: AuditContext, design: CanaryDesign, variant: str, options
     releases += releases % 2  # even: the two halves have the same size
     labels = np.zeros((releases, k), dtype=bool)
     scores: dict[str, list[np.ndarray]] = {s: [] for s in design.statistics}
-    for r in range(releases):
+    for r in tqdm(range(releases), desc=f"audit {variant}", unit="release", disable=not options.progress,
+                  leave=False):
         n_in = k // 2 if r % 2 == 0 else k - k // 2  # half in, half out (alternating for odd k)
         labels[r, rng.choice(k, size=n_in, replace=False)] = True
         totals = run_sequence(ctx, design, variant, torch.from_numpy(labels[r]), int(rng.integers(2**62)), gen)

@@ -260,10 +260,11 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--canaries", type=int, help="orthogonal canaries per release (1 = one trial per release); default 512")
 @click.option("--seed", type=int, help="audit seed (default 0)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
+@click.option("--quiet", is_flag=True, help="no progress bar")
 @handle_errors
 def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int | None,
           noise_multiplier: float | None, steps: int | None, canaries: int | None, seed: int | None,
-          as_json: bool) -> None:
+          as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense's release: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
     from harness.audit import AuditOptions, format_audit, run_audit
@@ -276,7 +277,7 @@ def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int |
             raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
     spec = build_spec(raw)
     given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
-    result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None}))
+    result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None}, progress=not quiet))
     emit(result, as_json, format_audit(result))
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
