@@ -120,6 +120,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     the weights and public defense state an attack targets)."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     result = TrainResult(engine=select_engine(cfg.engine, model, defense))
+    log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
     feed = clipped_sum_feeder(result.engine, model, defense)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
