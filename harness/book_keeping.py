@@ -7,7 +7,8 @@ One forward and one backward pass per micro-batch, no per-sample gradient of the
    ``ds`` is ∂L_i/∂s_i).
 2. In that hook the layer's per-sample squared norms are computed — by the ghost norm
    (‖g_i‖² = ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, no per-sample gradient) where that needs less memory, else by
-   instantiating the layer's per-sample gradient — and added to the norms of the layer's group(s).
+   instantiating the layer's per-sample gradient (for a conv: one grouped convolution, one group per
+   sample, in chunks of samples) — and added to the norms of the layer's group(s).
 3. When the last layer of a group has been seen (backprop runs output → input, so a group closes at its
    earliest layer), the group's clip factors C_i are formed and each member's clipped sum Σ_i C_i·g_i is
    computed from what the layer kept (a weighted weight-gradient product, or the instantiated per-sample
@@ -18,8 +19,9 @@ Parameters are passed to the forward pass detached, so autograd computes no para
 
 Supported layers: Linear, Conv2d (any stride / padding / dilation, groups = 1, zero padding),
 GroupNorm and LayerNorm (per-sample gradients instantiated; they are small). A model with any other
-trainable parameter, a layer used twice in one forward, or a per-sample coupling layer is refused with a
-message naming the parameters — nothing is ever dropped silently.
+trainable parameter (named in the message) or a layer used twice in one forward is refused — nothing is
+ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
+(training runs the model in eval mode; the registry has no batch norm).
 """
 
 from __future__ import annotations
