@@ -32,11 +32,9 @@ Design choices (docs/audit.md explains them):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +43,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from attacks.gradient_common import single_cpu_thread
 from attacks.membership_metrics import bound_at, clopper_pearson
 from defenses import DEFENSES, Defense, SharedGradient
 from defenses.adaclip import AdaCliP
@@ -543,22 +542,11 @@ def run_tests(ctx: AuditContext, options: AuditOptions, delta: float) -> tuple[l
     return tests, skipped
 
 
-@contextlib.contextmanager
-def single_threaded() -> Iterator[None]:
-    """The audit's tensors are small: one intra-op thread is fastest, and far faster than oversubscribed
-    threads on a busy machine. The caller's thread count is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def run_audit(spec: RunSpec, options: AuditOptions | None = None, defense_cls: type | None = None) -> dict[str, Any]:
     """Audit ``spec``'s defense (or ``defense_cls`` with its parameters); returns the flat result
     (``audit.passed`` is the verdict)."""
-    with single_threaded():
+    # the audit's tensors are small: one intra-op thread is fastest (and immune to oversubscription)
+    with single_cpu_thread(resolve_device(spec.device)):
         return _run_audit(spec, options or AuditOptions(), defense_cls)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from attacks.gradient_common import single_cpu_thread
 from defenses import DEFENSES
 from defenses.adaclip import AdaCliP
 from defenses.base import SharedGradient
@@ -243,7 +244,7 @@ def test_canaries_in_one_release_are_independent_trials():
     per-release mean is the per-canary variance / count (as for independent trials)."""
     ctx = audit_mod.prepare_audit(build_spec({"defense": "dpsgd"}), AuditOptions())
     design = audit_mod.design_for(ctx.defense_cls)
-    with audit_mod.single_threaded():
+    with single_cpu_thread(torch.device("cpu")):
         scores, labels = audit_mod.audit_variant(ctx, design, "released", AuditOptions(trials=10240),
                                                  np.random.default_rng(0), torch.Generator().manual_seed(0))
     out = np.where(labels, np.nan, scores["projection"])
