@@ -32,14 +32,23 @@ class ClipParams(DefenseParams):
 class DPSGD(Defense):
     Params = ClipParams
 
-    def clipping(self) -> GroupClipping:
+    def __init__(self, params: ClipParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+        self._clipping = self.make_clipping()
+
+    def make_clipping(self) -> GroupClipping:
+        """Flat clipping: one group of all parameters, ``abadi`` (subclasses choose other groupings)."""
         return GroupClipping.of([list(self.param_shapes)], self.params.clip, "abadi")
 
+    def clipping(self) -> GroupClipping:
+        return self._clipping
+
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        self.accumulate_clipped(self.clipping().clip_sum(grads), next(iter(grads.values())).shape[0])
+        self.accumulate_clipped(self._clipping.clip_sum(grads), next(iter(grads.values())).shape[0])
 
     def release(self, batch_size: int) -> SharedGradient:
-        std = self.noise_multiplier * self.clipping().sensitivity
+        std = self.noise_multiplier * self._clipping.sensitivity
         grads = {n: (s + self.gaussian(s.shape, std)) / batch_size for n, s in self._sum.items()}
         self.reset()
         return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)

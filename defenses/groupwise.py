@@ -114,15 +114,10 @@ def resolve_groups(spec: str | list[str], param_names: list[str]) -> list[list[s
 class Groupwise(DPSGD):
     Params = GroupwiseParams
 
-    def __init__(self, params: GroupwiseParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, generator, device)
-        self._clipping = GroupClipping.of(resolve_groups(params.groups, list(param_shapes)), params.clip,
-                                          params.clip_fn)
+    def make_clipping(self) -> GroupClipping:
+        return GroupClipping.of(resolve_groups(self.params.groups, list(self.param_shapes)), self.params.clip,
+                                self.params.clip_fn)
 
     @classmethod
     def check_model(cls, params: GroupwiseParams, model: torch.nn.Module) -> None:
         resolve_groups(params.groups, [n for n, p in model.named_parameters() if p.requires_grad])
-
-    def clipping(self) -> GroupClipping:
-        return self._clipping

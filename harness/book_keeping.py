@@ -97,6 +97,7 @@ class BookKeeping:
         if set(owner) != set(clipping.names):
             raise ValueError(f"groups and trainable parameters differ: {sorted(set(owner) ^ set(clipping.names))}")
         self.owner = owner  # full name -> (layer path, attribute)
+        self.trainable = {path: {a for p, a in owner.values() if p == path} for path in self.layers}
         self.group_of = {n: m for m, g in enumerate(clipping.groups) for n in g}
         self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
         self.layer_groups = {path: sorted({self.group_of[n] for n, (p, _) in owner.items() if p == path})
@@ -125,7 +126,7 @@ class BookKeeping:
             k.ds = ds.detach()
             held.add(path)
             self.peak_held = max(self.peak_held, len(held))
-            for attr, sq in self._square_norms(module, k).items():
+            for attr, sq in self._square_norms(module, k, self.trainable[path]).items():
                 name = f"{path}.{attr}" if path else attr
                 group = self.group_of[name]
                 norms[group] += sq
@@ -159,13 +160,12 @@ class BookKeeping:
         return {n: sums[n] for n in self.clipping.names}
 
     # -- per-layer kernels -------------------------------------------------------------------------------
-    def _square_norms(self, module: nn.Module, k: _Kept) -> dict[str, torch.Tensor]:
+    def _square_norms(self, module: nn.Module, k: _Kept, trainable: set[str]) -> dict[str, torch.Tensor]:
         """Per-sample squared gradient norms of the layer's trainable parameters: {attr: Tensor[b]}.
 
         Keeps in ``k`` what the clipped sums will need: instantiated per-sample gradients (norm layers,
         biases, weights whose per-sample gradient is the smaller object) or the activation and output
         gradient (ghost-norm weights); the rest is dropped here."""
-        trainable = {n for n, p in module.named_parameters(recurse=False) if p.requires_grad}
         out: dict[str, torch.Tensor] = {}
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
             k.per_sample = {n: g for n, g in _norm_layer_grads(module, k.a, k.ds).items() if n in trainable}
@@ -259,19 +259,23 @@ def _norm_layer_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> d
     return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
 
 
+def check_lean(defense_cls: type[Defense], model: nn.Module) -> None:
+    """ConfigError unless ``lean`` can serve: the defense's per-sample transform is group-wise clipping
+    (it implements ``Defense.clipping``) and every trainable parameter sits in a supported layer."""
+    if defense_cls.clipping is Defense.clipping:
+        raise ConfigError(f"train.engine: lean needs a defense whose per-sample transform is group-wise "
+                          f"clipping (dpsgd, groupwise); {defense_cls.__name__} needs materialised "
+                          f"per-sample gradients: use auto or func")
+    trainable_layers(model)
+
+
 def select_engine(name: str, model: nn.Module, defense: Defense) -> str:
-    """Resolve ``train.engine``: ``lean`` (book-keeping) needs a defense whose per-sample transform is
-    group-wise clipping and a model of supported layers; ``auto`` takes it when both hold, else ``func``."""
+    """Resolve ``train.engine``: ``lean`` (book-keeping) where ``check_lean`` passes, ``auto`` falls back to
+    ``func`` where it does not, ``func`` always works."""
     if name == "func":
         return "func"
-    if defense.clipping() is None:
-        if name == "lean":
-            raise ConfigError(f"train.engine: lean needs a defense whose per-sample transform is group-wise "
-                              f"clipping (dpsgd, groupwise); {type(defense).__name__} needs materialised "
-                              f"per-sample gradients: use auto or func")
-        return "func"
     try:
-        trainable_layers(model)
+        check_lean(type(defense), model)
     except ConfigError:
         if name == "lean":
             raise

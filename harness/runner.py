@@ -28,7 +28,7 @@ from attacks.base import AttackContext
 from defenses import DEFENSES, Defense
 from harness import __version__
 from harness.accounting import default_delta, epsilon_for, noise_for
-from harness.book_keeping import trainable_layers
+from harness.book_keeping import check_lean
 from harness.config import RunSpec
 from harness.data import Task, load_task
 from harness.errors import ConfigError, RunFailure
@@ -135,10 +135,7 @@ def prepare(spec: RunSpec) -> Prepared:
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
-        if defense_cls.clipping is Defense.clipping:
-            raise ConfigError(f"train.engine: lean needs a defense whose per-sample transform is group-wise "
-                              f"clipping (dpsgd, groupwise), not {spec.defense_name}: use auto or func")
-        trainable_layers(model)
+        check_lean(defense_cls, model)
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
