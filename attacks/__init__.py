@@ -5,7 +5,7 @@ Every module in this package is imported on first use, so adding an attack is on
 
 from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
-from harness.registry import import_submodules
+from harness.core.registry import import_submodules
 
 import_submodules(__name__, skip=("base", "registry"))
 

@@ -1,9 +1,16 @@
-"""The attack template (DESIGN.md): ``run(context) -> AttackResult``, one self-describing class per attack.
+"""The attack template: ``run(context) -> AttackResult``, one self-describing class per attack.
 
 The context is the attacker's view: the model and its states, the task, the defense (to produce the
 shared gradient of a target batch through the defense's own ``release`` path, or to train shadow models
-with the same defense), a seed and a folder for artefacts. An attack reports its metrics under
-``leakage.<attack>.<metric>``.
+with the same defense), the run's random streams and a folder for artefacts. An attack reports its
+metrics under ``leakage.<attack>.<metric>``.
+
+Each attack class declares:
+
+- ``Params``: its parameter dataclass (fields made with ``harness.core.params.param``);
+- ``headline`` and ``higher_leaks``: the metric that ranks configurations (leaderboard Pareto marks, the
+  report's axes) and whether a higher value means more leakage; ``headline_label`` names it for humans;
+- ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
 """
 
 from __future__ import annotations
@@ -16,13 +23,13 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from defenses.base import Defense
+from harness.core.params import Params
+from harness.core.streams import Streams
 
 
-class AttackParams:
-    """Base for an attack's parameter dataclass; ``validate`` raises ConfigError naming ``attack.<field>``."""
-
-    def validate(self) -> None:
-        return None
+class AttackParams(Params):
+    """Base for an attack's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming
+    ``attack.<field>``."""
 
 
 @dataclass
@@ -44,14 +51,15 @@ class AttackContext:
     states: dict[str, dict[str, torch.Tensor]]
     defense_states: dict[str, dict[str, Any]]
     trained_defense: Defense
-    task: Any                              # harness.data.Task
-    # make_defense(stream=…, bound_to=model): a fresh defense configured exactly as in training, drawing
-    # noise/masks from random stream ``stream`` (attack-owned streams start at 3; shadow i uses 100 + i),
-    # bound to ``bound_to`` (default: the victim model)
+    task: Any                              # harness.core.splits.Task
+    # make_defense(streams, bound_to=None): a fresh defense configured exactly as in training, drawing its
+    # noise / masks / anchors from ``streams``, bound to ``bound_to`` (default: the victim model)
     make_defense: Callable[..., Defense]
+    build_model: Callable[[], torch.nn.Module]  # a fresh model of the victim's architecture
     spec: Any                              # harness.config.RunSpec (public hyperparameters)
     accounted: Any                         # harness.runner.PrivacyPlan: ε, δ, σ, q, steps of the victim
     seed: int
+    streams: Streams                       # the run's random streams (scope them: attack, shadow i, …)
     out_dir: Path
     device: torch.device
 
@@ -63,8 +71,12 @@ class AttackResult:
 
 
 class Attack(ABC):
+    name: ClassVar[str] = ""               # set by ATTACKS.register
     Params: ClassVar[type] = NoAttackParams
     description: ClassVar[str] = ""
+    headline: ClassVar[str] = ""           # the metric that ranks configurations under this attack
+    higher_leaks: ClassVar[bool] = True    # whether a higher headline value means more leakage
+    headline_label: ClassVar[str] = ""     # e.g. "IG PSNR (dB)"; "" = the metric's key
 
     def __init__(self, params: Any) -> None:
         self.params = params

@@ -30,29 +30,20 @@ from attacks.gradient_common import GradientThreatParams, attacked_model, matchi
 from attacks.membership_common import out_dir
 from attacks.membership_metrics import membership_metrics, save_roc
 from attacks.registry import ATTACKS
-from harness.accounting import epsilon_for
-from harness.config import check_range
-from harness.errors import ConfigError
-from harness.per_sample import PerSampleGradients
-
-STREAM_GRAD_MIA = 4  # random stream of the candidate draw
-STREAM_RELEASES = 200  # release b draws its noise from stream 200 + b (independent across releases)
-
+from harness.core.accounting import epsilon_for
+from harness.core.params import param
+from harness.core.errors import ConfigError
+from harness.core.per_sample import PerSampleGradients
 
 STATISTICS = ("nnls", "cosine")
 
 
 @dataclass
 class GradMiaParams(GradientThreatParams):
-    batch_size: int = 8
-    batches: int = 8
-    statistic: str = "nnls"
-
-    def validate(self) -> None:
-        super().validate()
-        check_range("attack.batches", self.batches, low=1)
-        if self.statistic not in STATISTICS:
-            raise ConfigError(f"attack.statistic: must be one of {', '.join(STATISTICS)}, got {self.statistic!r}")
+    batch_size: int = param(8, "members per observed release", low=1)
+    batches: int = param(8, "observed releases (each of different members)", low=1)
+    statistic: str = param("nnls", "`nnls`: fitted contribution of each candidate; `cosine`: cosine with the "
+                                   "release after projecting out the public mean gradient", choices=STATISTICS)
 
 
 def nnls_scores(g: torch.Tensor, release: torch.Tensor) -> np.ndarray:
@@ -97,9 +88,10 @@ def common_direction(psg: PerSampleGradients, task, mask, device, limit: int = 2
     return _flat(grads, mask, list(grads)).mean(dim=0, keepdim=True)
 
 
-@ATTACKS.register("grad-mia", "gradient membership inference: cosine of a candidate's gradient with the release")
+@ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release (NNLS fit)")
 class GradientMIA(Attack):
     Params = GradMiaParams
+    headline, higher_leaks, headline_label = "auc", True, "gradient-MIA AUC"
     description = ("Membership inference on released gradients: does a candidate's own gradient explain the "
                    "shared (clipped, noised, sparsified) batch gradient?")
 
@@ -114,7 +106,8 @@ class GradientMIA(Attack):
             raise ConfigError(f"attack.batches: {p.batches} batches of {p.batch_size} exceed the private pool ({len(task.train)})")
         if len(task.test) == 0:
             raise ConfigError("attack: grad-mia needs held-out examples; set data.test_fraction > 0")
-        gen = torch.Generator().manual_seed(context.seed * 1000 + STREAM_GRAD_MIA)
+        own = context.streams.scope("attack", "grad-mia")
+        gen = own.generator("candidates")
         members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)
         others = torch.randperm(len(task.test), generator=gen)[:need]
         model = attacked_model(context, p.at)
@@ -124,7 +117,7 @@ class GradientMIA(Attack):
         device = context.device
         for b in range(p.batches):
             x, y = task.train.x[members[b]], task.train.y[members[b]]
-            shared, report = release_for(context, model, x, y, p.at, stream=STREAM_RELEASES + b)
+            shared, report = release_for(context, model, x, y, p.at, own.scope("release", b))
             noise_std, density = shared.noise_std, shared.density
             mask = matching_mask(shared, p.mask_aware)
             release = _flat({n: shared.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
@@ -140,7 +133,7 @@ class GradientMIA(Attack):
             other_scores.append(scores_b[len(x):])
         scores = np.concatenate(member_scores + other_scores)
         labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool), np.zeros(sum(map(len, other_scores)), bool)])
-        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
+        metrics = membership_metrics(scores, labels, context.accounted.delta, own.numpy("threshold"))
         sigma = context.accounted.accounted_noise_multiplier
         metrics["accounted_epsilon"] = epsilon_for(sigma, 1.0, 1, context.accounted.delta) if sigma > 0 else float("inf")
         metrics["release_noise_std"] = noise_std

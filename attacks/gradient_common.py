@@ -1,15 +1,15 @@
 """The threat model shared by the gradient-inversion attacks ``ig`` and ``rgap`` (registers nothing).
 
-What the attacker gets (issue 6): the architecture and the weights of the attacked state, all public
+What the attacker gets: the architecture and the weights of the attacked state, all public
 defense metadata, and the ``SharedGradient`` that the defense's own ``release`` path produces for a
 target batch. Nothing else: the per-sample gradients computed here go straight into the defense and are
 never handed to the attack.
 
-Choices where the issue is silent (also in docs/gradient-inversion.md):
+Choices where the papers are silent (also in docs/gradient-inversion.md):
 
-* Target: ``attack.batch_size`` distinct examples of the private pool, drawn without replacement by a
-  generator seeded from the run seed (stream ``STREAM_TARGET``); ``ig`` and ``rgap`` in one run
-  attack the same examples.
+* Target: ``attack.batch_size`` distinct examples of the private pool, drawn without replacement from
+  the run's ``attack/gradient`` ``targets`` stream; ``ig`` and ``rgap`` in one run attack the same
+  examples. The observed release draws its noise from the attack's own ``release`` stream.
 * ``attack.at``: ``init`` = weights before training with the defense as at epoch 0; ``epoch:N`` =
   weights at the start of epoch N with the defense as then; ``final`` = weights after training with the
   defense as in the last epoch (``begin_epoch(epochs - 1)``) and its final public state.
@@ -26,13 +26,12 @@ Choices where the issue is silent (also in docs/gradient-inversion.md):
 * On CPU the whole attack runs with one intra-op thread (``single_cpu_thread``): faster for these
   small per-example problems and independent of the core count.
 * Beside the issue's metrics each attack reports ``state``, ``epoch``, ``density`` and ``noise_std`` of
-  the attacked release, ``defense_rate`` when the release carries ``extra["rate"]`` (RS, random freeze),
+  the attacked release, ``defense_rate`` when the release declares a ``rate`` (RS, random freeze),
   and the PSNR of two data-free guesses (``baseline_psnr_noise``, ``baseline_psnr_mean``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 import time
@@ -46,13 +45,11 @@ from torch import nn
 from attacks import image_metrics
 from attacks.base import AttackContext, AttackParams, AttackResult
 from defenses.base import SharedGradient
-from harness.errors import ConfigError
-from harness.per_sample import PerSampleGradients, micro_batches
-
-# Random streams derived from the run seed (the runner uses 1-3 for sampling, noise, attack defense).
-STREAM_TARGET = 11
-STREAM_ATTACK_INIT = 12
-STREAM_BASELINE = 13
+from harness.core.errors import ConfigError
+from harness.core.params import param
+from harness.core.runtime import single_cpu_thread
+from harness.core.streams import Streams
+from harness.engine.release import observe_release
 
 AT_PATTERN = re.compile(r"^(init|final|epoch:(\d+))$")
 LABEL_MODES = ("known", "recovered")
@@ -60,22 +57,18 @@ LABEL_MODES = ("known", "recovered")
 
 @dataclass
 class GradientThreatParams(AttackParams):
-    """Threat-model knobs shared by ``ig`` and ``rgap`` (one ``attack.*`` namespace)."""
+    """Threat-model knobs shared by ``ig``, ``rgap`` and ``grad-mia`` (one ``attack.*`` namespace)."""
 
-    batch_size: int = 1        # target batch size B
-    at: str = "init"           # attacked model state: init | final | epoch:N
-    labels: str = "known"      # known | recovered (iDLG for B = 1, bias-gradient counting for B > 1)
-    mask_aware: bool = True    # match only released coordinates (False: naive, zeros taken as values)
+    batch_size: int = param(1, "target batch size B of the observed release", low=1)
+    at: str = param("init", "attacked model state: `init`, `final` or `epoch:N`")
+    labels: str = param("known", "`known`; `recovered`: iDLG for B = 1, bias-gradient counting for B > 1",
+                        choices=LABEL_MODES)
+    mask_aware: bool = param(True, "match only released coordinates (false: the naive attacker takes the "
+                                   "zeros at unreleased coordinates as values)")
 
     def validate(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"attack.batch_size: must be an integer >= 1, got {self.batch_size!r}")
-        if not isinstance(self.at, str) or not AT_PATTERN.match(self.at):
+        if not AT_PATTERN.match(self.at):
             raise ConfigError(f"attack.at: must be init, final or epoch:N (N an integer >= 0), got {self.at!r}")
-        if self.labels not in LABEL_MODES:
-            raise ConfigError(f"attack.labels: must be one of {', '.join(LABEL_MODES)}, got {self.labels!r}")
-        if not isinstance(self.mask_aware, bool):
-            raise ConfigError(f"attack.mask_aware: must be true or false, got {self.mask_aware!r}")
 
 
 def wanted_states(params: GradientThreatParams) -> set[str]:
@@ -95,16 +88,17 @@ def attacked_epoch(at: str, epochs: int) -> int:
     return n
 
 
-def stream_generator(seed: int, stream: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1000 + stream)
+def target_streams(context: AttackContext) -> Streams:
+    """The streams every gradient attack of a run shares (so ``ig`` and ``rgap`` attack the same targets)."""
+    return context.streams.scope("attack", "gradient")
 
 
-def select_targets(task: Any, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x, y, pool indices) of the target batch: B distinct private examples drawn with the run seed."""
+def select_targets(task: Any, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, y, pool indices) of the target batch: B distinct private examples drawn from ``gen``."""
     n = len(task.train)
     if batch_size > n:
         raise ConfigError(f"attack.batch_size: must be <= the private pool size ({n}), got {batch_size}")
-    idx = torch.randperm(n, generator=stream_generator(seed, STREAM_TARGET))[:batch_size]
+    idx = torch.randperm(n, generator=gen)[:batch_size]
     return task.train.x[idx].clone(), task.train.y[idx].clone(), idx
 
 
@@ -121,30 +115,23 @@ def attacked_model(context: AttackContext, at: str) -> nn.Module:
 
 
 def release_for(context: AttackContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                at: str, stream: int | None = None) -> tuple[SharedGradient, dict[str, Any]]:
+                at: str, streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
     """The SharedGradient the defense releases for batch (x, y) at the attacked state, plus a report
-    of the state used. Goes through ``begin_epoch`` / ``clip_and_accumulate`` / ``release`` exactly as
-    training does."""
+    of the state used. A fresh defense drawing from ``streams`` (several releases in one attack pass
+    independent streams) is put in the state of ``at`` — ``begin_epoch`` and then the public state
+    training recorded then — and observes the batch through its own stages, exactly as training does."""
     epochs = int(context.spec.train.epochs)
     epoch = attacked_epoch(at, epochs)
-    # Several releases in one attack need independent noise: each passes its own random stream.
-    defense = context.make_defense() if stream is None else context.make_defense(stream)
+    defense = context.make_defense(streams)
     defense.begin_epoch(epoch, epochs)
     public_state = context.defense_states.get(at)
-    loader = getattr(defense, "load_state_dict", None)
-    if public_state and callable(loader):
-        loader(copy.deepcopy(public_state))
-    psg = PerSampleGradients(model)
-    device = context.device
-    chunk = int(getattr(context.spec.train, "physical_batch_size", x.shape[0]) or x.shape[0])
-    for xb, yb in micro_batches(x.to(device), y.to(device), chunk):
-        defense.clip_and_accumulate(psg(xb, yb))
-    shared = defense.release(x.shape[0])
+    if public_state:
+        defense.load_state_dict(copy.deepcopy(public_state))
+    shared = observe_release(defense, model, x, y, context.spec.train.physical_batch_size)
     report: dict[str, Any] = {"state": at, "epoch": epoch, "density": float(shared.density),
                               "noise_std": float(shared.noise_std)}
-    rate = shared.extra.get("rate") if isinstance(shared.extra, dict) else None
-    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
-        report["defense_rate"] = float(rate)
+    if shared.rate is not None:
+        report["defense_rate"] = float(shared.rate)
     return shared, report
 
 
@@ -233,25 +220,6 @@ def attack_labels(params: GradientThreatParams, model: nn.Module, shared: Shared
     return labels, label_accuracy(labels, y_true)
 
 
-@contextlib.contextmanager
-def single_cpu_thread(device: torch.device):
-    """Run a block with one intra-op CPU thread (restored afterwards).
-
-    Optimisation attacks issue thousands of tiny ops per second; on CPU, intra-op threads only add
-    synchronisation (measured on a loaded 2-core machine: 5 s with one thread vs 36 s with two for the
-    default ``ig`` run, 4 s vs 58 s for ``rgap``), and one thread makes CPU results independent of the
-    core count."""
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 # --------------------------------------------------------------------------------------------------
 # The shared attack flow
 
@@ -266,9 +234,10 @@ def run_gradient_attack(name: str, params: GradientThreatParams, context: Attack
 def _run_gradient_attack(name: str, params: GradientThreatParams, context: AttackContext,
                          reconstruct: Callable[..., tuple[torch.Tensor, dict[str, Any], dict[str, str]]]) -> AttackResult:
     start = time.perf_counter()
-    x, y, idx = select_targets(context.task, params.batch_size, context.seed)
+    own = context.streams.scope("attack", name)
+    x, y, idx = select_targets(context.task, params.batch_size, target_streams(context).generator("targets"))
     model = attacked_model(context, params.at)
-    shared, report = release_for(context, model, x, y, params.at)
+    shared, report = release_for(context, model, x, y, params.at, own)
     mask = matching_mask(shared, params.mask_aware)
     labels, label_acc = attack_labels(params, model, shared, mask, y)
     recon, extra_metrics, artefacts = reconstruct(params, context, model, shared, mask, labels)
@@ -277,8 +246,7 @@ def _run_gradient_attack(name: str, params: GradientThreatParams, context: Attac
     metrics: dict[str, Any] = {**scores, "label_accuracy": label_acc, **report,
                                "mask_aware": params.mask_aware, "labels": params.labels,
                                "batch_size": params.batch_size, "target_index": ",".join(map(str, idx.tolist()))}
-    metrics.update(image_metrics.baselines(x, context.task.mean,
-                                           stream_generator(context.seed, STREAM_BASELINE)))
+    metrics.update(image_metrics.baselines(x, context.task.mean, own.generator("baseline")))
     metrics.update(extra_metrics)
     metrics["time_s"] = time.perf_counter() - start
     rate = f", rate {report['defense_rate']:.2f}" if "defense_rate" in report else ""
@@ -289,29 +257,3 @@ def _run_gradient_attack(name: str, params: GradientThreatParams, context: Attac
     png = image_metrics.save_grid(x, recon[torch.as_tensor(perm)], context.out_dir / f"{name}-reconstruction.png",
                                   title, captions)
     return AttackResult(metrics=metrics, artefacts={"png": str(png), **artefacts})
-
-
-def untrained_context(spec: Any, out_dir: Any) -> AttackContext:
-    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments).
-
-    Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
-    ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
-    taken exactly as training would snapshot it (after ``begin_epoch(0)``).
-    """
-    from pathlib import Path
-
-    from harness.runner import STREAM_ATTACK, prepare  # runtime import: harness.runner imports attacks
-
-    prep = prepare(spec)
-    prep.model.to(prep.device).eval()
-    init = copy.deepcopy(prep.model.state_dict())
-    defense = prep.make_defense()
-    defense.begin_epoch(0, spec.train.epochs)
-    state = copy.deepcopy(defense.state_dict())
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return AttackContext(model=prep.model, states={"init": init, "final": init},
-                         defense_states={"init": state, "final": state}, trained_defense=defense,
-                         task=prep.task,
-                         make_defense=lambda stream=STREAM_ATTACK, bound_to=None: prep.make_defense(stream, bound_to),
-                         spec=spec, accounted=prep.privacy, seed=spec.seed, out_dir=out, device=prep.device)

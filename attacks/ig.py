@@ -35,7 +35,8 @@ from torch import nn
 from attacks import gradient_common as gc
 from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
-from harness.errors import ConfigError
+from harness.core.params import param
+from harness.core.runtime import single_cpu_thread
 
 OBJECTIVES = ("cosine", "l2")
 OPTIMIZERS = ("auto", "adam", "lbfgs")
@@ -44,34 +45,14 @@ LBFGS_INNER = 20  # function evaluations per L-BFGS step (torch's default max_it
 
 @dataclass
 class IGParams(gc.GradientThreatParams):
-    ig_objective: str = "cosine"   # cosine (Inverting Gradients) | l2 (DLG)
-    ig_optimizer: str = "auto"     # auto (cosine -> adam, l2 -> lbfgs) | adam | lbfgs
-    ig_iterations: int = 1000      # optimisation steps per restart (the full recipe: 24000)
-    ig_restarts: int = 1           # independent trials, best matching loss wins
-    ig_lr: float = 0.1             # Adam step size (L-BFGS uses 1.0)
-    ig_tv: float = 1e-4            # weight of the total-variation prior
-    ig_signed: bool = True         # Adam on signed gradients
-    ig_decay: bool = True          # x0.1 at 3/8, 5/8, 7/8 of the iterations
-
-    def validate(self) -> None:
-        super().validate()
-        if self.ig_objective not in OBJECTIVES:
-            raise ConfigError(f"attack.ig_objective: must be one of {', '.join(OBJECTIVES)}, got {self.ig_objective!r}")
-        if self.ig_optimizer not in OPTIMIZERS:
-            raise ConfigError(f"attack.ig_optimizer: must be one of {', '.join(OPTIMIZERS)}, got {self.ig_optimizer!r}")
-        for name in ("ig_iterations", "ig_restarts"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"attack.{name}: must be an integer >= 1, got {v!r}")
-        if isinstance(self.ig_lr, bool) or not isinstance(self.ig_lr, (int, float)) or not self.ig_lr > 0 \
-                or not math.isfinite(self.ig_lr):
-            raise ConfigError(f"attack.ig_lr: must be a number > 0, got {self.ig_lr!r}")
-        if isinstance(self.ig_tv, bool) or not isinstance(self.ig_tv, (int, float)) or not self.ig_tv >= 0 \
-                or not math.isfinite(self.ig_tv):
-            raise ConfigError(f"attack.ig_tv: must be a number >= 0, got {self.ig_tv!r}")
-        for name in ("ig_signed", "ig_decay"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"attack.{name}: must be true or false, got {getattr(self, name)!r}")
+    ig_objective: str = param("cosine", "`cosine` (Inverting Gradients) or `l2` (DLG)", choices=OBJECTIVES)
+    ig_optimizer: str = param("auto", "`auto` (cosine → adam, l2 → lbfgs), `adam` or `lbfgs`", choices=OPTIMIZERS)
+    ig_iterations: int = param(1000, "optimisation steps per restart (the full recipe: 24000)", low=1)
+    ig_restarts: int = param(1, "independent trials; the best matching loss wins", low=1)
+    ig_lr: float = param(0.1, "Adam step size (L-BFGS uses 1.0)", low=0, low_open=True)
+    ig_tv: float = param(1e-4, "weight of the total-variation prior", low=0)
+    ig_signed: bool = param(True, "Adam on signed gradients")
+    ig_decay: bool = param(True, "step decay ×0.1 at 3/8, 5/8 and 7/8 of the iterations")
 
     @property
     def optimizer(self) -> str:
@@ -137,7 +118,7 @@ def invert(model: nn.Module, target: dict[str, torch.Tensor], mask: dict[str, to
     lo, hi = (0.0 - m) / s, (1.0 - m) / s  # the pixel box [0, 1] in normalised space
     batch = (labels.shape[0], *shape)
     trials = []
-    with gc.single_cpu_thread(device):
+    with single_cpu_thread(device):
         for _ in range(params.ig_restarts):
             z0 = torch.randn(batch, generator=generator).to(device)  # drawn on CPU: same init on any device
             trials.append(_trial(matcher, torch.max(torch.min(z0, hi), lo), m, s, lo, hi, params))
@@ -199,6 +180,7 @@ def _trial(matcher: GradientMatcher, z0: torch.Tensor, m: torch.Tensor, s: torch
 @ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, signed Adam (DLG/L-BFGS variant)")
 class InvertingGradients(Attack):
     Params = IGParams
+    headline, higher_leaks, headline_label = "psnr", True, "IG PSNR (dB)"
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
@@ -211,7 +193,7 @@ class InvertingGradients(Attack):
 def _reconstruct(params: IGParams, context: AttackContext, model: nn.Module, shared: Any,
                  mask: dict[str, torch.Tensor] | None, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
     task = context.task
-    gen = gc.stream_generator(context.seed, gc.STREAM_ATTACK_INIT)
+    gen = context.streams.scope("attack", "ig").generator("restarts")
     best, trials = invert(model, shared.grads, mask, labels, task.shape, task.mean, task.std, params, gen,
                           context.device)
     metrics = {"matching_loss": best.matching, "restarts": len(trials), "iterations": params.ig_iterations,

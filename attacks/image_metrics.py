@@ -1,6 +1,6 @@
 """Image metrics and pictures for gradient-inversion attacks (no attack is registered here).
 
-Conventions (DESIGN.md "Result keys"): images are ``B x C x H x W`` in [0, 1]; reconstructions are
+Conventions (docs/results.md): images are ``B x C x H x W`` in [0, 1]; reconstructions are
 clamped to [0, 1] before scoring; a batch of reconstructions is matched one-to-one to the originals by
 a Hungarian assignment (scipy's ``linear_sum_assignment``) on the per-pair MSE, then
 

@@ -20,7 +20,7 @@ from scipy import stats
 
 from attacks.membership_common import ShadowAttack, ShadowParams, View
 from attacks.registry import ATTACKS
-from harness.errors import ConfigError
+from harness.core.params import param
 
 VARIANCES = ("global", "per-example")
 OFFLINE_TESTS = ("one-sided", "two-sided")
@@ -29,15 +29,10 @@ MIN_STD = 1e-6
 
 @dataclass
 class LiraParams(ShadowParams):
-    variance: str = "global"
-    offline_test: str = "one-sided"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.variance not in VARIANCES:
-            raise ConfigError(f"attack.variance: must be one of {', '.join(VARIANCES)}, got {self.variance!r}")
-        if self.offline_test not in OFFLINE_TESTS:
-            raise ConfigError(f"attack.offline_test: must be one of {', '.join(OFFLINE_TESTS)}, got {self.offline_test!r}")
+    variance: str = param("global", "`global`: one σ for IN and one for OUT; `per-example`: each example's "
+                                    "own σ", choices=VARIANCES)
+    offline_test: str = param("one-sided", "offline score: `one-sided` log Pr[Z ≤ φ] (the paper) or "
+                                           "`two-sided` (the reference code)", choices=OFFLINE_TESTS)
 
 
 def _fit(phi: np.ndarray, member: np.ndarray, variance: str) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +60,7 @@ def lira_scores(view: View, params: LiraParams) -> np.ndarray:
 @ATTACKS.register("lira", "LiRA: likelihood ratio of the target's confidence under IN/OUT shadow models")
 class LiRA(ShadowAttack):
     Params = LiraParams
+    headline, higher_leaks, headline_label = "auc", True, "LiRA AUC"
     description = ("Likelihood-ratio membership inference (Carlini et al. 2022) with shadow models trained "
                    "by the same defense; online/offline, global/per-example variance.")
 

@@ -28,6 +28,7 @@ def losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: tor
 
 @ATTACKS.register("loss", "LOSS: threshold on the victim's per-example loss (Yeom et al.), no shadows")
 class LossAttack(Attack):
+    headline, higher_leaks, headline_label = "auc", True, "LOSS AUC"
     description = "Membership by low loss on the trained victim (Yeom et al. 2018)."
 
     def run(self, context: AttackContext) -> AttackResult:
@@ -37,7 +38,8 @@ class LossAttack(Attack):
         other_loss = losses(context.model, task.test.x, task.test.y, context.device)
         scores = -np.concatenate([member_loss, other_loss])
         labels = np.concatenate([np.ones(len(member_loss), bool), np.zeros(len(other_loss), bool)])
-        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
+        metrics = membership_metrics(scores, labels, context.accounted.delta,
+                                     context.streams.scope("attack", self.name).numpy("threshold"))
         threshold = member_loss.mean()
         metrics["yeom_accuracy"] = float(((member_loss < threshold).mean() + (other_loss >= threshold).mean()) / 2)
         return AttackResult(metrics, save_roc(scores, labels, out_dir(context), "LOSS attack"))

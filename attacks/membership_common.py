@@ -23,28 +23,24 @@ import torch
 
 from attacks.base import Attack, AttackContext, AttackParams, AttackResult
 from attacks.membership_metrics import membership_metrics, save_roc
-from defenses.base import Defense
-from harness import shadows as sh
-from harness.config import check_range
-from harness.errors import ConfigError
-from harness.models import DEFAULT_MODELS, build_model
+from attacks import shadow_signals as sig
+from harness.core.errors import ConfigError
+from harness.core.params import param
+from harness.engine.shadow_training import train_shadows, train_shadows_sequential
 
 TARGETS = ("victim", "shadows")
-SHADOW_STREAM = 100  # shadow i draws its defense's noise and masks from random stream 100 + i
 
 
 @dataclass
 class ShadowParams(AttackParams):
-    shadows: int = 16          # K shadow models (even: complementary pairs)
-    mia_target: str = "victim"  # victim | shadows (leave-one-model-out)
-    online: bool = True        # online: IN and OUT references; offline: OUT references only
+    shadows: int = param(16, "K shadow models (even: complementary pairs)", low=2)
+    mia_target: str = param("victim", "`victim`: the trained victim is the target; `shadows`: "
+                                      "leave-one-model-out over the shadows", choices=TARGETS)
+    online: bool = param(True, "online: IN and OUT references; offline: OUT references only")
 
     def validate(self) -> None:
-        check_range("attack.shadows", self.shadows, low=2)
         if self.shadows % 2:
             raise ConfigError(f"attack.shadows: must be even (complementary pairs), got {self.shadows}")
-        if self.mia_target not in TARGETS:
-            raise ConfigError(f"attack.mia_target: must be one of {', '.join(TARGETS)}, got {self.mia_target!r}")
         if self.mia_target == "shadows" and self.shadows < 4:
             raise ConfigError("attack.shadows: leave-one-model-out needs at least 4 shadow models")
 
@@ -78,40 +74,31 @@ class View:
 _POOLS: dict[tuple, ShadowPool] = {}
 
 
-def _needs_own_model(defense: Defense) -> bool:
-    """Defenses that read the model in ``bind`` (e.g. GEP's anchors) need one module per shadow."""
-    return type(defense).bind is not Defense.bind
-
-
 def shadow_pool(context: AttackContext, k: int) -> ShadowPool:
     key = (context.spec.run_key, k, id(context.trained_defense))
     if key in _POOLS:
         return _POOLS[key]
     task, spec, device = context.task, context.spec, context.device
-    model_name = spec.model.name or DEFAULT_MODELS[spec.data.name]
-
-    def build() -> torch.nn.Module:
-        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
-
-    pop = sh.population(task)
-    membership = sh.membership_matrix(k, len(pop.y), seed=spec.seed)
-    probe = context.make_defense(SHADOW_STREAM)
-    if _needs_own_model(probe):
-        states = sh.train_shadows_sequential(
-            build, pop, membership, lambda i, model: context.make_defense(SHADOW_STREAM + i, model),
-            spec.train, spec.seed, device)
+    pop = sig.population(task)
+    membership = sig.membership_matrix(k, len(pop.y), context.streams.scope("shadows").generator("membership"))
+    pools = [torch.nonzero(row).flatten() for row in membership]
+    scopes = [context.streams.scope("shadow", i) for i in range(k)]
+    if type(context.trained_defense).needs_model:
+        states = train_shadows_sequential(
+            context.build_model, pop.x, pop.y, pools, lambda i, model: context.make_defense(scopes[i], model),
+            spec.train, scopes, device)
     else:
-        states = sh.train_shadows(build, pop, membership, lambda i: context.make_defense(SHADOW_STREAM + i),
-                                  spec.train, spec.seed, device)
+        states = train_shadows(context.build_model, pop.x, pop.y, pools,
+                               lambda i: context.make_defense(scopes[i]), spec.train, scopes, device)
     cache = context.out_dir.parent / "signals"
-    model = build()
+    model = context.build_model()
     pop_idx = torch.arange(len(pop.y))
     pub_idx = -1 - torch.arange(len(task.public))  # distinct keys for the public set
-    outputs = [sh.cached_outputs(model, s, pop.x, pop.y, pop_idx, cache, device) for s in states]
-    public = [sh.cached_outputs(model, s, task.public.x, task.public.y, pub_idx, cache, device)[1] for s in states]
+    outputs = [sig.cached_outputs(model, s, pop.x, pop.y, pop_idx, cache, device) for s in states]
+    public = [sig.cached_outputs(model, s, task.public.x, task.public.y, pub_idx, cache, device)[1] for s in states]
     victim_state = context.states["final"]
-    victim_phi, victim_prob = sh.cached_outputs(model, victim_state, pop.x, pop.y, pop_idx, cache, device)
-    _, victim_public = sh.cached_outputs(model, victim_state, task.public.x, task.public.y, pub_idx, cache, device)
+    victim_phi, victim_prob = sig.cached_outputs(model, victim_state, pop.x, pop.y, pop_idx, cache, device)
+    _, victim_public = sig.cached_outputs(model, victim_state, task.public.x, task.public.y, pub_idx, cache, device)
     pool = ShadowPool(
         membership=membership.numpy(), phi=np.stack([o[0] for o in outputs]), prob=np.stack([o[1] for o in outputs]),
         victim_phi=victim_phi, victim_prob=victim_prob, in_victim=pop.in_victim.numpy(),
@@ -159,5 +146,6 @@ class ShadowAttack(Attack):
     def run(self, context: AttackContext) -> AttackResult:
         pool = shadow_pool(context, self.params.shadows)
         scores, labels = score_all(pool, self.params.mia_target, self.score)
-        metrics = membership_metrics(scores, labels, context.accounted.delta, seed=context.seed)
+        metrics = membership_metrics(scores, labels, context.accounted.delta,
+                                     context.streams.scope("attack", self.name).numpy("threshold"))
         return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))

@@ -52,8 +52,10 @@ from torch import nn
 from attacks import gradient_common as gc
 from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
-from harness.errors import ConfigError
-from harness.models import Normalize
+from harness.core.errors import ConfigError
+from harness.core.params import param
+from harness.core.runtime import single_cpu_thread
+from harness.core.models import Normalize
 
 WORKING_MODELS = "cnn3 (the digits default), cnn6, fcn3 and mlp"
 RANK_TOL = 1e-7
@@ -63,16 +65,14 @@ SCALE_GRID = torch.logspace(-4, 4, 801, dtype=torch.float64)
 
 @dataclass
 class RGAPParams(gc.GradientThreatParams):
-    rgap_tikhonov: float = 0.0  # λ relative to the largest eigenvalue of each layer's normal matrix
+    rgap_tikhonov: float = param(0.0, "Tikhonov λ relative to the largest eigenvalue of each layer's normal "
+                                      "matrix", low=0)
 
     def validate(self) -> None:
         super().validate()
         if self.batch_size != 1:
             raise ConfigError(f"attack.batch_size: rgap inverts a single example (closed form), needs 1, "
                               f"got {self.batch_size}")
-        t = self.rgap_tikhonov
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ConfigError(f"attack.rgap_tikhonov: must be a number >= 0, got {t!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def reconstruct_one(model: nn.Module, shared_grads: dict[str, torch.Tensor], mas
                     label: int, in_shape: tuple[int, ...], tikhonov: float = 0.0,
                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """Pixels (1 x C x H x W) recovered from one example's released gradient, and per-layer reports."""
-    with gc.single_cpu_thread(next(model.parameters()).device):
+    with single_cpu_thread(next(model.parameters()).device):
         return _reconstruct_one(model, shared_grads, mask, label, in_shape, tikhonov, dtype)
 
 
@@ -392,6 +392,7 @@ def _transpose(blk: Block, w: torch.Tensor, delta: torch.Tensor, in_shape: tuple
 @ATTACKS.register("rgap", "R-GAP closed-form recursive attack (Conv2d/Linear stacks, invertible activations)")
 class RGAP(Attack):
     Params = RGAPParams
+    headline, higher_leaks, headline_label = "psnr", True, "R-GAP PSNR (dB)"
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:

@@ -15,21 +15,17 @@ import numpy as np
 
 from attacks.membership_common import ShadowAttack, ShadowParams, View
 from attacks.registry import ATTACKS
-from harness.config import check_range
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
+from harness.core.params import param
 
 EPS = 1e-30
 
 
 @dataclass
 class RmiaParams(ShadowParams):
-    offline_a: float = 0.3
-    gamma: float = 2.0
-
-    def validate(self) -> None:
-        super().validate()
-        check_range("attack.offline_a", self.offline_a, low=0, high=1)
-        check_range("attack.gamma", self.gamma, low=0, low_open=True)
+    offline_a: float = param(0.3, "offline: Pr(x) = ½[(1 + a)·Pr_OUT(x) + (1 − a)]", low=0, high=1)
+    gamma: float = param(2.0, "γ: a population sample z is dominated when the ratio exceeds γ", low=0,
+                         low_open=True)
 
 
 def _marginal(prob: np.ndarray, ref_in: np.ndarray | None, online: bool, a: float) -> np.ndarray:
@@ -54,6 +50,7 @@ def rmia_scores(view: View, params: RmiaParams) -> np.ndarray:
 @ATTACKS.register("rmia", "RMIA: pairwise likelihood ratios against population samples, shadow references")
 class RMIA(ShadowAttack):
     Params = RmiaParams
+    headline, higher_leaks, headline_label = "auc", True, "RMIA AUC"
     description = ("Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by "
                    "the same defense and the public split as population z.")
 

@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.config import build_spec, parse_set, set_dotted  # noqa: E402
-from harness.runner import prepare, seed_everything  # noqa: E402
-from harness.training import train  # noqa: E402
+from harness.core.streams import seed_globals  # noqa: E402
+from harness.runner import prepare  # noqa: E402
+from harness.engine.training import train  # noqa: E402
 
 
 def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -64,7 +65,7 @@ class NoiseProbe:
     def release(self, batch_size: int):
         clean_copy = copy.copy(self.inner)
         clean_copy.noise_multiplier = 0.0
-        clean_copy.generator = torch.Generator(device=self.inner.device)
+        clean_copy.generator = torch.Generator(device=self.inner.device)  # unused at σ = 0
         clean = flat(clean_copy.release(batch_size).grads)
         shared = self.inner.release(batch_size)
         noisy = flat(shared.grads)
@@ -90,8 +91,8 @@ def one(name: str, params: dict[str, Any], seed: int, sets: list[tuple[str, Any]
         set_dotted(raw, key, value)
     spec = build_spec(raw)
     prep = prepare(spec)
-    seed_everything(seed)
-    defense = prep.make_defense()
+    seed_globals(prep.streams)
+    defense = prep.make_defense(prep.streams.scope("victim"))
     probe = NoiseProbe(defense) if noise_study else None
     start = time.perf_counter()
     result = train(prep.model, prep.task.train, prep.task.test, probe or defense, spec.train, prep.sampler,

@@ -42,8 +42,9 @@ GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
 def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
     from defenses.dpsgd import DPSGD, ClipParams
     from defenses.groupwise import Groupwise, GroupwiseParams
-    from harness.per_sample import micro_batches
-    from harness.training import clipped_sum_feeder
+    from harness.core.per_sample import micro_batches
+    from harness.core.streams import Streams
+    from harness.engine.training import clipped_sum_feeder
 
     batch = x.shape[0]
     params = dict(model.named_parameters())
@@ -74,11 +75,12 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
                 opt.zero_grad(set_to_none=True)
         return step
     shapes = {n: p.shape for n, p in params.items()}
-    gen = torch.Generator(device=x.device).manual_seed(0)
+    streams = Streams(0).scope("bench")
     if path in GROUPS:
-        defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, gen, x.device)
+        defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, streams,
+                            x.device)
     else:
-        defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, gen, x.device)
+        defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, streams, x.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     feed = clipped_sum_feeder("func" if path == "func" else "lean", model, defense)
 
@@ -101,7 +103,7 @@ def _status_kb(field: str) -> int:
 
 
 def measure(cfg: dict) -> dict:
-    from harness.models import build_model
+    from harness.core.models import build_model
 
     torch.manual_seed(0)
     device = torch.device(cfg["device"])

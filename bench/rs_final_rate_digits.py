@@ -15,8 +15,9 @@ import statistics
 import time
 
 from harness.config import build_spec, set_dotted
-from harness.runner import prepare, seed_everything
-from harness.training import accuracy, train
+from harness.core.streams import seed_globals
+from harness.runner import prepare
+from harness.engine.training import accuracy, train
 
 
 def run_once(sigma: float, clip: float, rate: float, seed: int, args: argparse.Namespace) -> tuple[float, float]:
@@ -30,8 +31,9 @@ def run_once(sigma: float, clip: float, rate: float, seed: int, args: argparse.N
         set_dotted(raw, key, value)
     spec = build_spec(raw)
     prep = prepare(spec)
-    seed_everything(seed)
-    train(prep.model, prep.task.train, prep.task.test, prep.make_defense(), spec.train, prep.sampler,
+    seed_globals(prep.streams)
+    train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")), spec.train,
+          prep.sampler,
           prep.device, progress=False)
     return accuracy(prep.model, prep.task.train, prep.device), accuracy(prep.model, prep.task.test, prep.device)
 

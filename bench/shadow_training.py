@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from harness import shadows as sh
+from attacks import shadow_signals as sig
 from harness.config import build_spec
-from harness.models import build_model
+from harness.engine.shadow_training import train_shadows, train_shadows_sequential
 from harness.runner import prepare
 
 
@@ -30,11 +30,11 @@ def main() -> None:
     spec = build_spec({"defense": args.defense, "train": {"epochs": args.epochs}})
     prep = prepare(spec)
     task = prep.task
-    pop = sh.population(task)
-    membership = sh.membership_matrix(args.shadows, len(pop.y), 0)
-
-    def build():
-        return build_model(prep.model_name, task.shape, task.num_classes, task.mean, task.std)
+    pop = sig.population(task)
+    membership = sig.membership_matrix(args.shadows, len(pop.y), prep.streams.scope("shadows").generator("membership"))
+    pools = [torch.nonzero(row).flatten() for row in membership]
+    scopes = [prep.streams.scope("shadow", i) for i in range(args.shadows)]
+    build = prep.build_model
 
     def accuracy(states):
         model, accs = build(), []
@@ -50,11 +50,11 @@ def main() -> None:
           f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
           f"{torch.get_num_threads()} torch threads")
     t0 = time.perf_counter()
-    seq = sh.train_shadows_sequential(build, pop, membership, lambda i, m: prep.make_defense(100 + i, m),
-                                      spec.train, 0, device, progress=False)
+    seq = train_shadows_sequential(build, pop.x, pop.y, pools, lambda i, m: prep.make_defense(scopes[i], m),
+                                   spec.train, scopes, device, progress=False)
     t1 = time.perf_counter()
-    vec = sh.train_shadows(build, pop, membership, lambda i: prep.make_defense(100 + i), spec.train, 0, device,
-                           progress=False)
+    vec = train_shadows(build, pop.x, pop.y, pools, lambda i: prep.make_defense(scopes[i]), spec.train, scopes,
+                        device, progress=False)
     t2 = time.perf_counter()
     print(f"{'path':<12}{'seconds':>10}{'mean held-out acc':>20}")
     print(f"{'sequential':<12}{t1 - t0:>10.1f}{accuracy(seq):>20.4f}")

@@ -5,7 +5,7 @@ Every module in this package is imported on first use, so adding a defense is on
 
 from defenses.base import Defense, SharedGradient
 from defenses.registry import DEFENSES
-from harness.registry import import_submodules
+from harness.core.registry import import_submodules
 
 import_submodules(__name__, skip=("base", "registry"))
 

@@ -34,10 +34,13 @@ from typing import Any
 
 import torch
 
+from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
-from harness.config import check_range
-from harness.errors import ConfigError
+from harness.core.params import param
+from harness.core.streams import Streams
+from harness.core.errors import ConfigError
 
 log = logging.getLogger("dpeval")
 
@@ -46,24 +49,21 @@ VARIANCE_CHOICES = ("per_example", "batch_mean")
 
 @dataclass
 class AdaCliPParams(DefenseParams):
-    clip: float = 1.0             # C: clipping norm in the transformed space w = (g − a)/b (paper: 1)
-    beta1: float = 0.99           # EMA decay of the mean estimate m (paper: 0.99)
-    beta2: float = 0.9            # EMA decay of the variance estimate s² (paper: 0.9)
-    h1: float = 1e-12             # lower clamp of the per-step variance estimate v (paper: 1e-12)
-    h2: float = 1e-4              # upper clamp of v: the paper's only tuned knob; sets the scale of b
-    variance: str = "per_example"  # per_example: v estimates Var(g_k) (×B); batch_mean: Var of the mean
+    clip: float = param(1.0, "C: clipping norm in the transformed space w = (g − a)/b (paper: 1)",
+                        low=0, low_open=True)
+    beta1: float = param(0.99, "EMA decay of the mean estimate m (paper: 0.99)", low=0, high=1, high_open=True)
+    beta2: float = param(0.9, "EMA decay of the variance estimate s² (paper: 0.9)", low=0, high=1,
+                         high_open=True)
+    h1: float = param(1e-12, "lower clamp of the per-step variance estimate v (paper: 1e-12)", low=0,
+                      low_open=True)
+    h2: float = param(1e-4, "upper clamp of v (> h1): the paper's only tuned knob; sets the scale of b",
+                      low=0, low_open=True)
+    variance: str = param("per_example", "`per_example`: v estimates Var(g_k) (×B); `batch_mean`: the "
+                                         "variance of the batch mean", choices=VARIANCE_CHOICES)
 
     def validate(self) -> None:
-        check_range("defense.clip", self.clip, low=0, low_open=True)
-        check_range("defense.beta1", self.beta1, low=0, high=1, high_open=True)
-        check_range("defense.beta2", self.beta2, low=0, high=1, high_open=True)
-        check_range("defense.h1", self.h1, low=0, low_open=True)
-        check_range("defense.h2", self.h2, low=0, low_open=True)
         if not self.h1 < self.h2:
             raise ConfigError(f"defense.h2: must be > defense.h1 ({self.h1}), got {self.h2}")
-        if self.variance not in VARIANCE_CHOICES:
-            raise ConfigError(f"defense.variance: must be one of {', '.join(VARIANCE_CHOICES)}, "
-                              f"got {self.variance!r}")
 
 
 def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -80,8 +80,8 @@ class AdaCliP(Defense):
     Params = AdaCliPParams
 
     def __init__(self, params: AdaCliPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+                 streams: Streams, device: torch.device | str = "cpu") -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         # Algorithm 1, line 2: m⁰ = 0, s⁰ = √(h1·h2) (a std, so the state s² starts at h1·h2).
         self.m = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}
@@ -157,6 +157,10 @@ class AdaCliP(Defense):
         b = self.b if b is None else b
         return math.sqrt(sum(float(v.pow(2).sum()) for v in b.values()))
 
+    @classmethod
+    def audit_design(cls) -> CanaryDesign:
+        return AdaCliPDesign()
+
     # -- public state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """m, s², b (all computed from noisy releases only) and the clamp counts: public."""
@@ -182,3 +186,19 @@ class AdaCliP(Defense):
         self.steps = int(state.get("steps", self.steps))
         self.at_h1 = int(state.get("at_h1", self.at_h1))
         self.at_h2 = int(state.get("at_h2", self.at_h2))
+
+
+class AdaCliPDesign(CanaryDesign):
+    """AdaCliP: axis canaries (in w = (g − a)/b space an axis gradient stays on its axis); projection of
+    the whitened release (g̃ − a)/noise_std per coordinate, with a and the per-coordinate noise std from
+    the release's public metadata; ``state``: the same projection of the statistics m the defense
+    updated from this release (public; noise-free if the update ever sees the clean gradient)."""
+
+    statistics = ("projection", "state")
+
+    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+        names = list(defense.param_shapes)
+        std = flatten(shared.extra["adaclip.noise_std"], names)
+        whitened = (flatten(shared.grads, names) - flatten(shared.extra["adaclip.a"], names)) / std
+        state = flatten(defense.state_dict()["m"], names) / std
+        return {"projection": canaries.project(whitened), "state": canaries.project(state)}

@@ -1,4 +1,4 @@
-"""The defense template: one method per stage of a private gradient release (DESIGN.md).
+"""The defense template: one method per stage of a private gradient release, and the declared contract.
 
 Training and attacks call the same three methods, so what an attacker receives is exactly what training
 shares:
@@ -9,6 +9,18 @@ shares:
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
+
+Besides the stages a defense declares (defaults in :class:`Defense`):
+
+- ``Params``: its parameter dataclass (fields made with ``harness.core.params.param``);
+- ``is_dp`` / ``noise_for_accounted`` / ``accounted_noise_multiplier``: the accounting facts;
+- ``needs_model``: whether ``bind`` keeps the model (its public state follows the weights, e.g. GEP
+  anchors), so that every model trained with it needs its own instance;
+- ``state_dict`` / ``load_state_dict``: the public state an attacker sees at a given moment (masks,
+  anchors, statistics); attacks replay a training step by loading it;
+- ``clipping``: the per-sample transform when it is plain group-wise clipping (lets the lean engine run);
+- ``audit_design``: how ``dpeval audit`` places canaries in its release and scores them;
+- ``SharedGradient.rate``: the sparsification / freeze rate of a release, for defenses that have one.
 """
 
 from __future__ import annotations
@@ -20,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from defenses.auditing import CanaryDesign
+from harness.core.params import Params
+from harness.core.streams import Streams
 
 if TYPE_CHECKING:
     from defenses.clipping import GroupClipping
@@ -35,7 +51,9 @@ class SharedGradient:
     ``grads`` are the per-parameter released tensors (already divided by the logical batch size).
     Everything else is public metadata: ``mask`` marks released coordinates (True = released; None =
     all released), ``noise_std`` is the std of the Gaussian noise on each released coordinate of
-    ``grads`` (σ·C / B for DP-SGD), ``extra`` holds defense-specific public state (anchors, statistics).
+    ``grads`` (σ·C / B for DP-SGD), ``rate`` the fraction of coordinates the defense zeroed by schedule
+    (RS, random freeze; None for defenses without a rate), ``extra`` holds defense-specific public state
+    (anchors, statistics).
     """
 
     grads: dict[str, torch.Tensor]
@@ -43,6 +61,7 @@ class SharedGradient:
     noise_std: float
     mask: dict[str, torch.Tensor] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    rate: float | None = None
     mask_is_new: bool = True  # False while a mask the receiver already has is reused (its indices are not resent)
 
     @property
@@ -72,11 +91,9 @@ class SharedGradient:
         return FLOAT_BYTES * self.released + index_cost
 
 
-class DefenseParams:
-    """Base for a defense's parameter dataclass: ``validate`` raises ConfigError naming ``defense.<field>``."""
-
-    def validate(self) -> None:  # pragma: no cover - trivial default
-        return None
+class DefenseParams(Params):
+    """Base for a defense's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming
+    ``defense.<field>``."""
 
 
 @dataclass
@@ -92,18 +109,21 @@ class Defense(ABC):
     differ only for defenses whose release composes several Gaussian mechanisms, e.g. GEP).
     """
 
+    name: ClassVar[str] = ""  # set by DEFENSES.register
     Params: ClassVar[type] = NoParams
     dp: ClassVar[bool] = True
+    needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
     description: ClassVar[str] = ""
     steps_per_epoch: int = 1  # set by the runner before ``bind``; schedules that act within an epoch use it
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu") -> None:
         self.params = params
         self.param_shapes = dict(param_shapes)
         self.noise_multiplier = float(noise_multiplier)
-        self.generator = generator
+        self.streams = streams
         self.device = torch.device(device)
+        self.generator = streams.generator("noise", device=self.device)
         self._sum: dict[str, torch.Tensor] = {}
         self.samples_seen = 0  # per-sample gradients accumulated since the last release
         self.reset()
@@ -138,9 +158,15 @@ class Defense(ABC):
 
     def bind(self, model: torch.nn.Module, task: Any) -> None:
         """Called once after construction with the model being trained and the task. Defenses whose
-        public state comes from public data (GEP anchors) keep what they need; the default keeps nothing.
-        Only ``task.public`` may shape public state: private data must never reach it."""
+        public state comes from public data (GEP anchors) keep what they need and set ``needs_model``; the
+        default keeps nothing. Only ``task.public`` may shape public state: private data must never reach it."""
         return None
+
+    @classmethod
+    def audit_design(cls) -> CanaryDesign:
+        """How ``dpeval audit`` places canaries in this defense's release and scores them
+        (``defenses/auditing.py``); the default suits any Gaussian sum of clipped gradients."""
+        return CanaryDesign()
 
     def clipping(self) -> GroupClipping | None:
         """The per-sample transform when it is pure group-wise clipping of the raw per-sample gradient
@@ -178,9 +204,15 @@ class Defense(ABC):
         noise = torch.randn(shape, generator=self.generator, device=self.device)
         return noise * std
 
+    # -- public state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Public defense state worth checkpointing (masks, statistics). Stateless defenses return {}."""
+        """Public defense state an attacker sees at this moment (masks, anchors, statistics); stateless
+        defenses return {}. Everything in it must be computed from public data or earlier releases."""
         return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (an attack replaying a training step); stateless: no-op."""
+        return None
 
 
 def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:

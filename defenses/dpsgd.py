@@ -17,15 +17,13 @@ import torch
 from defenses.base import Defense, DefenseParams, SharedGradient
 from defenses.clipping import GroupClipping
 from defenses.registry import DEFENSES
-from harness.config import check_range
+from harness.core.params import param
+from harness.core.streams import Streams
 
 
 @dataclass
 class ClipParams(DefenseParams):
-    clip: float = 1.0  # per-sample L2 clipping norm C
-
-    def validate(self) -> None:
-        check_range("defense.clip", self.clip, low=0, low_open=True)
+    clip: float = param(1.0, "per-sample L2 clipping norm C", low=0, low_open=True)
 
 
 @DEFENSES.register("dpsgd", "DP-SGD: flat per-sample clipping to C, Gaussian noise N(0, σ²C²) on the sum")
@@ -33,8 +31,8 @@ class DPSGD(Defense):
     Params = ClipParams
 
     def __init__(self, params: ClipParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+                 streams: Streams, device: torch.device | str = "cpu") -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device)
         self._clipping = self.make_clipping()
 
     def make_clipping(self) -> GroupClipping:

@@ -35,43 +35,33 @@ from typing import Any
 
 import torch
 
+from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient
+from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
-from harness.config import check_range
-from harness.errors import ConfigError
-from harness.per_sample import PerSampleGradients
+from harness.core.params import param
+from harness.core.streams import Streams
+from harness.core.errors import ConfigError
+from harness.core.per_sample import PerSampleGradients
 
-ANCHOR_SEED_OFFSET = 4099  # anchor generator seed = noise generator seed + this: an independent stream
-STEP_SEED_STRIDE = 1_000_003  # the anchor generator is reseeded per refresh: seed + stride·(step + 1)
 LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool
 SQRT2 = math.sqrt(2.0)
 
 
 @dataclass
 class GEPParams(DefenseParams):
-    clip0: float = 0.5            # C0: per-sample L2 clip of the k-dim embedding θ_i
-    clip1: float = 0.5            # C1: per-sample L2 clip of the d-dim residual r_i
-    num_bases: int = 200          # k: total anchor-subspace dimension, split over groups ∝ √(group size)
-    groups: int = 3               # contiguous chunks of the flattened parameter vector, one basis each
-    power_iter: int = 1           # power-iteration rounds (0 = random orthonormal bases, an ablation)
-    num_anchors: int = 1000       # m: public examples whose gradients span the subspace (capped at |public|)
-    anchor_every: int = 1         # recompute the anchors every N steps (1 = every step, as Algorithm 2)
-    anchor_labels: str = "random"  # random (drawn once, as the code) | resample (each recompute) | real
-    anchor_batch_size: int = 256  # micro-batch for the public per-sample gradients (memory only)
-    biased: bool = False          # B-GEP: release V·θ̃ only (no residual)
-
-    def validate(self) -> None:
-        check_range("defense.clip0", self.clip0, low=0, low_open=True)
-        check_range("defense.clip1", self.clip1, low=0, low_open=True)
-        check_range("defense.num_bases", self.num_bases, low=1)
-        check_range("defense.groups", self.groups, low=1)
-        check_range("defense.power_iter", self.power_iter, low=0)
-        check_range("defense.num_anchors", self.num_anchors, low=1)
-        check_range("defense.anchor_every", self.anchor_every, low=1)
-        check_range("defense.anchor_batch_size", self.anchor_batch_size, low=1)
-        if self.anchor_labels not in LABEL_CHOICES:
-            raise ConfigError(f"defense.anchor_labels: must be one of {', '.join(LABEL_CHOICES)}, "
-                              f"got {self.anchor_labels!r}")
+    clip0: float = param(0.5, "C0: per-sample L2 clip of the k-dim embedding θ_i", low=0, low_open=True)
+    clip1: float = param(0.5, "C1: per-sample L2 clip of the d-dim residual r_i", low=0, low_open=True)
+    num_bases: int = param(200, "k: total anchor-subspace dimension, split over groups ∝ √(group size)", low=1)
+    groups: int = param(3, "contiguous chunks of the flattened parameter vector, one basis each", low=1)
+    power_iter: int = param(1, "power-iteration rounds (0 = random orthonormal bases, an ablation)", low=0)
+    num_anchors: int = param(1000, "m: public examples whose gradients span the subspace (capped at the "
+                                   "public set's size)", low=1)
+    anchor_every: int = param(1, "recompute the anchors every N steps (1 = every step, as Algorithm 2)", low=1)
+    anchor_labels: str = param("random", "`random`: drawn once (as the reference code); `resample`: at each "
+                                         "recompute; `real`: the public set's labels", choices=LABEL_CHOICES)
+    anchor_batch_size: int = param(256, "micro-batch for the public per-sample gradients (memory only)", low=1)
+    biased: bool = param(False, "B-GEP: release V·θ̃ only (no residual)")
 
 
 def group_bounds(d: int, groups: int) -> list[tuple[int, int]]:
@@ -117,20 +107,19 @@ def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
 @DEFENSES.register("gep", "GEP: public anchor subspace; embedding clipped to C0, residual to C1, noise on each")
 class GEP(Defense):
     Params = GEPParams
+    needs_model = True  # anchors are per-sample gradients of public data at the model's current weights
 
     def __init__(self, params: GEPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu") -> None:
         self.names = list(param_shapes)
         self.sizes = [math.prod(param_shapes[n]) for n in self.names]
         self.d = sum(self.sizes)
-        super().__init__(params, param_shapes, noise_multiplier, generator, device)
+        super().__init__(params, param_shapes, noise_multiplier, streams, device)
         self.bounds = group_bounds(self.d, params.groups)
-        # Anchors get their own generator (random labels, power-iteration start), reseeded from (seed,
-        # step) at every refresh: they are a function of (public data, current weights, seed, step) only,
-        # never shift the noise stream, and a fresh defense replaying step t recomputes the same bases.
-        self.anchor_seed = generator.initial_seed() + ANCHOR_SEED_OFFSET
-        self.anchor_generator = torch.Generator(device=self.device)
-        self.anchor_generator.manual_seed(self.anchor_seed)
+        # Anchors get their own stream (random labels, power-iteration start), a fresh generator per refresh
+        # step: they are a function of (public data, current weights, seed, step) only, never shift the
+        # noise stream, and a fresh defense replaying step t recomputes the same bases.
+        self.anchor_generator = streams.generator("anchors", device=self.device)
         self.bases: list[torch.Tensor] | None = None   # V_g: p_g × k_g, orthonormal columns
         self.bases_step = -1                           # the step the current bases were computed for
         self.step = 0                                  # logical steps released so far
@@ -172,7 +161,7 @@ class GEP(Defense):
         # examples are a random subset; they stay fixed for the run, as the reference code's 2000 images.
         self.model = model
         self.num_classes = int(task.num_classes)
-        self.anchor_generator.manual_seed(self.anchor_seed)  # labels drawn once per run ("random")
+        self.anchor_generator = self.streams.generator("anchors", device=self.device)  # labels: once per run
         self.anchor_x = public.x[:m].to(self.device)
         self.real_y = public.y[:m].to(self.device)
         self.anchor_y = self._draw_labels(m) if self.params.anchor_labels != "real" else self.real_y
@@ -210,16 +199,19 @@ class GEP(Defense):
         return bases
 
     def refresh_anchors(self) -> None:
-        self.anchor_generator.manual_seed(self.anchor_seed + STEP_SEED_STRIDE * (self.step + 1))
+        self.anchor_generator = self.streams.generator("anchors", self.step, device=self.device)
         anchors = self.anchor_gradients()
         self.bases = self.compute_bases(anchors)
         self.bases_step = self.step
         del anchors  # m × d: free it before the private pass (Algorithm 1, line 8)
 
-    def _ensure_bases(self) -> None:
+    def current_bases(self) -> list[torch.Tensor]:
+        """The anchor bases of the current step, recomputed when ``anchor_every`` says they are due
+        (public: from public data and the current weights)."""
         due = self.step % self.params.anchor_every == 0
         if self.bases is None or (due and self.bases_step != self.step):
             self.refresh_anchors()
+        return self.bases
 
     @property
     def k(self) -> int:
@@ -255,7 +247,7 @@ class GEP(Defense):
         self.samples_seen = 0
 
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        self._ensure_bases()
+        self.current_bases()
         g = self.flatten(grads)
         theta = self.embed(g)
         if self._emb_sum is None:
@@ -269,7 +261,7 @@ class GEP(Defense):
         self.samples_seen += g.shape[0]
 
     def release(self, batch_size: int) -> SharedGradient:
-        self._ensure_bases()  # an empty Poisson batch still releases noise through V
+        self.current_bases()  # an empty Poisson batch still releases noise through V
         p = self.params
         emb_sum = self._emb_sum if self._emb_sum is not None else torch.zeros(self.k, device=self.device)
         emb_std = self.embedding_multiplier * p.clip0
@@ -299,6 +291,10 @@ class GEP(Defense):
         self.reset()
         return SharedGradient(self.unflatten(flat), batch_size=batch_size, noise_std=rms, extra=extra)
 
+    @classmethod
+    def audit_design(cls) -> CanaryDesign:
+        return GEPDesign()
+
     # -- public state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Anchors (V per group) and where they apply: public (computed from public data and weights)."""
@@ -322,3 +318,57 @@ class GEP(Defense):
             self.bases = [v.to(self.device) for v in state["bases"]]
         if state.get("anchor_labels") is not None and self.anchor_x is not None:
             self.anchor_y = state["anchor_labels"].to(self.device)
+
+
+class GEPDesign(CanaryDesign):
+    """GEP: the canary is (v + w)/√2 with v a column of the step's public anchor basis V and w a unit
+    vector orthogonal to V, so both the embedding (clipped to C0) and the residual (clipped to C1) carry a
+    full-norm contribution — the worst case of the joint release. ``projection``: ⟨V·θ̃, v⟩/std_emb +
+    ⟨r̃, w⟩/std_res, with θ̃, V and the stds from the release; ``anchors``: the energy ‖P_V' u‖² of the
+    canary in the subspace of the *released* bases V' (constant when V' is public, as it must be)."""
+
+    statistics = ("projection", "anchors")
+    fixed_directions = False
+
+    def _bases(self, defense: GEP) -> list[torch.Tensor]:
+        return defense.current_bases()  # the defense's own schedule: the bases this step uses (public data)
+
+    def capacity(self, defense: Defense, variant: str) -> int:
+        bases = self._bases(defense)
+        return sum(min(v.shape[1], (hi - lo) - v.shape[1]) for (lo, hi), v in zip(defense.bounds, bases))
+
+    def design(self, defense: Defense, variant: str, k: int, gen: torch.Generator,
+               previous: Canaries | None) -> Canaries:
+        bases = self._bases(defense)
+        room = [min(v.shape[1], (hi - lo) - v.shape[1]) for (lo, hi), v in zip(defense.bounds, bases)]
+        slot_group = torch.repeat_interleave(torch.arange(len(room)), torch.tensor(room))
+        slot_col = torch.cat([torch.arange(r) for r in room])
+        chosen = torch.randperm(len(slot_group), generator=gen)[:k]
+        span = torch.zeros(k, defense.d, device=defense.device)
+        resid = torch.zeros(k, defense.d, device=defense.device)
+        for g, ((lo, hi), v) in enumerate(zip(defense.bounds, bases)):
+            rows = torch.nonzero(slot_group[chosen] == g).flatten()
+            if len(rows) == 0:
+                continue
+            w = torch.randn(hi - lo, len(rows), generator=gen).to(v.device)
+            w = torch.linalg.qr(w - v @ (v.T @ w)).Q  # orthonormal columns orthogonal to span(V_g)
+            span[rows.to(v.device), lo:hi] = v[:, slot_col[chosen[rows]].to(v.device)].T
+            resid[rows.to(v.device), lo:hi] = w.T
+        return Canaries(defense.d, dense=(span + resid) / math.sqrt(2.0),
+                        parts={"embedding": span, "residual": resid})
+
+    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+        extra = shared.extra
+        bases, groups, emb = extra["gep.bases"], extra["gep.groups"], extra["gep.embedding"]
+        flat = flatten(shared.grads, extra["gep.param_order"])
+        lifted = torch.zeros_like(flat)
+        anchors = torch.zeros(canaries.dense.shape[0], device=flat.device)
+        start = 0
+        for (lo, hi), v in zip(groups, bases):
+            lifted[lo:hi] = v @ emb[start:start + v.shape[1]]
+            anchors += canaries.energy_in(lo, hi, v)
+            start += v.shape[1]
+        score = canaries.parts["embedding"] @ lifted / extra["gep.noise_std_embedding"]
+        if extra["gep.noise_std_residual"] > 0:  # B-GEP releases no residual
+            score = score + canaries.parts["residual"] @ (flat - lifted) / extra["gep.noise_std_residual"]
+        return {"projection": score, "anchors": anchors}

@@ -35,22 +35,22 @@ from defenses.base import DefenseParams
 from defenses.clipping import CLIP_FUNCTIONS, GroupClipping
 from defenses.dpsgd import DPSGD
 from defenses.registry import DEFENSES
-from harness.config import check_range
-from harness.errors import ConfigError
+from harness.core.params import param
+from harness.core.errors import ConfigError
 
 GROUPINGS = ("all", "layer", "param", "uniform:M", "[layer names]")
 
 
 @dataclass
 class GroupwiseParams(DefenseParams):
-    clip: float = 1.0                 # R: total per-sample bound; each of the M groups is clipped to R/√M
-    groups: str | list[str] = "all"   # all | layer | param | uniform:M | list of group-head layer names
-    clip_fn: str = "auto"             # auto: R_m/(‖g‖+0.01) (the paper's default) | abadi: min(1, R_m/‖g‖)
+    clip: float = param(1.0, "R: the total per-sample bound; each of the M groups is clipped to R/√M",
+                        low=0, low_open=True)
+    groups: str | list[str] = param("all", "`all`, `layer`, `param`, `uniform:M`, or a list of layer names "
+                                           "each starting a group")
+    clip_fn: str = param("auto", "`auto`: R_m/(‖g‖+0.01) (the paper's default); `abadi`: min(1, R_m/‖g‖)",
+                         choices=CLIP_FUNCTIONS)
 
     def validate(self) -> None:
-        check_range("defense.clip", self.clip, low=0, low_open=True)
-        if self.clip_fn not in CLIP_FUNCTIONS:
-            raise ConfigError(f"defense.clip_fn: must be one of {', '.join(CLIP_FUNCTIONS)}, got {self.clip_fn!r}")
         if isinstance(self.groups, list):
             if not self.groups:
                 raise ConfigError("defense.groups: an explicit list needs at least one layer name")

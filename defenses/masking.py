@@ -11,7 +11,7 @@ exactly ⌊r·d⌋ zeroed coordinates, drawn uniformly without replacement. It i
 Theorem 3.1). Subclasses only say what rate applies when (``scheduled_rate``).
 
 Choices where the papers are silent (tested, documented in docs/sparsification.md):
-- Masks come from their own generator, seeded from the noise generator's seed, and the noise is drawn
+- Masks come from their own random stream (``mask``), independent of the noise stream, and the noise is drawn
   over all d coordinates and then masked (as the reference code does). Hence r = 0 reproduces ``dpsgd``
   bit for bit, and changing r never changes which noise a kept coordinate gets.
 - ``refresh: k`` draws k masks per epoch, at steps ⌊j·S/k⌋ (S = steps per epoch, j = 0..k−1).
@@ -34,25 +34,24 @@ from typing import Any
 
 import torch
 
+from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
-from harness.config import check_range
-from harness.errors import ConfigError
-
-MASK_SEED_OFFSET = 7919  # the mask generator's seed = noise generator's seed + this (independent streams)
+from harness.core.canaries import Canaries, axis_canaries, pick
+from harness.core.params import param
+from harness.core.errors import ConfigError
 
 
 @dataclass
 class MaskedClipParams(DefenseParams):
-    clip: float | None = 1.0          # per-sample clipping norm C; null = no clipping (non-DP attack mode)
-    final_rate: float = 0.9           # r*: the fraction of coordinates zeroed at the end of the schedule
-    refresh: int = 1                  # masks drawn per epoch
-    noise_std: float | None = None    # only with clip=null: noise std on each kept coordinate of the release
+    clip: float | None = param(1.0, "per-sample clipping norm C of the masked gradient; null = no clipping "
+                                    "(the non-DP attack setting, ε = inf)", low=0, low_open=True)
+    final_rate: float = param(0.9, "r*: the fraction of coordinates zeroed at the end of the schedule",
+                              low=0, high=1, high_open=True)
+    refresh: int = param(1, "masks drawn per epoch", low=1)
+    noise_std: float | None = param(None, "only with `clip: null`: noise std on each kept coordinate of the "
+                                          "released average", low=0)
 
     def validate(self) -> None:
-        check_range("defense.clip", self.clip, low=0, low_open=True)
-        check_range("defense.final_rate", self.final_rate, low=0, high=1, high_open=True)
-        check_range("defense.refresh", self.refresh, low=1)
-        check_range("defense.noise_std", self.noise_std, low=0)
         if self.clip is None and self.noise_std is None:
             raise ConfigError("defense.noise_std: required when defense.clip is null (the non-DP attack "
                               "setting: fixed-std noise, no clipping); use 0 for no noise")
@@ -73,7 +72,7 @@ class MaskedDPSGD(Defense):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
-        self.mask_generator = torch.Generator().manual_seed(self.generator.initial_seed() + MASK_SEED_OFFSET)
+        self.mask_generator = self.streams.generator("mask")
         self.keep = torch.ones(self.d, dtype=torch.bool, device=self.device)  # flat; True = released
         self.rate = 0.0
         self.epoch, self.epochs, self.period = 0, 1, 0
@@ -154,7 +153,7 @@ class MaskedDPSGD(Defense):
             flat_noise = torch.cat([full_noise[n].reshape(-1) for n in self.param_shapes])
             self.ranking_sum += flat_release + (~self.keep) * flat_noise / batch_size
         shared = SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size, mask=mask,
-                                extra={"rate": self.rate, "epoch": self.epoch, "period": self.period},
+                                extra={"epoch": self.epoch, "period": self.period}, rate=self.rate,
                                 mask_is_new=self.mask_is_new)
         self.reset()
         self.mask_is_new = False
@@ -167,6 +166,10 @@ class MaskedDPSGD(Defense):
         period = min(k - 1, self.step_in_epoch * k // steps)
         if period != self.period and self.step_in_epoch < steps:
             self._new_mask(period)
+
+    @classmethod
+    def audit_design(cls) -> CanaryDesign:
+        return MaskedDesign()
 
     # -- public state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -183,3 +186,37 @@ class MaskedDPSGD(Defense):
         self.mask_generator.set_state(state["mask_generator"])
         self.ranking_sum = state["ranking_sum"].to(self.device) if "ranking_sum" in state else None
         self.mask_is_new = True
+
+
+class MaskedDesign(CanaryDesign):
+    """RS / random freeze: at each step, axis canaries on coordinates the step's public mask keeps
+    (``kept``) or zeroes (``masked``). ``projection`` as for DP-SGD; ``mask``: how many of a canary's
+    coordinates of earlier steps the next step's public mask keeps (a data-dependent mask shows the canary
+    there; a ranked mask from noisy releases is post-processing, a random one carries nothing)."""
+
+    statistics = ("projection", "mask")
+    fixed_directions = False
+
+    def variants(self, defense: Defense) -> tuple[str, ...]:
+        return ("kept", "masked")
+
+    def _pool(self, defense: Defense, variant: str) -> torch.Tensor:
+        keep = defense.state_dict()["keep"]  # public, data-independent (or from noisy releases: ranked)
+        return torch.nonzero(keep if variant == "kept" else ~keep).flatten()
+
+    def capacity(self, defense: Defense, variant: str) -> int:
+        return len(self._pool(defense, variant))
+
+    def design(self, defense: Defense, variant: str, k: int, gen: torch.Generator,
+               previous: Canaries | None) -> Canaries:
+        canaries = axis_canaries(pick(self._pool(defense, variant), k, gen), defense.d, defense.device)
+        if previous is not None:
+            keep = defense.state_dict()["keep"].to(previous.coords.device)
+            canaries.carried = keep[previous.coords].float().sum(dim=1)
+        return canaries
+
+    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+        scores = super().score(defense, shared, canaries)
+        carried = canaries.carried
+        scores["mask"] = carried if carried is not None else torch.zeros_like(scores["projection"])
+        return scores

@@ -12,16 +12,13 @@ from dataclasses import dataclass
 
 from defenses.masking import MaskedClipParams, MaskedDPSGD
 from defenses.registry import DEFENSES
-from harness.config import check_range
+from harness.core.params import param
 
 
 @dataclass
 class RandomFreezeParams(MaskedClipParams):
-    ramp_epochs: int | None = None  # e*: epochs to reach the final rate; null = the training epochs
-
-    def validate(self) -> None:
-        super().validate()
-        check_range("defense.ramp_epochs", self.ramp_epochs, low=1)
+    ramp_epochs: int | None = param(None, "e* in r*·min(e/e*, 1): epochs to reach the final rate; null = the "
+                                          "training epochs", low=1)
 
 
 @DEFENSES.register("random-freeze", "random freeze: DP-SGD on a public random mask, rate r*·min(e/e*, 1)")

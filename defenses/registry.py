@@ -1,5 +1,5 @@
 """The defense registry (a module of its own so defense modules can import it without cycles)."""
 
-from harness.registry import Registry
+from harness.core.registry import Registry
 
 DEFENSES: Registry = Registry("defense")

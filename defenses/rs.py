@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from defenses.masking import MaskedClipParams, MaskedDPSGD
 from defenses.registry import DEFENSES
-from harness.errors import ConfigError
+from harness.core.params import param
 
 SCHEDULES = ("linear", "constant", "refresh")
 MASKS = ("random", "ranked")
@@ -23,15 +23,9 @@ MASKS = ("random", "ranked")
 
 @dataclass
 class RSParams(MaskedClipParams):
-    schedule: str = "linear"
-    mask: str = "random"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"defense.schedule: must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.mask not in MASKS:
-            raise ConfigError(f"defense.mask: must be one of {', '.join(MASKS)}, got {self.mask!r}")
+    schedule: str = param("linear", "`linear`: r*·e/(E−1) (gradual cooling); `constant`: r*; `refresh`: the "
+                                    "per-mask ramp", choices=SCHEDULES)
+    mask: str = param("random", "`random`; `ranked`: the paper's Appendix Algorithm 4", choices=MASKS)
 
 
 @DEFENSES.register("rs", "random sparsification: DP-SGD on a public random mask, gradual cooling to final_rate")

@@ -1,3 +1,4 @@
-"""dpeval harness: config, data, models, per-sample gradients, training, accounting, results."""
+"""dpeval's harness: the core layer (``harness.core``), the engine (``harness.engine``) and the application
+(cli, config, runner, store, sweep, leaderboard, report, audit). docs/architecture.md draws the layers."""
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The ``dpeval`` command line (DESIGN.md contract).
+"""The ``dpeval`` command line.
 
 Exit codes: 0 success; 2 bad usage / invalid config (one line naming the field, no traceback); 1 runtime
 failure (message and where the log is). ``--json`` prints exactly one JSON object on stdout; progress bars
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import click
 
 from harness import __version__
-from harness.errors import ConfigError, RunFailure
+from harness.core.errors import ConfigError, RunFailure
 
 DEFAULT_RESULTS = "./dpeval-results"
 
@@ -168,28 +168,30 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None, results: str, rerun: bool,
           fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
-    from harness import sweep as sw
     from harness.store import ResultStore
+    from harness.sweep import executors
+    from harness.sweep.driver import run_sweep
+    from harness.sweep.grid import describe, load_sweep, swept_fields
 
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    specs = sw.load_sweep(sweep_file)
+    specs = load_sweep(sweep_file)
     store = ResultStore(results)
     if dry_run:
         done = store.done_keys()
-        swept = sw.swept_fields(specs)
-        points = [{"run_key": s.run_key, "done": s.run_key in done, "point": sw.describe(s, swept)} for s in specs]
+        swept = swept_fields(specs)
+        points = [{"run_key": s.run_key, "done": s.run_key in done, "point": describe(s, swept)} for s in specs]
         emit(points, as_json, "\n".join(f"{'done   ' if p['done'] else 'pending'} {p['run_key']}  {p['point']}"
                                          for p in points))
         return
     setup_logging()
     if executor == "ray":
-        runner: sw.Executor = sw.RayExecutor(ray_address)
+        runner: executors.Executor = executors.RayExecutor(ray_address)
     elif workers > 1:
-        runner = sw.ProcessExecutor(workers)
+        runner = executors.ProcessExecutor(workers)
     else:
-        runner = sw.SequentialExecutor()
-    summary = sw.run_sweep(specs, store, runner, rerun=rerun, fail_fast=fail_fast, progress=not quiet,
+        runner = executors.SequentialExecutor()
+    summary = run_sweep(specs, store, runner, rerun=rerun, fail_fast=fail_fast, progress=not quiet,
                            wait_for_lock=wait_for_lock)
     data = dataclasses.asdict(summary)
     emit(data, as_json, f"sweep {sweep_file}: {summary.planned} runs planned, {summary.skipped} already done, "
@@ -218,7 +220,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
             epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
-    from harness.accounting import epsilon_for, noise_for, steps_for
+    from harness.core.accounting import epsilon_for, noise_for, steps_for
 
     if (epochs is None) == (steps is None):
         raise ConfigError("--epochs/--steps: give exactly one of them")
@@ -267,7 +269,8 @@ def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int |
           as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense's release: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
-    from harness.audit import AuditOptions, format_audit, run_audit
+    from harness.audit.driver import AuditOptions, run_audit
+    from harness.audit.format import format_audit
     from harness.config import build_spec
 
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
@@ -290,21 +293,33 @@ def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int |
 
 
 @main.command(name="list")
+@click.option("--params", "with_params", is_flag=True, help="also each defense's and attack's parameters")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def list_cmd(as_json: bool) -> None:
-    """Defenses, attacks, datasets and models, with one-line descriptions."""
+def list_cmd(with_params: bool, as_json: bool) -> None:
+    """Defenses, attacks, datasets and models, with one-line descriptions (and, with --params, every
+    defense and attack parameter: default, allowed values, meaning)."""
     from attacks import ATTACKS
     from defenses import DEFENSES
-    from harness.data import DATASETS
-    from harness.models import MODELS
+    from harness.core.datasets import DATASETS
+    from harness.core.models import MODELS
+    from harness.core.params import describe
 
-    data = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
-            "datasets": DATASETS.describe(), "models": MODELS.describe()}
+    data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
+                            "datasets": DATASETS.describe(), "models": MODELS.describe()}
+    params = {"defenses": {n: describe(DEFENSES.get(n).Params) for n in DEFENSES.names()},
+              "attacks": {n: describe(ATTACKS.get(n).Params) for n in ATTACKS.names()}}
+    if with_params:
+        data["parameters"] = params
     text = []
-    for section, items in data.items():
+    for section in ("defenses", "attacks", "datasets", "models"):
         text.append(f"{section}:")
-        text += [f"  {name:<16} {desc}" for name, desc in items.items()]
+        for name, desc in data[section].items():
+            text.append(f"  {name:<16} {desc}")
+            prefix = "defense" if section == "defenses" else "attack"
+            for row in params.get(section, {}).get(name, []) if with_params else []:
+                allowed = f" ({row['allowed']})" if row["allowed"] else ""
+                text.append(f"      {prefix}.{row['name']} = {row['default']!r}{allowed}: {row['help']}")
     emit(data, as_json, "\n".join(text))
 
 
@@ -339,7 +354,7 @@ def show(run_id: str, results: str, as_json: bool) -> None:
 @handle_errors
 def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str | None, descending: bool,
                 as_json: bool) -> None:
-    """One row per finished run (or seed group) with the DESIGN.md result keys and, per attack, whether
+    """One row per finished run (or seed group) with the result keys and, per attack, whether
     the configuration is on the utility–leakage Pareto front (pareto.<attack>)."""
     from harness import leaderboard as lb
     from harness.store import ResultStore

@@ -1,4 +1,4 @@
-"""Leaderboard rows from the results store: one row per ``done`` run with the DESIGN.md result keys.
+"""Leaderboard rows from the results store: one row per ``done`` run with the result keys of docs/results.md.
 
 ``group_seeds`` aggregates runs that differ only in their seed: metric columns (utility, leakage, comm,
 time) become the mean, with ``<column>.sem`` (standard error of the mean, sample std / √n) beside them,
@@ -37,7 +37,7 @@ def group_key(row: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _is_number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -52,7 +52,7 @@ def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         columns = {c for m in members for c in m}
         for col in sorted(columns - {"run_id", "run_key", "seed"}):
             values = [m.get(col) for m in members]
-            if col.startswith(METRIC_PREFIXES) and all(_is_number(v) for v in values):
+            if col.startswith(METRIC_PREFIXES) and all(is_number(v) for v in values):
                 agg[col] = statistics.fmean(values) if all(math.isfinite(v) for v in values) else values[0]
                 finite = [v for v in values if math.isfinite(v)]
                 agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) > 1 else 0.0
@@ -86,15 +86,25 @@ def write_csv(records: list[dict[str, Any]], handle: TextIO) -> None:
         writer.writerow([_cell(record.get(c)) for c in columns])
 
 
-# Leakage metric that ranks configurations per attack, and whether a higher value means more leakage.
-HEADLINE = (("psnr", True), ("auc", True), ("ssim", True), ("mse", False))
-
-
 def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
-    for metric, higher_leaks in HEADLINE:
-        if f"leakage.{attack}.{metric}" in record_keys:
-            return f"leakage.{attack}.{metric}", higher_leaks
-    return None
+    """The attack's declared headline column (``Attack.headline``) and whether higher means more leakage;
+    None when the attack is not registered or its records lack the column."""
+    from attacks import ATTACKS
+
+    if attack not in ATTACKS:
+        return None
+    cls = ATTACKS.get(attack)
+    column = f"leakage.{attack}.{cls.headline}"
+    return (column, cls.higher_leaks) if cls.headline and column in record_keys else None
+
+
+def headline_label(attack: str) -> str:
+    """The human name of an attack's headline metric with its direction, for axes and legends."""
+    from attacks import ATTACKS
+
+    cls = ATTACKS.get(attack)
+    label = cls.headline_label or f"leakage.{attack}.{cls.headline}"
+    return f"{label}, {'higher' if cls.higher_leaks else 'lower'} = more leakage"
 
 
 def attacks_in(records: list[dict[str, Any]]) -> list[str]:
@@ -113,7 +123,7 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
         points = []
         for r in records:
             acc, leak = r.get("utility.test_accuracy"), r.get(metric)
-            if _is_number(acc) and _is_number(leak):
+            if is_number(acc) and is_number(leak):
                 points.append((r, acc, leak if higher_leaks else -leak))
         for r, acc, leak in points:
             dominated = any(a >= acc and l <= leak and (a > acc or l < leak) for _, a, l in points)
@@ -122,13 +132,13 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
 
 def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -> list[dict[str, Any]]:
     if records and not any(column in r for r in records):
-        from harness.errors import ConfigError
+        from harness.core.errors import ConfigError
 
         raise ConfigError(f"--sort: no column {column!r}; columns: {', '.join(ordered_columns(records))}")
 
     present = [r for r in records if r.get(column) is not None]
     missing = [r for r in records if r.get(column) is None]
-    ordered = sorted(present, key=lambda r: (0, r[column], "") if _is_number(r[column]) else (1, 0, str(r[column])),
+    ordered = sorted(present, key=lambda r: (0, r[column], "") if is_number(r[column]) else (1, 0, str(r[column])),
                      reverse=descending)
     return ordered + missing  # rows without the column go last either way
 
@@ -154,7 +164,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         if isinstance(v, float):
             text = "inf" if v == math.inf else f"{v:.4g}"
             sem = r.get(f"{c}.sem")
-            return f"{text} ± {sem:.2g}" if grouped and _is_number(sem) and math.isfinite(v) else text
+            return f"{text} ± {sem:.2g}" if grouped and is_number(sem) and math.isfinite(v) else text
         if isinstance(v, bool):
             return "*" if v else ""
         return "" if v is None else str(v)

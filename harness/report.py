@@ -1,7 +1,8 @@
 """``dpeval report``: one self-contained HTML page (images embedded) with the plots a paper needs.
 
 Sections: the seed-grouped leaderboard; utility vs leakage per attack with the Pareto front; accuracy and
-leakage vs sparsification rate with error bars (the RS paper's Fig. 4/5 view); ROC curves (log-log) of
+leakage vs each swept defense parameter with error bars (e.g. the RS paper's Fig. 4/5 view over the
+sparsification rate); ROC curves (log-log) of
 membership attacks; reconstruction grids of gradient attacks. Every plot is also written as a PNG beside
 the HTML (``<stem>_<plot>.png``).
 
@@ -102,7 +103,7 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         if front:
             ax.plot([r[metric] for r in front], [r["utility.test_accuracy"] for r in front], "k--", lw=1,
                     label="Pareto front")
-        ax.set_xlabel(metric)
+        ax.set_xlabel(lb.headline_label(attack))
         ax.set_ylabel("test accuracy")
         ax.set_title(f"utility vs leakage: {attack}")
         ax.grid(alpha=0.3)
@@ -111,30 +112,44 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
     return plots
 
 
-def rate_trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
-    """Accuracy and each attack's headline leakage against defense.final_rate, one line per defense."""
-    rated = [r for r in records if isinstance(r.get("defense.final_rate"), float | int)]
-    if not rated:
-        return []
-    keys = {c for r in rated for c in r}
-    metrics = ["utility.test_accuracy"] + [h[0] for a in lb.attacks_in(rated) if (h := lb.headline(keys, a))]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        lines: dict[str, list] = defaultdict(list)
-        for r in rated:
-            if isinstance(r.get(metric), float | int):
-                group = f"{r.get('defense')} · {r.get('attack')}" if metric.startswith("leakage.") else str(r.get("defense"))
-                lines[group].append(r)
-        for name, rs in sorted(lines.items()):
-            rs.sort(key=lambda r: r["defense.final_rate"])
-            ax.errorbar([r["defense.final_rate"] for r in rs], [r[metric] for r in rs],
-                        yerr=[r.get(f"{metric}.sem", 0) for r in rs], marker="o", capsize=3, label=name)
-        ax.set_xlabel("final sparsification rate r*")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("trends over the sparsification rate (mean ± SEM over seeds)")
-    return [("Accuracy and leakage vs sparsification rate", _save(fig, out_dir, stem, "rate_trends"))]
+def swept_parameters(records: list[dict[str, Any]]) -> list[str]:
+    """Numeric ``defense.*`` columns whose value varies across the records: the swept knobs."""
+    keys = {c for r in records for c in r if c.startswith("defense.") and not c.endswith(".sem")}
+    swept = []
+    for column in sorted(keys):
+        values = [r.get(column) for r in records]
+        if all(lb.is_number(v) for v in values) and len(set(values)) > 1:
+            swept.append(column)
+    return swept
+
+
+def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+    """Accuracy and each attack's headline leakage against every swept defense parameter, one line per
+    defense (mean ± SEM over seeds)."""
+    plots = []
+    for param in swept_parameters(records):
+        rated = [r for r in records if lb.is_number(r.get(param))]
+        keys = {c for r in rated for c in r}
+        heads = [(a, h[0]) for a in lb.attacks_in(rated) if (h := lb.headline(keys, a))]
+        metrics = [("utility.test_accuracy", "test accuracy")] + [(m, lb.headline_label(a)) for a, m in heads]
+        fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
+        for ax, (metric, label) in zip(axes[0], metrics):
+            lines: dict[str, list] = defaultdict(list)
+            for r in rated:
+                if lb.is_number(r.get(metric)):
+                    lines[str(r.get("defense"))].append(r)
+            for name, rs in sorted(lines.items()):
+                rs.sort(key=lambda r: r[param])
+                ax.errorbar([r[param] for r in rs], [r[metric] for r in rs],
+                            yerr=[r.get(f"{metric}.sem", 0) for r in rs], marker="o", capsize=3, label=name)
+            ax.set_xlabel(param)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        name = param.split(".", 1)[1]
+        fig.suptitle(f"trends over {param} (mean ± SEM over seeds)")
+        plots.append((f"Accuracy and leakage vs {param}", _save(fig, out_dir, stem, f"trend_{name}")))
+    return plots
 
 
 def roc_curves(rows: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
@@ -190,7 +205,7 @@ def write_report(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
     stem = out.stem
     done = [r for r in rows if r["status"] == "done"]
     records = lb.leaderboard(done, seeds_grouped=True)
-    plots = utility_vs_leakage(records, out.parent, stem) + rate_trends(records, out.parent, stem) \
+    plots = utility_vs_leakage(records, out.parent, stem) + trends(records, out.parent, stem) \
         + roc_curves(done, out.parent, stem)
     pics = pictures(done)
     sections = [f"<h1>dpeval report</h1><p>{len(done)} finished runs in {len(records)} configurations "

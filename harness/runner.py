@@ -11,14 +11,12 @@ import copy
 import dataclasses
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -27,40 +25,19 @@ from attacks import ATTACKS
 from attacks.base import AttackContext
 from defenses import DEFENSES, Defense
 from harness import __version__
-from harness.accounting import default_delta, epsilon_for, noise_for
-from harness.book_keeping import check_lean
 from harness.config import RunSpec
-from harness.data import Task, load_task
-from harness.errors import ConfigError, RunFailure
-from harness.models import DEFAULT_MODELS, build_model
+from harness.core.accounting import default_delta, epsilon_for, noise_for
+from harness.core.datasets import load_task
+from harness.core.errors import ConfigError, RunFailure
+from harness.core.models import DEFAULT_MODELS, build_model
+from harness.core.runtime import resolve_device
+from harness.core.splits import Task
+from harness.core.streams import Streams, seed_globals
+from harness.engine.book_keeping import check_lean
+from harness.engine.training import BatchSampler, accuracy, train
 from harness.store import ResultStore
-from harness.training import BatchSampler, accuracy, train
 
 log = logging.getLogger("dpeval")
-
-# Independent random streams derived from the run seed, so e.g. changing the noise never changes the
-# batches drawn.
-STREAM_SAMPLER, STREAM_NOISE, STREAM_ATTACK = 1, 2, 3
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda requested but no CUDA device is available; use auto or cpu")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed * 1000 + stream)
-    return gen
 
 
 @dataclass
@@ -85,7 +62,9 @@ class Prepared:
     model: nn.Module
     sampler: BatchSampler
     privacy: PrivacyPlan
-    make_defense: Callable[..., Defense]
+    make_defense: Callable[..., Defense]   # make_defense(streams, bound_to=None)
+    build_model: Callable[[], nn.Module]
+    streams: Streams                       # the run's root streams
     device: torch.device
 
 
@@ -128,8 +107,14 @@ def prepare(spec: RunSpec) -> Prepared:
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
     model_name = spec.model.name or DEFAULT_MODELS[spec.data.name]
-    seed_everything(spec.seed)
-    model = build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
+    streams = Streams(spec.seed)
+    victim = streams.scope("victim")
+
+    def build() -> nn.Module:
+        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
+
+    with victim.torch_global("init"):
+        model = build()
     check_attacks(spec, model, task.shape)
     defense_cls = DEFENSES.get(spec.defense_name, field="defense")
     defense_cls.check_task(spec.defense, task)
@@ -139,17 +124,16 @@ def prepare(spec: RunSpec) -> Prepared:
     privacy = plan_privacy(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
-    def make_defense(stream: int = STREAM_NOISE, bound_to: nn.Module | None = None) -> Defense:
-        """A fresh defense as in training, on its own random stream, bound to ``bound_to`` (the victim
-        model by default)."""
-        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier,
-                              generator(spec.seed, stream, device), device)
+    def make_defense(defense_streams: Streams, bound_to: nn.Module | None = None) -> Defense:
+        """A fresh defense as in training, drawing from ``defense_streams``, bound to ``bound_to`` (the
+        victim model by default)."""
+        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier, defense_streams, device)
         defense.steps_per_epoch = n // spec.train.batch_size
         defense.bind(bound_to if bound_to is not None else model, task)
         return defense
 
-    sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, generator(spec.seed, STREAM_SAMPLER, torch.device("cpu")))
-    return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, device)
+    sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
+    return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
@@ -192,9 +176,9 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
     for name, attack in attacks_of(prep.spec):
         context = AttackContext(
             model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
-            task=prep.task, make_defense=lambda stream=STREAM_ATTACK, bound_to=None: prep.make_defense(stream, bound_to),
-            spec=prep.spec, accounted=prep.privacy,
-            seed=prep.spec.seed, out_dir=out_dir / name, device=prep.device,
+            task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model, spec=prep.spec,
+            accounted=prep.privacy, seed=prep.spec.seed, streams=prep.streams, out_dir=out_dir / name,
+            device=prep.device,
         )
         context.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
@@ -218,7 +202,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
     try:
         metrics = {"run_id": run_id, **base_metrics(prep)}
         log.info("run %s: %s", run_id, json_line(metrics))
-        seed_everything(spec.seed)
+        seed_globals(prep.streams)
         wanted = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
         defense_states: dict[str, Any] = {}
@@ -230,7 +214,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
                 states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
                 defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
 
-        defense = prep.make_defense()
+        defense = prep.make_defense(prep.streams.scope("victim"))
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
                        prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot)
         states["final"] = copy.deepcopy(prep.model.state_dict())
@@ -260,7 +244,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
 
 
 def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
-    """Run ``spec`` and record it; returns the flat result (DESIGN.md result keys)."""
+    """Run ``spec`` and record it; returns the flat result (the result keys of docs/results.md)."""
     prep = prepare(spec)
     run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)
@@ -283,3 +267,25 @@ def json_line(data: dict[str, Any]) -> str:
 def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a model state saved by a run (tensors only: ``weights_only=True`` refuses pickled code)."""
     return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
+    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments).
+
+    Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
+    ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
+    taken exactly as training would snapshot it (after ``begin_epoch(0)``).
+    """
+    prep = prepare(spec)
+    prep.model.to(prep.device).eval()
+    init = copy.deepcopy(prep.model.state_dict())
+    defense = prep.make_defense(prep.streams.scope("victim"))
+    defense.begin_epoch(0, spec.train.epochs)
+    state = copy.deepcopy(defense.state_dict())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return AttackContext(model=prep.model, states={"init": init, "final": init},
+                         defense_states={"init": state, "final": state}, trained_defense=defense,
+                         task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model,
+                         spec=spec, accounted=prep.privacy, seed=spec.seed, streams=prep.streams, out_dir=out,
+                         device=prep.device)

@@ -1,0 +1,32 @@
+"""The terminal view of an audit result: both numbers, the verdict, and one line per test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_audit(result: dict[str, Any]) -> str:
+    """The terminal view: both numbers, the verdict, and one line per test."""
+    r = result
+    head = (f"audit of {r['defense']} ({r['dataset']} / {r['model']}, seed {r['seed']}): "
+            f"{r['privacy.steps']} step(s) at sample rate 1, accounted σ = {r['privacy.accounted_noise_multiplier']:.4g} "
+            f"(the defense adds σ = {r['privacy.noise_multiplier']:.4g})")
+    numbers = (f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   "
+               f"δ = {r['privacy.delta']:.3g}   ({r['privacy.accountant']} accountant, "
+               f"{r['audit.confidence']:.0%} confidence)")
+    trials = (f"  statistic {r['audit.statistic']}; accountant's Gaussian μ = √T/σ = {r['privacy.mu']:.3f}; "
+              f"{r['audit.trials']} trials per neighbour "
+              f"(up to {r['audit.canaries']} canaries per release); {r['time.audit_s']:.1f} s")
+    lines = [head, numbers, trials]
+    for t in r["audit.tests"]:
+        lines.append(f"    {t['name']:<22} ε_LB {t['epsilon_lower_bound']:.3f}  TPR {t['tpr']:.4f} "
+                     f"[{t['tpr_ci'][0]:.4f}, {t['tpr_ci'][1]:.4f}]  FPR {t['fpr']:.4f} "
+                     f"[{t['fpr_ci'][0]:.4f}, {t['fpr_ci'][1]:.4f}]  μ̂ {t['separation']:.3f}  ({t['canaries']} canaries × "
+                     f"{t['releases']} releases)")
+    for variant in r["audit.skipped"]:
+        lines.append(f"    {variant + '/*':<22} skipped: no such coordinates at an audited step")
+    if r["audit.passed"]:
+        lines.append("  PASS: ε_LB ≤ ε")
+    else:
+        lines.append("  FAIL: ε_LB > ε: the release leaks more than the accountant's ε allows")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""The settings of a run other than the defense's and the attacks' own parameters, declared once.
+
+Each field carries its default, allowed values and help text (``harness.core.params.param``): validation,
+``dpeval list`` and the tables of docs/configuration.md all read them from here. The run's assembly
+(``harness.config.RunSpec``) nests these dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.core.params import Params, param
+
+DEFAULT_EPSILON = 3.0
+
+
+@dataclass
+class SyntheticConfig(Params):
+    """Shape, classes and size of the synthetic dataset (class prototypes plus noise)."""
+
+    shape: list[int] = param(factory=lambda: [1, 8, 8], help="`synthetic`: C, H, W")
+    classes: int = param(10, "`synthetic`: number of classes", low=2)
+    size: int = param(1000, "`synthetic`: number of examples (at least `classes`)", low=1)
+
+
+@dataclass
+class DataConfig(Params):
+    """Which dataset to load and how its roles (private train pool, test, public) are split."""
+
+    name: str = param("digits", "dataset (flag `--dataset`); `dpeval list` shows them")
+    root: str = param("./data", "torchvision datasets' folder, or the class-folder root for `imagefolder`")
+    download: bool = param(False, "let torchvision download into `data.root` (needs network)")
+    split_seed: int = param(0, "the split permutation; independent of `seed`, so the member population is "
+                               "fixed across training seeds", low=0, high=2**63, high_open=True)
+    test_fraction: float = param(0.2, "held-out test share, for datasets without an official test split",
+                                 low=0, high=1, high_open=True)
+    public_fraction: float = param(0.1, "public/auxiliary share carved from the training source",
+                                   low=0, high=1, high_open=True)
+    max_train: int = param(0, "cap on the private pool (0 = all); smaller caps are prefixes of larger ones",
+                           low=0)
+    image_size: int = param(32, "`imagefolder`: resize the shorter side, centre-crop to this square", low=4)
+    synthetic: SyntheticConfig = param(factory=SyntheticConfig, help="the synthetic dataset")
+
+
+@dataclass
+class ModelConfig(Params):
+    """Model registry name; ``None`` means the dataset's default model."""
+
+    name: str | None = param(None, "model (flag `--model`); null = the dataset's default model")
+
+
+@dataclass
+class PrivacyConfig(Params):
+    """Target privacy, or a fixed noise multiplier whose ε is reported.
+
+    One of ``epsilon`` / ``noise_multiplier`` drives a DP run: with ``epsilon`` σ is calibrated, with
+    ``noise_multiplier`` the ε of that σ is reported. Neither given: ε = 3. ``delta: null`` applies the
+    rule in ``harness.core.accounting``.
+    """
+
+    epsilon: float | None = param(None, "target ε: σ is calibrated so the accounted ε ≤ target (within "
+                                        "0.5%); 3 when `noise_multiplier` is not given", low=0, low_open=True)
+    delta: float | None = param(None, "target δ; null = min(1e-5, 1/(2N))", low=0, high=1, low_open=True,
+                                high_open=True)
+    noise_multiplier: float | None = param(None, "fixed σ whose ε is reported; exclusive with `epsilon`",
+                                           low=0, low_open=True)
+    accountant: str = param("rdp", "Opacus accountant", choices=("rdp", "prv"))
+
+    def validate(self) -> None:
+        from harness.core.errors import ConfigError
+
+        if self.epsilon is not None and self.noise_multiplier is not None:
+            raise ConfigError("privacy.noise_multiplier: give either privacy.epsilon (σ is calibrated) or "
+                              "privacy.noise_multiplier (its ε is reported), not both")
+
+
+@dataclass
+class TrainConfig(Params):
+    """Victim training. Defaults are tuned for the embedded digits data (see docs/configuration.md):
+    Adam at lr 0.01 serves both DP-SGD (≈0.91 test accuracy at ε = 3) and the non-private baseline (≈0.97);
+    the papers' SGD recipes are in configs/."""
+
+    epochs: int = param(20, "training epochs (flag `--epochs`)", low=1)
+    batch_size: int = param(128, "logical batch size B (at most the private pool); q = B/N", low=1)
+    physical_batch_size: int = param(256, "micro-batch for per-sample gradients (bounds memory, never "
+                                          "changes results)", low=1)
+    optimizer: str = param("adam", "optimizer", choices=("sgd", "adam"))
+    lr: float = param(0.01, "learning rate", low=0, low_open=True)
+    momentum: float = param(0.0, "SGD momentum (SGD only)", low=0, high=1, high_open=True)
+    weight_decay: float = param(0.0, "L2 weight decay", low=0)
+    lr_schedule: str = param("constant", "`cosine`: anneal to 0 over all steps; `step`: ×0.1 at 50% and "
+                                         "75% of the steps", choices=("constant", "cosine", "step"))
+    sampling: str = param("poisson", "`poisson`: each example joins each batch with probability q (what "
+                                     "the accountant assumes); `shuffle`: a permutation per epoch cut into "
+                                     "⌊N/B⌋ batches of exactly B (the papers' convention)",
+                          choices=("poisson", "shuffle"))
+    engine: str = param("auto", "per-sample engine: `func` materialises per-sample gradients (torch.func); "
+                                "`lean` forms clipped sums during backprop (book-keeping); `auto` = `lean` "
+                                "where the defense and model allow it", choices=("auto", "func", "lean"))

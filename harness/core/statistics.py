@@ -1,0 +1,99 @@
+"""Small pure statistics functions shared by membership metrics and the canary audit.
+
+ε lower bound (Kairouz et al. 2015; Jagielski et al. 2020): an (ε, δ)-DP mechanism forces every test that
+tells two neighbouring inputs apart to satisfy TPR ≤ e^ε·FPR + δ and 1 − FPR ≤ e^ε·(1 − TPR) + δ, so
+    ε ≥ max( ln((TPR − δ)/FPR), ln((1 − FPR − δ)/(1 − TPR)) ).
+To claim it with confidence 1 − α, TPR is replaced by its Clopper–Pearson lower bound and FPR by its upper
+bound (each one-sided at α/2). The threshold is chosen on one half of the scored trials and the bound is
+evaluated on the other half, so the threshold is not selected on the data it is judged on. Nothing
+provable → 0. Which game the trials come from (and so what the bound means) is the caller's to state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+MAX_THRESHOLDS = 1024  # candidate thresholds (quantiles of the choosing half)
+
+
+def clopper_pearson(successes: int, trials: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Two-sided (1 − α) Clopper–Pearson interval for a binomial proportion."""
+    if trials == 0:
+        return 0.0, 1.0
+    lo = 0.0 if successes == 0 else float(stats.beta.ppf(alpha / 2, successes, trials - successes + 1))
+    hi = 1.0 if successes == trials else float(stats.beta.ppf(1 - alpha / 2, successes + 1, trials - successes))
+    return lo, hi
+
+
+def epsilon_from_rates(tpr_lo: float, fpr_hi: float, delta: float) -> float:
+    """max(ln((TPR−δ)/FPR), ln((1−FPR−δ)/(1−TPR))) with the bounds plugged in; 0 when nothing holds."""
+    candidates = [0.0]
+    if tpr_lo - delta > 0 and fpr_hi > 0:
+        candidates.append(math.log((tpr_lo - delta) / fpr_hi))
+    if 1 - fpr_hi - delta > 0 and 1 - tpr_lo > 0:
+        candidates.append(math.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
+    return max(candidates)
+
+
+def bound_at(scores: np.ndarray, labels: np.ndarray, threshold: float, delta: float, alpha: float) -> float:
+    """ε lower bound of the test ``score >= threshold`` (and its complement), rates bounded by
+    Clopper–Pearson at level ``alpha``; ``labels`` is a boolean membership array."""
+    positives, negatives = labels.sum(), (~labels).sum()
+    tp = int((scores[labels] >= threshold).sum())
+    fp = int((scores[~labels] >= threshold).sum())
+    tpr_lo, _ = clopper_pearson(tp, int(positives), alpha)
+    _, fpr_hi = clopper_pearson(fp, int(negatives), alpha)
+    return epsilon_from_rates(tpr_lo, fpr_hi, delta)
+
+
+def epsilon_lower_bound(scores: np.ndarray, labels: np.ndarray, delta: float, rng: np.random.Generator,
+                        alpha: float = 0.05) -> float:
+    """Threshold chosen on a random half (drawn from ``rng``, maximising the bound there), bound evaluated
+    on the other half."""
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    order = rng.permutation(len(scores))
+    choose, judge = order[: len(order) // 2], order[len(order) // 2:]
+    candidates = np.unique(scores[choose])
+    if len(candidates) > 512:  # quantiles are enough to find a good threshold
+        candidates = np.unique(np.quantile(scores[choose], np.linspace(0, 1, 512)))
+    best = max(candidates, key=lambda t: bound_at(scores[choose], labels[choose], t, delta, alpha), default=None)
+    if best is None:
+        return 0.0
+    return bound_at(scores[judge], labels[judge], best, delta, alpha)
+
+
+def rates_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> tuple[int, int, int, int]:
+    """(true positives, members, false positives, non-members) of the test ``score >= threshold``."""
+    hit = scores >= threshold
+    return int((hit & labels).sum()), int(labels.sum()), int((hit & ~labels).sum()), int((~labels).sum())
+
+
+def split_bound(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: float) -> dict[str, Any]:
+    """Pick the threshold maximising the bound on the first half of the releases (rows), evaluate it on
+    the second half. ``epsilon_from_rates`` covers both directions of the test (score ≥ t and score < t)."""
+    half = scores.shape[0] // 2
+    choose_s, choose_l = scores[:half].ravel(), labels[:half].ravel()
+    judge_s, judge_l = scores[half:].ravel(), labels[half:].ravel()
+    candidates = np.unique(np.quantile(choose_s, np.linspace(0, 1, MAX_THRESHOLDS)))
+    threshold = float(max(candidates, key=lambda t: bound_at(choose_s, choose_l, t, delta, alpha)))
+    tp, pos, fp, neg = rates_at(judge_s, judge_l, threshold)
+    return {
+        "epsilon_lower_bound": bound_at(judge_s, judge_l, threshold, delta, alpha),
+        "threshold": threshold,
+        "tpr": tp / max(pos, 1), "fpr": fp / max(neg, 1),
+        "tpr_ci": clopper_pearson(tp, pos, alpha), "fpr_ci": clopper_pearson(fp, neg, alpha),
+    }
+
+
+def separation(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Standardised mean shift μ̂ of the scores: for the projection statistic of a Gaussian mechanism it
+    estimates the mechanism's μ (= √T/σ at full sensitivity), so μ̂ ≈ √T/σ shows the canary is worst case."""
+    shift = float(scores[labels].mean() - scores[~labels].mean())
+    spread = float(scores[~labels].std())
+    if spread == 0:
+        return 0.0 if shift == 0 else math.copysign(math.inf, shift)
+    return shift / spread

@@ -1,0 +1,137 @@
+"""Training K models like the victim at once (shadow / reference models of membership attacks).
+
+Each model i trains on its own pool of example indices into (x, y), with its own defense instance and its
+own random streams (``scopes[i]``: initialisation and batch sampling; its defense draws noise and masks
+from the streams it was built with), by the same recipe as the victim: architecture, defense, σ, batch
+size, epochs, optimizer, schedule and sampling.
+
+- **Vectorised** (``train_shadows``): the K models' parameters are stacked
+  (``torch.func.stack_module_state``) and per-sample gradients of all models come from one
+  vmap-over-models of vmap-over-samples. Each model's batch is padded to the largest batch of the step;
+  then each model's real rows go through that model's own defense instance (``clip_and_accumulate`` /
+  ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
+  element, so stacking does not couple them).
+- **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
+  reference path, and the path for defenses that keep their model (``Defense.needs_model``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, stack_module_state, vmap
+from tqdm import tqdm
+
+from defenses.base import Defense
+from harness.core.settings import TrainConfig
+from harness.core.streams import Streams
+from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
+
+
+def fresh_models(build: Callable[[], nn.Module], scopes: list[Streams]) -> list[nn.Module]:
+    """One model per scope, each initialised from its own ``init`` stream."""
+    models = []
+    for streams in scopes:
+        with streams.torch_global("init"):
+            models.append(build())
+    return models
+
+
+def train_shadows_sequential(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
+                             pools: list[torch.Tensor], make_defense: Callable[[int, nn.Module], Defense],
+                             cfg: TrainConfig, scopes: list[Streams], device: torch.device,
+                             progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
+    """Reference path: the normal training loop, one model after another. ``make_defense(i, model)``
+    binds model i's defense to its own model (needed by defenses that keep it, e.g. GEP)."""
+    states = []
+    models = fresh_models(build, scopes)
+    for i, model in enumerate(tqdm(models, desc="shadows (sequential)", disable=progress is False, leave=False)):
+        idx = pools[i]
+        sampler = BatchSampler(len(idx), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
+        defense = make_defense(i, model)
+        defense.steps_per_epoch = sampler.steps_per_epoch
+        train(model, _Split(x[idx], y[idx]), _Split(x[:0], y[:0]), defense, cfg, sampler, device, progress=False)
+        states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
+    return states
+
+
+@dataclass
+class _Split:
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
+                  make_defense: Callable[[int], Defense], cfg: TrainConfig, scopes: list[Streams],
+                  device: torch.device, progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
+    """Train the K shadow models together (see the module docstring); returns their state dicts."""
+    k = len(pools)
+    models = fresh_models(build, scopes)
+    base = copy.deepcopy(models[0]).to("meta")
+    params, buffers = stack_module_state([m.to(device) for m in models])
+    names = list(params)
+    buffers = {n: b.detach() for n, b in buffers.items()}
+
+    def loss_one(p, b, xi, yi):
+        return F.cross_entropy(functional_call(base, (p, b), (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    per_model = vmap(vmap(grad(loss_one), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
+
+    samplers = [BatchSampler(len(pool), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
+                for i, pool in enumerate(pools)]
+    defenses = []
+    for i in range(k):
+        defense = make_defense(i)
+        defense.steps_per_epoch = samplers[i].steps_per_epoch
+        defenses.append(defense)
+    holder = nn.Module()
+    for n in names:  # an optimizer needs leaf tensors; it steps all K models at once
+        holder.register_parameter(n.replace(".", "__"), nn.Parameter(params[n].detach().clone()))
+    leaf = {n: holder.get_parameter(n.replace(".", "__")) for n in names}
+    optimizer = make_optimizer(holder, cfg)
+    steps_per_epoch = min(s.steps_per_epoch for s in samplers)
+    schedule = make_schedule(optimizer, cfg, cfg.epochs * steps_per_epoch)
+    x_all, y_all = x.to(device), y.to(device)
+    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=f"shadow models ×{k}", unit="step",
+               disable=progress is False, leave=False)
+    for epoch in range(cfg.epochs):
+        for defense in defenses:
+            defense.begin_epoch(epoch, cfg.epochs)
+        batches = [s.epoch() for s in samplers]
+        for step in range(steps_per_epoch):
+            chosen = [pools[i][batches[i][step]] for i in range(k)]
+            width = max(len(c) for c in chosen)
+            for start in range(0, max(width, 1), cfg.physical_batch_size):
+                rows = [c[start:start + cfg.physical_batch_size] for c in chosen]
+                size = max(len(r) for r in rows)
+                if size == 0:
+                    continue
+                padded = torch.stack([torch.cat([r, r.new_zeros(size - len(r))]) for r in rows]).to(device)
+                current = {n: leaf[n].detach() for n in names}
+                # contiguous: slicing vmap's strided output per model is otherwise very slow
+                grads = {n: g.contiguous() for n, g in per_model(current, buffers, x_all[padded], y_all[padded]).items()}
+                for i, r in enumerate(rows):
+                    if len(r):
+                        defenses[i].clip_and_accumulate({n: g[i, :len(r)] for n, g in grads.items()})
+            releases = [d.release(cfg.batch_size) for d in defenses]
+            for n in names:
+                leaf[n].grad = torch.stack([rel.grads[n] for rel in releases]).to(leaf[n].dtype)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if schedule is not None:
+                schedule.step()
+            bar.update(1)
+    bar.close()
+    buffer_names = list(buffers)
+    return [{**{n: leaf[n].detach()[i].clone() for n in names}, **{b: buffers[b][i].clone() for b in buffer_names}}
+            for i in range(k)]
+
+

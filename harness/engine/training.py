@@ -1,0 +1,163 @@
+"""The victim training loop: batch sampling, per-sample gradients, the defense's release, optimizer step.
+
+Every step goes through the defense per micro-batch and ``Defense.release``; the released
+``SharedGradient`` becomes ``p.grad`` and the optimizer steps on it, so the model only ever learns from what
+the defense shares. Per micro-batch, one of two engines (``train.engine``) feeds the defense:
+
+- ``func``: materialised per-sample gradients (torch.func) into ``clip_and_accumulate`` — every defense;
+- ``lean``: book-keeping (``harness/engine/book_keeping.py``) forms the clipped sum during backprop and hands it
+  to ``accumulate_clipped`` — defenses whose transform is group-wise clipping (dpsgd, groupwise); the same
+  release to float rounding, with less memory and time. ``auto`` picks ``lean`` where it applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from defenses.base import Defense
+from harness.engine.book_keeping import BookKeeping, select_engine
+from harness.engine.release import apply_release
+from harness.core.settings import TrainConfig
+from harness.core.splits import Split
+from harness.core.per_sample import PerSampleGradients, micro_batches
+
+log = logging.getLogger("dpeval")
+
+
+@dataclass
+class BatchSampler:
+    """Logical batches of indices into a pool of ``n`` examples.
+
+    ``poisson``: each example joins each batch independently with probability q = B/n (what the
+    accountant assumes); batch sizes vary and may be empty. ``shuffle``: a fresh permutation per epoch cut
+    into ⌊n/B⌋ batches of exactly B (the partition convention of several papers; the remainder is
+    dropped). Both give ⌊n/B⌋ steps per epoch.
+    """
+
+    n: int
+    batch_size: int
+    mode: str
+    generator: torch.Generator
+
+    @property
+    def sample_rate(self) -> float:
+        return self.batch_size / self.n
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.n // self.batch_size
+
+    def epoch(self) -> list[torch.Tensor]:
+        if self.mode == "poisson":
+            return [torch.nonzero(torch.rand(self.n, generator=self.generator) < self.sample_rate).flatten()
+                    for _ in range(self.steps_per_epoch)]
+        order = torch.randperm(self.n, generator=self.generator)
+        return [order[i * self.batch_size:(i + 1) * self.batch_size] for i in range(self.steps_per_epoch)]
+
+
+@dataclass
+class TrainResult:
+    history: list[dict[str, float]] = field(default_factory=list)  # one entry per epoch
+    steps: int = 0
+    train_s: float = 0.0
+    density: float = 1.0           # mean fraction of released coordinates per step
+    bytes_sparse: float = 0.0      # mean bytes per released gradient, sparse encoding
+    bytes_dense: float = 0.0       # bytes per released gradient, dense float32
+    engine: str = "func"           # the per-sample engine used (train.engine resolved)
+
+
+def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``feed(x, y)``: add one micro-batch to the defense's running sum with the chosen engine."""
+    if engine == "lean":
+        book_keeping = BookKeeping(model, defense.clipping())
+        return lambda x, y: defense.accumulate_clipped(book_keeping(x, y), x.shape[0])
+    psg = PerSampleGradients(model)
+    return lambda x, y: defense.clip_and_accumulate(psg(x, y))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
+    """``constant``; ``cosine`` annealing to 0 over all steps; ``step``: ×0.1 at 50% and 75% of training."""
+    if cfg.lr_schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1))
+    if cfg.lr_schedule == "step":
+        marks = [int(total_steps * 0.5), int(total_steps * 0.75)]
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=marks, gamma=0.1)
+    return None
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, split: Split, device: torch.device, batch: int = 1024) -> float:
+    if len(split) == 0:
+        return math.nan
+    correct = 0
+    for start in range(0, len(split), batch):
+        x = split.x[start:start + batch].to(device)
+        y = split.y[start:start + batch].to(device)
+        correct += int((model(x).argmax(dim=1) == y).sum())
+    return correct / len(split)
+
+
+def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
+          sampler: BatchSampler, device: torch.device, progress: bool = True,
+          on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None) -> TrainResult:
+    """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``.
+
+    ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
+    the weights and public defense state an attack targets)."""
+    model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
+    result = TrainResult(engine=select_engine(cfg.engine, model, defense))
+    log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
+    feed = clipped_sum_feeder(result.engine, model, defense)
+    optimizer = make_optimizer(model, cfg)
+    total_steps = cfg.epochs * sampler.steps_per_epoch
+    schedule = make_schedule(optimizer, cfg, total_steps)
+    params = dict(model.named_parameters())
+    x_all, y_all = train_split.x.to(device), train_split.y.to(device)
+    densities: list[float] = []
+    sparse_bytes: list[int] = []
+    start = time.perf_counter()
+    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, leave=False)
+    for epoch in range(cfg.epochs):
+        defense.begin_epoch(epoch, cfg.epochs)
+        if on_epoch_start is not None:
+            on_epoch_start(epoch, model, defense)
+        for batch in sampler.epoch():
+            batch = batch.to(device)
+            for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
+                feed(xb, yb)
+            shared = defense.release(sampler.batch_size)
+            apply_release(params, shared)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if schedule is not None:
+                schedule.step()
+            densities.append(shared.density)
+            sparse_bytes.append(shared.bytes_sparse())
+            result.bytes_dense = shared.bytes_dense()
+            result.steps += 1
+            bar.update(1)
+        test_acc = accuracy(model, test_split, device)
+        result.history.append({"epoch": epoch, "test_accuracy": test_acc})
+        bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_acc:.3f}")
+        log.info("epoch %d/%d test accuracy %.4f", epoch + 1, cfg.epochs, test_acc)
+    bar.close()
+    result.train_s = time.perf_counter() - start
+    if densities:
+        result.density = sum(densities) / len(densities)
+        result.bytes_sparse = sum(sparse_bytes) / len(sparse_bytes)
+    return result

@@ -1,0 +1,138 @@
+"""Sweep executors: run grid points in this process, in local worker processes, or on Ray.
+
+A job is (run spec, run id, run folder); workers return the flat result and never write the store (the
+driver does).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.config import RunSpec, build_spec
+from harness.core.errors import ConfigError
+
+
+
+def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, threads: int = 0) -> dict[str, Any]:
+    """Execute one grid point in this process (also the body of worker processes)."""
+    import torch
+
+    from harness.runner import perform, prepare
+
+    if threads:
+        torch.set_num_threads(threads)
+    spec = build_spec(canonical)
+    return perform(prepare(spec), run_id, Path(run_dir), progress=False)
+
+
+def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Ray task: run in a scratch folder, send the result and the artefact files back to the driver."""
+    scratch = Path(tempfile.mkdtemp(prefix="dpeval-ray-"))
+    try:
+        metrics = run_job(canonical, run_id, str(scratch))
+        files = {str(p.relative_to(scratch)): p.read_bytes() for p in scratch.rglob("*") if p.is_file()}
+        return metrics, files
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Executor:
+    """Runs grid points. ``dispatch(spec) -> job`` records a point as running right before it starts;
+    ``on_result(job, metrics | None, error | None)`` records its outcome and returns True to stop."""
+
+    def run(self, specs: list[RunSpec], dispatch: Callable, on_result: Callable) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+class SequentialExecutor(Executor):
+    def run(self, specs, dispatch, on_result):
+        for spec in specs:
+            job = dispatch(spec)
+            _, run_id, run_dir = job
+            try:
+                metrics = run_job(spec.canonical(), run_id, str(run_dir))
+            except Exception as exc:  # recorded; the sweep goes on unless fail-fast
+                stop = on_result(job, None, f"{type(exc).__name__}: {exc}")
+            else:
+                stop = on_result(job, metrics, None)
+            if stop:
+                return
+
+
+class ProcessExecutor(Executor):
+    """``workers`` processes (spawned: fork and torch threads do not mix), torch threads split evenly."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.threads = max(1, (os.cpu_count() or 1) // workers)
+
+    def run(self, specs, dispatch, on_result):
+        queue = list(specs)
+        pending: dict[Future, tuple] = {}
+        stop = False
+        with ProcessPoolExecutor(self.workers, mp_context=get_context("spawn")) as pool:
+            while (queue and not stop) or pending:
+                while queue and not stop and len(pending) < self.workers:
+                    job = dispatch(queue.pop(0))
+                    spec, run_id, run_dir = job
+                    pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.threads)] = job
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job = pending.pop(future)
+                    try:
+                        metrics = future.result()
+                    except Exception as exc:
+                        stop = on_result(job, None, f"{type(exc).__name__}: {exc}") or stop
+                    else:
+                        stop = on_result(job, metrics, None) or stop
+
+
+class RayExecutor(Executor):
+    """One Ray task per run; results (and artefact files) come back to the driver, which alone writes."""
+
+    def __init__(self, address: str | None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor: ray is not installed; pip install 'dpeval[distributed]'") from None
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self.remote = ray.remote(_ray_job)
+
+    def run(self, specs, dispatch, on_result):
+        refs = {}
+        for spec in specs:
+            job = dispatch(spec)
+            refs[self.remote.remote(spec.canonical(), job[1])] = job
+        while refs:
+            ready, _ = self.ray.wait(list(refs), num_returns=1)
+            job = refs.pop(ready[0])
+            try:
+                metrics, files = self.ray.get(ready[0])
+            except Exception as exc:
+                stop = on_result(job, None, f"{type(exc).__name__}: {exc}")
+            else:
+                for rel, data in files.items():
+                    target = job[2] / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                stop = on_result(job, metrics, None)
+            if stop:
+                for ref in refs:
+                    self.ray.cancel(ref)
+                return
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()

@@ -1,0 +1,125 @@
+"""Sweep grids: a base run plus a grid of values, expanded into validated run specs.
+
+Sweep file = a run configuration in which any field given as a list is swept (cartesian product), plus
+``seeds: [..]``. Fields that are lists by nature (``attacks``, ``data.synthetic.shape``, list-typed
+defense or attack parameters) are swept only when given as a list of lists: ``attacks: [ig, rgap]`` is
+one run with both attacks, ``attacks: [[ig], [rgap]]`` two runs. Every grid point is validated before
+any run starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import typing
+from pathlib import Path
+from typing import Any, Iterator
+
+from harness.config import RunSpec, build_spec, load_yaml
+from harness.core.errors import ConfigError
+
+NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Expansion
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{path}.")
+        else:
+            yield path, value
+
+
+def _is_list_typed(path: str, raw: dict[str, Any]) -> bool:
+    """Whether ``path`` is a field whose single value is itself a list."""
+    if path in NATURAL_LISTS:
+        return True
+    section, _, name = path.partition(".")
+    if section not in ("defense", "attack") or not name or "." in name:
+        return False
+    from attacks import ATTACKS
+    from defenses import DEFENSES
+
+    if section == "defense":
+        names = raw.get("defense", {}).get("name", "dpsgd")
+        classes = [DEFENSES.get(n, field="defense") for n in (names if isinstance(names, list) else [names])]
+    else:
+        names = raw.get("attacks", [])
+        names = [n for group in names for n in (group if isinstance(group, list) else [group])]
+        classes = [ATTACKS.get(n, field="attack") for n in names if n != "none"]
+    for cls in classes:
+        hints = typing.get_type_hints(cls.Params)
+        tp = hints.get(name)
+        if tp is not None and (typing.get_origin(tp) is list or list in typing.get_args(tp)):
+            return True
+    return False
+
+
+def expand(raw: dict[str, Any], where: str = "sweep") -> list[dict[str, Any]]:
+    """All grid points of a sweep file, as raw run configurations (one per point and seed)."""
+    raw = copy.deepcopy(raw)
+    if isinstance(raw.get("defense"), str):
+        raw["defense"] = {"name": raw["defense"]}
+    seeds = raw.pop("seeds", None)
+    if seeds is not None:
+        if "seed" in raw:
+            raise ConfigError(f"{where}: seeds: give either seed or seeds, not both")
+        if not isinstance(seeds, list) or not seeds:
+            raise ConfigError(f"{where}: seeds: must be a non-empty list of integers, got {seeds!r}")
+        raw["seed"] = seeds
+    axes: list[tuple[str, list[Any]]] = []
+    for path, value in _flatten(raw):
+        if not isinstance(value, list):
+            continue
+        if _is_list_typed(path, raw) and not (value and all(isinstance(v, list) for v in value)):
+            continue  # a single list value, not an axis
+        if not value:
+            raise ConfigError(f"{where}: {path}: empty list; a swept field needs at least one value")
+        axes.append((path, value))
+    points = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        point = copy.deepcopy(raw)
+        for (path, _), value in zip(axes, combo):
+            node = point
+            *parents, leaf = path.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        points.append(point)
+    return points
+
+
+def load_sweep(path: str | Path) -> list[RunSpec]:
+    """Read, expand and validate a sweep file; duplicate grid points (same run key) are merged."""
+    raw = load_yaml(path)
+    if not raw:
+        raise ConfigError(f"{path}: empty sweep file")
+    specs: dict[str, RunSpec] = {}
+    for point in expand(raw, where=str(path)):
+        try:
+            spec = build_spec(point)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        specs.setdefault(spec.run_key, spec)
+    return list(specs.values())
+
+
+def describe(spec: RunSpec, swept: list[str]) -> str:
+    canonical = spec.canonical()
+    parts = []
+    for path in swept:
+        node: Any = canonical
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        parts.append(f"{path.split('.')[-1]}={node}")
+    return " ".join(parts)
+
+
+def swept_fields(specs: list[RunSpec]) -> list[str]:
+    flat = [dict(_flatten(s.canonical())) for s in specs]
+    keys = sorted({k for f in flat for k in f})
+    return [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]

@@ -1,0 +1,234 @@
+"""The CLI as a user meets it: the CLI contract, exit codes, the store, the leaderboard CSV."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.store import ResultStore
+
+QUICK = ["--epochs", "2", "--set", "train.batch_size=64", "--quiet"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def run_json(results, *args):
+    result = invoke("run", *args, "--results", results, "--json", *QUICK)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+REQUIRED_KEYS = [
+    "run_id", "run_key", "status", "dataset", "model", "defense", "attack", "seed", "defense.clip",
+    "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.sample_rate", "privacy.steps",
+    "privacy.accountant", "utility.test_accuracy", "utility.train_accuracy",
+    "comm.density", "comm.bytes_sparse", "comm.bytes_dense", "time.train_s", "time.attack_s",
+]
+
+
+def test_run_json_has_the_result_keys(tmp_path):
+    m = run_json(tmp_path, "--defense", "dpsgd", "--attack", "none", "--epsilon", "2")
+    for key in REQUIRED_KEYS:
+        assert key in m, key
+    assert m["status"] == "done" and m["attack"] == "none" and m["dataset"] == "digits"
+    assert m["privacy.epsilon"] <= 2.0 and m["privacy.epsilon"] >= 0.98 * 2.0
+    assert m["privacy.noise_multiplier"] > 0
+    assert m["comm.density"] == 1.0 and m["comm.bytes_sparse"] == m["comm.bytes_dense"]
+    row = ResultStore(tmp_path).get(m["run_id"])
+    assert row["status"] == "done" and row["metrics"]["run_key"] == m["run_key"]
+    run_dir = tmp_path / "runs" / m["run_id"]
+    for name in ("config.yaml", "metrics.json", "log.txt", "model.pt"):
+        assert (run_dir / name).is_file(), name
+
+
+def test_no_defense_reports_infinite_epsilon(tmp_path):
+    m = run_json(tmp_path, "--defense", "none")
+    assert m["privacy.epsilon"] == math.inf and m["privacy.noise_multiplier"] == 0
+
+
+def test_same_seed_same_metrics(tmp_path):
+    a = run_json(tmp_path, "--seed", "5")
+    b = run_json(tmp_path, "--seed", "5")
+    c = run_json(tmp_path, "--seed", "6")
+    volatile = {"run_id", "time.train_s", "time.attack_s"}
+    assert {k: v for k, v in a.items() if k not in volatile} == {k: v for k, v in b.items() if k not in volatile}
+    assert a["utility.test_accuracy_by_epoch"] != c["utility.test_accuracy_by_epoch"]  # the seed matters
+    assert a["run_key"] == b["run_key"] != c["run_key"]
+
+
+def test_leaderboard_csv(tmp_path):
+    run_json(tmp_path, "--seed", "1")
+    run_json(tmp_path, "--seed", "2", "--defense", "none")
+    out = tmp_path / "board.csv"
+    result = invoke("leaderboard", "--results", tmp_path, "--out", out)
+    assert result.exit_code == 0, result.output
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2
+    for key in REQUIRED_KEYS:
+        assert key in rows[0], key
+    assert {r["defense"] for r in rows} == {"dpsgd", "none"}
+    assert "inf" in {r["privacy.epsilon"] for r in rows}
+    table = invoke("leaderboard", "--results", tmp_path)
+    assert "utility.test_accuracy" in table.output and len(table.output.strip().splitlines()) == 3
+
+
+def test_leaderboard_group_seeds(tmp_path):
+    accs = [run_json(tmp_path, "--seed", s)["utility.test_accuracy"] for s in ("1", "2")]
+    result = invoke("leaderboard", "--results", tmp_path, "--group-seeds", "--json")
+    (group,) = json.loads(result.stdout)
+    assert group["n"] == 2
+    assert group["utility.test_accuracy"] == pytest.approx(sum(accs) / 2)
+    assert group["utility.test_accuracy.sem"] == pytest.approx(abs(accs[0] - accs[1]) / 2)
+
+
+BAD_INPUTS = [
+    (["--defense", "nope"], "defense"),
+    (["--dataset", "nope"], "data.name"),
+    (["--model", "nope"], "model.name"),
+    (["--epsilon", "-1"], "privacy.epsilon"),
+    (["--delta", "1"], "privacy.delta"),
+    (["--set", "train.epochs=0"], "train.epochs"),
+    (["--set", "nope=1"], "nope"),
+    (["--set", "train.batch_size=100000"], "train.batch_size"),
+    (["--attack", "nope"], "attack"),
+    (["--dataset", "cifar10", "--set", "data.root=/nonexistent/dpeval-data"], "data.root"),
+]
+
+
+@pytest.mark.parametrize("args,field", BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, field):
+    results = tmp_path / "results"
+    result = CliRunner().invoke(main, ["run", *args, "--results", str(results)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert field in lines[0] and "Traceback" not in result.output
+    assert not results.exists()
+
+
+def test_missing_dataset_folder_says_where_and_how(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--dataset", "cifar10", "--set", f"data.root={tmp_path}/d",
+                                       "--results", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert str(tmp_path / "d") in result.stderr and "data.download" in result.stderr
+
+
+def test_unknown_attack_lists_registered(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--attack", "nope", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "choose one of" in result.stderr
+
+
+def test_malformed_yaml_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {epochs: 2\n")
+    result = CliRunner().invoke(main, ["run", "--config", str(bad), "--results", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "malformed YAML" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_file_and_set_precedence(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("defense: none\ntrain:\n  epochs: 1\n  batch_size: 64\nseed: 3\n")
+    result = invoke("run", "--config", cfg, "--set", "seed=4", "--results", tmp_path, "--json", "--quiet")
+    m = json.loads(result.stdout)
+    assert m["defense"] == "none" and m["seed"] == 4 and m["privacy.steps"] == m["data.train_size"] // 64
+
+
+def test_runtime_failure_exits_1_and_records_failed(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr("harness.runner.train", broken)
+    result = CliRunner().invoke(main, ["run", "--results", str(tmp_path), "--quiet"])
+    assert result.exit_code == 1
+    assert "simulated crash" in result.stderr and "log.txt" in result.stderr
+    (row,) = ResultStore(tmp_path).rows()
+    assert row["status"] == "failed" and "simulated crash" in row["error"]
+
+
+def test_interrupt_leaves_failed_not_done(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("harness.runner.train", interrupted)
+    result = CliRunner().invoke(main, ["run", "--results", str(tmp_path), "--quiet"])
+    assert result.exit_code == 130
+    (row,) = ResultStore(tmp_path).rows()
+    assert row["status"] == "failed" and row["error"] == "interrupted"
+
+
+def test_privacy_command_matches_opacus():
+    from opacus.accountants.utils import get_noise_multiplier
+
+    result = invoke("privacy", "--epsilon", 3, "--delta", 1e-5, "--sample-rate", 0.02, "--epochs", 40, "--json")
+    data = json.loads(result.stdout)
+    expected = get_noise_multiplier(target_epsilon=3, target_delta=1e-5, sample_rate=0.02, epochs=40, accountant="rdp")
+    assert data["noise_multiplier"] == pytest.approx(expected, rel=0.01)
+    assert data["steps"] == 2000 and 2.94 <= data["epsilon"] <= 3.0
+    text = invoke("privacy", "--epsilon", 3, "--delta", 1e-5, "--sample-rate", 0.02, "--epochs", 40)
+    assert f"{data['noise_multiplier']:.6g}" in text.output
+    back = invoke("privacy", "--noise-multiplier", data["noise_multiplier"], "--delta", 1e-5,
+                  "--sample-rate", 0.02, "--steps", 2000, "--json")
+    assert json.loads(back.stdout)["epsilon"] == pytest.approx(data["epsilon"])
+
+
+@pytest.mark.parametrize("args", [["--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.02"],
+                                  ["--epsilon", "-3", "--delta", "1e-5", "--sample-rate", "0.02", "--epochs", "4"],
+                                  ["--epsilon", "3", "--delta", "2", "--sample-rate", "0.02", "--epochs", "4"]])
+def test_privacy_bad_input(args):
+    result = CliRunner().invoke(main, ["privacy", *args])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_list_names_everything():
+    data = json.loads(invoke("list", "--json").stdout)
+    assert {"none", "dpsgd"} <= set(data["defenses"])
+    assert "digits" in data["datasets"] and "dpcnn" in data["models"]
+    assert "none" in data["attacks"]
+
+
+def test_show(tmp_path):
+    m = run_json(tmp_path, "--defense", "none")
+    shown = json.loads(invoke("show", m["run_id"][:22], "--results", tmp_path, "--json").stdout)
+    assert shown["run_id"] == m["run_id"] and shown["metrics"]["utility.test_accuracy"] == m["utility.test_accuracy"]
+    missing = CliRunner().invoke(main, ["show", "nope", "--results", str(tmp_path)])
+    assert missing.exit_code == 2
+
+
+def test_json_stdout_is_exactly_one_object(tmp_path):
+    """In a real process: progress and logs on stderr, one JSON object on stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--defense", "none", "--epochs", "1", "--results",
+         str(tmp_path), "--json"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    obj = json.loads(proc.stdout)
+    assert isinstance(obj, dict) and obj["status"] == "done"
+    assert proc.stdout.strip().count("\n") == 0
+
+
+def test_acceptance_default_dpsgd_run(tmp_path):
+    """Issue 'done when': the default DP-SGD run at ε = 3 on digits prints accuracy, ε, δ, σ; ε ≤ 3 within 2%."""
+    result = invoke("run", "--defense", "dpsgd", "--attack", "none", "--epsilon", "3", "--results", tmp_path, "--quiet")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for label in ("test accuracy", "ε =", "δ =", "σ ="):
+        assert label in text, label
+    (row,) = ResultStore(tmp_path).rows()
+    m = row["metrics"]
+    assert 0.98 * 3 <= m["privacy.epsilon"] <= 3
+    assert f"{m['utility.test_accuracy']:.4f}" in text and f"{m['privacy.epsilon']:.3f}" in text
+    assert m["utility.test_accuracy"] >= 0.85
+
+
+def test_acceptance_no_defense_accuracy(tmp_path):
+    m = json.loads(invoke("run", "--defense", "none", "--results", tmp_path, "--quiet", "--json").stdout)
+    assert m["utility.test_accuracy"] >= 0.95

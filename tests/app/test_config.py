@@ -1,0 +1,149 @@
+"""RunSpec validation, canonical form and run key."""
+
+import pytest
+
+from harness.config import build_spec, load_yaml, parse_set, set_dotted
+from harness.core.settings import DEFAULT_EPSILON
+from harness.core.errors import ConfigError
+
+
+def spec_from(**sets):
+    raw = {}
+    for key, value in sets.items():
+        set_dotted(raw, key.replace("__", "."), value)
+    return build_spec(raw)
+
+
+def test_defaults():
+    spec = build_spec({})
+    assert spec.defense_name == "dpsgd"
+    assert spec.defense.clip == 1.0
+    assert spec.data.name == "digits"
+    assert spec.privacy.epsilon == DEFAULT_EPSILON
+    assert spec.attacks == []
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("privacy.epsilon", -1, "privacy.epsilon"),
+    ("privacy.epsilon", 0, "privacy.epsilon"),
+    ("privacy.delta", 1, "privacy.delta"),
+    ("privacy.delta", 0, "privacy.delta"),
+    ("train.epochs", 0, "train.epochs"),
+    ("train.batch_size", 0, "train.batch_size"),
+    ("train.physical_batch_size", 0, "train.physical_batch_size"),
+    ("train.lr", -0.1, "train.lr"),
+    ("train.momentum", 1.0, "train.momentum"),
+    ("train.optimizer", "rmsprop", "train.optimizer"),
+    ("train.sampling", "random", "train.sampling"),
+    ("train.epochs", "ten", "train.epochs"),
+    ("train.epochs", 2.5, "train.epochs"),
+    ("data.download", "yes", "data.download"),
+    ("privacy.accountant", "gdp", "privacy.accountant"),
+    ("device", "tpu", "device"),
+    ("defense.clip", 0, "defense.clip"),
+    ("nope", 1, "nope"),
+    ("train.nope", 1, "train.nope"),
+    ("defense.final_rate", 0.5, "defense.final_rate"),
+    ("defense.name", "nope", "defense"),
+    ("attacks", ["nope"], "attack"),
+])
+def test_invalid_values_name_the_field(key, value, field):
+    raw = {}
+    set_dotted(raw, key, value)
+    with pytest.raises(ConfigError) as info:
+        build_spec(raw)
+    message = str(info.value)
+    assert message.startswith(field), message
+    assert "\n" not in message
+
+
+def test_unknown_key_lists_valid_ones():
+    with pytest.raises(ConfigError, match="valid keys here: epochs, batch_size"):
+        spec_from(train__epoch=3)
+
+
+def test_unknown_defense_lists_registered():
+    with pytest.raises(ConfigError, match="dpsgd") as info:
+        spec_from(defense__name="nope")
+    assert "none" in str(info.value)
+
+
+def test_epsilon_and_noise_multiplier_are_exclusive():
+    with pytest.raises(ConfigError, match="privacy.noise_multiplier"):
+        spec_from(privacy__epsilon=1.0, privacy__noise_multiplier=1.0)
+    spec = spec_from(privacy__noise_multiplier=1.0)
+    assert spec.privacy.epsilon is None
+
+
+def test_attack_none_means_no_attack():
+    assert spec_from(attacks=["none"]).attacks == []
+
+
+def test_run_key_is_stable_and_sensitive():
+    a, b = build_spec({}), build_spec({})
+    assert a.run_key == b.run_key and len(a.run_key) == 16
+    assert spec_from(seed=1).run_key != a.run_key
+    assert spec_from(defense__clip=0.5).run_key != a.run_key
+    assert spec_from(device="cpu").run_key == a.run_key  # where it runs is not what it is
+    # Explicitly giving a default changes nothing.
+    assert spec_from(train__epochs=a.train.epochs).run_key == a.run_key
+
+
+def test_parse_set_uses_yaml_scalars():
+    assert parse_set(["a.b=1", "c=0.5", "d=true", "e=null", "f=[1, 2]", "g=text"]) == [
+        ("a.b", 1), ("c", 0.5), ("d", True), ("e", None), ("f", [1, 2]), ("g", "text")]
+    with pytest.raises(ConfigError, match="--set"):
+        parse_set(["novalue"])
+
+
+def test_ints_accepted_for_floats():
+    assert spec_from(train__lr=1).train.lr == 1.0
+
+
+def test_yaml_loading(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("train:\n  epochs: 2\ndefense:\n  name: dpsgd\n  clip: 0.5\n")
+    spec = build_spec(load_yaml(good))
+    assert spec.train.epochs == 2 and spec.defense.clip == 0.5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [epochs: 2\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_yaml(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_yaml(tmp_path / "missing.yaml")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_yaml(scalar)
+
+
+def test_yaml_cannot_construct_objects(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("seed: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_yaml(evil)
+
+
+def test_exponent_floats_from_yaml_and_set(tmp_path):
+    spec = build_spec({"train": {"lr": "1e-3"}})
+    assert spec.train.lr == 0.001
+    (key, value), = parse_set(["train.lr=5e-3"])
+    raw = {}
+    set_dotted(raw, key, value)
+    assert build_spec(raw).train.lr == 0.005
+    with pytest.raises(ConfigError, match="train.lr"):
+        build_spec({"train": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match="train.lr"):
+        build_spec({"train": {"lr": "inf"}})
+
+
+def test_defense_that_needs_public_data_fails_before_the_run(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    results = tmp_path / "r"
+    result = CliRunner().invoke(main, ["run", "--defense", "gep", "--set", "data.public_fraction=0",
+                                       "--results", str(results)])
+    assert result.exit_code == 2 and "data.public_fraction" in result.stderr
+    assert not results.exists()

@@ -1,0 +1,202 @@
+"""Sweeps: grid expansion, validation before any run, resumption, failures, workers, the lock, Ray, kill -9."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.config import build_spec
+from harness.core.errors import ConfigError
+from harness.store import ResultStore
+from harness.sweep import driver, executors
+from harness.sweep import grid as sw
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+QUICK_TRAIN = {"epochs": 1, "batch_size": 256}
+
+
+def write(tmp_path, data, name="sweep.yaml"):
+    import yaml
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_expand_lists_and_seeds():
+    points = sw.expand({"defense": {"name": "rs", "final_rate": [0.0, 0.5, 0.9]}, "seeds": [1, 2],
+                        "attacks": ["none"], "train": QUICK_TRAIN})
+    assert len(points) == 6
+    assert {(p["defense"]["final_rate"], p["seed"]) for p in points} == {(r, s) for r in (0.0, 0.5, 0.9) for s in (1, 2)}
+    assert all(p["attacks"] == ["none"] for p in points)  # a natural list is one value, not an axis
+
+
+def test_list_of_lists_sweeps_a_list_field():
+    points = sw.expand({"data": {"name": "synthetic", "synthetic": {"shape": [[1, 8, 8], [1, 6, 6]]}}})
+    assert [p["data"]["synthetic"]["shape"] for p in points] == [[1, 8, 8], [1, 6, 6]]
+    single = sw.expand({"data": {"name": "synthetic", "synthetic": {"shape": [1, 8, 8]}}})
+    assert len(single) == 1
+
+
+def test_sweeping_defenses_with_shared_settings(tmp_path):
+    specs = sw.load_sweep(write(tmp_path, {"defense": {"name": ["dpsgd", "rs"]}, "train": QUICK_TRAIN}))
+    assert sorted(s.defense_name for s in specs) == ["dpsgd", "rs"]
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"train": {"epochz": [1, 2]}}, "train.epochz"),
+    ({"defense": {"name": "rs", "final_rate": []}}, "defense.final_rate"),
+    ({"train": {"epochs": [[1, 2]]}}, "train.epochs"),
+    ({"defense": {"name": "rs", "final_rate": [0.5, 1.5]}}, "defense.final_rate"),
+    ({"seeds": []}, "seeds"),
+    ({"seed": 1, "seeds": [1, 2]}, "seeds"),
+    ({"defense": {"name": ["dpsgd", "nope"]}}, "defense"),
+])
+def test_bad_sweep_files_exit_2_before_any_run(tmp_path, data, field):
+    path = write(tmp_path, data)
+    results = tmp_path / "results"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(results)])
+    assert result.exit_code == 2, result.output
+    assert field in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not results.exists()
+
+
+def test_canonical_round_trip_keeps_the_run_key(tmp_path):
+    for spec in sw.load_sweep(write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.3, 0.7]}, "seeds": [0, 3]})):
+        assert build_spec(spec.canonical()).run_key == spec.run_key
+
+
+def test_sweep_runs_resumes_and_reruns(tmp_path):
+    path = write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.0, 0.5]}, "train": QUICK_TRAIN})
+    results = str(tmp_path / "r")
+    first = CliRunner().invoke(main, ["sweep", str(path), "--results", results, "--json", "--quiet"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout) == {"planned": 2, "skipped": 0, "done": 2, "failed": 0, "failures": []}
+    again = json.loads(CliRunner().invoke(main, ["sweep", str(path), "--results", results, "--json", "--quiet"]).stdout)
+    assert again["skipped"] == 2 and again["done"] == 0
+    forced = json.loads(CliRunner().invoke(main, ["sweep", str(path), "--results", results, "--json", "--quiet",
+                                                  "--rerun"]).stdout)
+    assert forced["done"] == 2
+    rows = ResultStore(results).rows()
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"done"}
+    dry = CliRunner().invoke(main, ["sweep", str(path), "--results", results, "--dry-run", "--json"])
+    assert all(p["done"] for p in json.loads(dry.stdout))
+
+
+def test_failures_are_recorded_and_do_not_stop_the_sweep(tmp_path, monkeypatch):
+    real = executors.run_job
+
+    def flaky(canonical, run_id, run_dir, threads=0):
+        if canonical["seed"] == 1:
+            raise RuntimeError("simulated failure")
+        return real(canonical, run_id, run_dir, threads)
+
+    monkeypatch.setattr(executors, "run_job", flaky)
+    specs = sw.load_sweep(write(tmp_path, {"train": QUICK_TRAIN, "seeds": [0, 1, 2]}))
+    store = ResultStore(tmp_path / "r")
+    summary = driver.run_sweep(specs, store, executors.SequentialExecutor(), progress=False)
+    assert (summary.done, summary.failed) == (2, 1)
+    statuses = sorted((r["config"]["seed"], r["status"]) for r in store.rows())
+    assert statuses == [(0, "done"), (1, "failed"), (2, "done")]
+    assert "simulated failure" in store.rows(status="failed")[0]["error"]
+
+    store2 = ResultStore(tmp_path / "r2")
+    summary = driver.run_sweep(specs, store2, executors.SequentialExecutor(), progress=False, fail_fast=True)
+    assert summary.failed == 1 and summary.done == 1  # seed 0 done, seed 1 failed, seed 2 never started
+    assert len(store2.rows()) == 2 and not store2.rows(status="running")
+
+
+def test_cli_exit_code_1_when_runs_failed(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(executors, "run_job", broken)
+    path = write(tmp_path, {"train": QUICK_TRAIN})
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--quiet"])
+    assert result.exit_code == 1 and "boom" in result.stderr
+
+
+def test_second_sweep_on_the_same_results_refuses(tmp_path):
+    path = write(tmp_path, {"train": QUICK_TRAIN})
+    results = tmp_path / "r"
+    with driver.sweep_lock(results, wait_for_lock=False):
+        result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(results), "--quiet"])
+    assert result.exit_code == 1
+    assert "another dpeval sweep is running" in result.stderr
+    assert ResultStore(results).rows() == []
+
+
+def test_local_workers_keep_the_store_consistent(tmp_path):
+    path = write(tmp_path, {"train": QUICK_TRAIN, "seeds": [0, 1, 2]})
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--workers", "2",
+                                       "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = ResultStore(tmp_path / "r").rows()
+    assert sorted(r["config"]["seed"] for r in rows) == [0, 1, 2]
+    assert {r["status"] for r in rows} == {"done"}
+    for row in rows:
+        assert (tmp_path / "r" / "runs" / row["run_id"] / "metrics.json").is_file()
+
+
+def test_ray_executor_runs_a_small_sweep(tmp_path):
+    pytest.importorskip("ray", reason="the distributed extra (ray) is installed by `make test`")
+    path = write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.0, 0.5]}, "train": QUICK_TRAIN})
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--executor", "ray",
+                                       "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["done"] == 2
+    rows = ResultStore(tmp_path / "r").rows()
+    assert {r["status"] for r in rows} == {"done"}
+    for row in rows:  # artefacts written by the driver from what the Ray task sent back
+        assert (tmp_path / "r" / "runs" / row["run_id"] / "model.pt").is_file()
+
+
+def _done_rows(db):
+    if not db.exists():
+        return {}
+    conn = sqlite3.connect(db)
+    rows = dict(conn.execute("SELECT run_key, metrics_json FROM runs WHERE status='done'").fetchall())
+    conn.close()
+    return rows
+
+
+def test_kill_minus_9_then_resume(tmp_path):
+    """Kill the sweep process while runs are in flight; restarting finishes the grid with exactly one done
+    row per point, and runs completed before the kill keep their metrics."""
+    path = write(tmp_path, {"train": {"epochs": 3, "batch_size": 128}, "seeds": [0, 1, 2, 3]})
+    results = tmp_path / "r"
+    cmd = [sys.executable, "-m", "harness.cli", "sweep", str(path), "--results", str(results), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(_done_rows(results / "results.sqlite")) < 1:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _done_rows(results / "results.sqlite")
+    assert 1 <= len(before) < 4, "the kill must land mid-sweep"
+    finished = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    after = _done_rows(results / "results.sqlite")
+    keys = {s.run_key for s in sw.load_sweep(path)}
+    assert set(after) == keys  # one done row per grid point...
+    conn = sqlite3.connect(results / "results.sqlite")
+    per_key = dict(conn.execute("SELECT run_key, COUNT(*) FROM runs WHERE status='done' GROUP BY run_key").fetchall())
+    running = conn.execute("SELECT COUNT(*) FROM runs WHERE status='running'").fetchone()[0]
+    conn.close()
+    assert set(per_key.values()) == {1}  # ...and only one
+    assert running == 0  # the killed run's row was marked failed
+    for key, metrics in before.items():
+        assert after[key] == metrics
+
+
+def test_expand_rejects_lock_free_misuse():
+    with pytest.raises(ConfigError, match="seeds"):
+        sw.expand({"seeds": "0"})

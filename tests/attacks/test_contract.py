@@ -1,0 +1,42 @@
+"""The declared attack contract, checked over every registered attack: parameters declared, headline
+declared and reported, one end-to-end run with every attack at once on a small victim."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from attacks import ATTACKS
+from harness.config import build_spec
+from harness.runner import execute
+from harness.store import ResultStore
+
+NAMES = ATTACKS.names()
+SMALL = {"ig_iterations": 30, "shadows": 4, "batches": 2, "batch_size": 1}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declarations(name):
+    cls = ATTACKS.get(name)
+    assert cls.name == name
+    assert cls.headline, f"attack {name} declares no headline metric"
+    assert isinstance(cls.higher_leaks, bool)
+    for f in dataclasses.fields(cls.Params):
+        assert f.metadata.get("help"), f"attack {name}: parameter {f.name} has no help text"
+
+
+@pytest.fixture(scope="module")
+def every_attack(tmp_path_factory):
+    raw = {"attacks": NAMES, "train": {"epochs": 2}, "defense": {"name": "dpsgd"},
+           "attack": {k: v for k, v in SMALL.items()}, "data": {"max_train": 400}}
+    raw["attack"]["grad-mia"] = {"batch_size": 4}
+    spec = build_spec(raw)
+    return execute(spec, ResultStore(tmp_path_factory.mktemp("results")), progress=False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_headline_is_reported(every_attack, name):
+    value = every_attack[f"leakage.{name}.{ATTACKS.get(name).headline}"]
+    assert isinstance(value, float) and math.isfinite(value)

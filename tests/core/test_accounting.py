@@ -1,0 +1,95 @@
+"""Accounting checked against independent computations, not against itself."""
+
+import math
+
+import numpy as np
+import pytest
+from opacus.accountants.utils import get_noise_multiplier
+from scipy import special, stats
+
+from harness.core.accounting import default_delta, epsilon_for, noise_for, steps_for
+from harness.core.errors import ConfigError
+
+
+def independent_rdp_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
+    """ε of the subsampled Gaussian from first principles, integer orders only (an upper bound on what
+    fractional orders give): A_α = Σ_k C(α,k)(1-q)^(α-k) q^k exp((k²-k)/(2σ²)) (Mironov et al. 2019),
+    RDP(α) = T·log(A_α)/(α-1), converted with Balle et al. (2020):
+    ε = RDP + log((α-1)/α) - (log δ + log α)/(α-1)."""
+    best = math.inf
+    for alpha in range(2, 256):
+        k = np.arange(alpha + 1)
+        log_terms = (special.gammaln(alpha + 1) - special.gammaln(k + 1) - special.gammaln(alpha - k + 1)
+                     + (alpha - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2))
+        rdp = steps * special.logsumexp(log_terms) / (alpha - 1)
+        eps = rdp + math.log((alpha - 1) / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1)
+        best = min(best, eps)
+    return best
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.01, 1000), (1.5, 0.02, 2000), (3.5, 0.2, 120), (0.8, 0.05, 200)])
+def test_rdp_epsilon_matches_independent_computation(sigma, q, steps):
+    ours = epsilon_for(sigma, q, steps, 1e-5)
+    ref = independent_rdp_epsilon(sigma, q, steps, 1e-5)
+    # Opacus also uses fractional orders, so it may only be tighter, and only slightly.
+    assert ours <= ref + 1e-9
+    assert ours >= 0.97 * ref
+
+
+def test_single_gaussian_release_is_never_underestimated():
+    """q = 1, T = 1: the exact (ε, δ) curve of the Gaussian mechanism (Balle & Wang 2018) is
+    δ(ε) = Φ(1/(2σ) - εσ) - e^ε Φ(-1/(2σ) - εσ). Any sound accountant's ε must be at least the exact ε."""
+    sigma, delta = 2.0, 1e-5
+
+    def exact_delta(eps):
+        return stats.norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * stats.norm.cdf(-0.5 / sigma - eps * sigma)
+
+    lo, hi = 0.0, 20.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if exact_delta(mid) > delta else (lo, mid)
+    exact_eps = hi
+    for accountant in ("rdp", "prv"):
+        eps = epsilon_for(sigma, 1.0, 1, delta, accountant)
+        assert eps >= exact_eps * 0.999, accountant
+    assert epsilon_for(sigma, 1.0, 1, delta, "prv") == pytest.approx(exact_eps, rel=0.05)
+
+
+@pytest.mark.parametrize("eps", [1.0, 3.0, 8.0])
+def test_calibration_reaches_target_without_exceeding_it(eps):
+    q, steps, delta = 0.02, steps_for(40, 0.02), 1e-5
+    sigma = noise_for(eps, delta, q, steps)
+    spent = epsilon_for(sigma, q, steps, delta)
+    assert spent <= eps
+    assert spent >= 0.98 * eps
+    # Same σ as Opacus' own calibration entry point, up to its bracket width.
+    opacus_sigma = get_noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=q, epochs=40,
+                                        accountant="rdp", epsilon_tolerance=0.01)
+    assert sigma == pytest.approx(opacus_sigma, rel=0.02)
+
+
+def test_prv_calibration():
+    sigma = noise_for(3.0, 1e-5, 0.02, 2000, "prv")
+    assert 2.94 <= epsilon_for(sigma, 0.02, 2000, 1e-5, "prv") <= 3.0
+
+
+def test_delta_rule():
+    assert default_delta(1257) == 1e-5
+    assert default_delta(50_000) == 1e-5
+    assert default_delta(100_000) == pytest.approx(5e-6)
+    assert default_delta(100_000) < 1 / 100_000
+
+
+def test_steps_rule():
+    assert steps_for(40, 0.02) == 2000
+    assert steps_for(3, 256 / 1257) == 3 * 4
+
+
+@pytest.mark.parametrize("eps,delta,q,steps", [(-1, 1e-5, 0.1, 10), (1, 1.0, 0.1, 10), (1, 1e-5, 0, 10), (1, 1e-5, 0.1, 0)])
+def test_bad_inputs_raise_config_error(eps, delta, q, steps):
+    with pytest.raises(ConfigError):
+        noise_for(eps, delta, q, steps)
+
+
+def test_zero_noise_is_infinite_epsilon():
+    assert epsilon_for(0.0, 0.1, 10, 1e-5) == math.inf

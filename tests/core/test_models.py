@@ -1,0 +1,256 @@
+"""Tests for harness.core.models: architectures, shape checks, Normalize, per-sample gradient support."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from harness.core.errors import ConfigError
+from harness.core.models import DEFAULT_MODELS, MODELS, Normalize, build_model, num_params
+
+ALL = MODELS.names()
+EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn"}
+
+# Smallest cheap shape each model accepts; used by the per-sample gradient and seeding tests.
+SMALL_SHAPE = {
+    "dpcnn": (1, 8, 8),
+    "dpcnn-small": (1, 16, 16),
+    "cnn6": (3, 8, 8),
+    "cnn3": (1, 8, 8),
+    "fcn3": (1, 8, 8),
+    "mlp": (1, 8, 8),
+    "resnet20-gn": (3, 4, 4),
+}
+
+SHAPES = [(1, 8, 8), (3, 32, 32), (1, 28, 28), (2, 17, 13)]
+# dpcnn-small needs H, W >= 16; everything else takes all the shapes above.
+INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13))}
+
+
+def _stats(c: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple([0.5] * c), tuple([0.25] * c)
+
+
+def test_registered_names_and_descriptions() -> None:
+    assert set(ALL) == EXPECTED
+    for name, desc in MODELS.describe().items():
+        assert desc and "\n" not in desc, name
+    assert set(SMALL_SHAPE) == set(ALL)
+
+
+def test_default_models_are_registered() -> None:
+    assert DEFAULT_MODELS == {
+        "digits": "cnn3",
+        "synthetic": "mlp",
+        "mnist": "dpcnn-small",
+        "fashionmnist": "dpcnn-small",
+        "cifar10": "dpcnn",
+        "svhn": "dpcnn",
+        "imagefolder": "resnet20-gn",
+    }
+    assert all(m in MODELS for m in DEFAULT_MODELS.values())
+
+
+@pytest.mark.parametrize(
+    "name,shape,expected",
+    [
+        ("dpcnn", (3, 32, 32), 550_570),
+        ("dpcnn-small", (1, 28, 28), 26_010),
+        ("cnn6", (3, 32, 32), 154_266),
+    ],
+)
+def test_exact_param_counts(name: str, shape: tuple[int, int, int], expected: int) -> None:
+    net = MODELS.get(name)(shape, 10)
+    assert num_params(net) == expected
+    full = build_model(name, shape, 10, *_stats(shape[0]))
+    # Normalize contributes no parameters, so the wrapped model has the same count.
+    assert num_params(full[0], trainable_only=False) == 0
+    assert num_params(full) == expected
+
+
+def test_num_params_trainable_only() -> None:
+    net = MODELS.get("mlp")((1, 2, 2), 3)  # 4*128+128 + 128*3+3 = 1027
+    assert num_params(net) == 1027
+    net[1].weight.requires_grad_(False)
+    assert num_params(net) == 1027 - 512
+    assert num_params(net, trainable_only=False) == 1027
+
+
+def test_flatten_sizes_of_reference_architectures() -> None:
+    cnn3 = MODELS.get("cnn3")((1, 8, 8), 10)
+    assert cnn3[-1].in_features == 128  # 32 x 2 x 2
+    cnn6 = MODELS.get("cnn6")((3, 32, 32), 10)
+    assert cnn6[-1].in_features == 3200  # 128 x 5 x 5
+    fcn3 = MODELS.get("fcn3")((1, 28, 28), 10)
+    assert [m.out_features for m in fcn3 if isinstance(m, nn.Linear)] == [1000, 100, 10]
+    assert fcn3[1].in_features == 784
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("classes", [2, 10])
+def test_forward_shape(name: str, shape: tuple[int, int, int], classes: int) -> None:
+    if (name, shape) in INVALID:
+        with pytest.raises(ConfigError, match="model.name"):
+            build_model(name, shape, classes, *_stats(shape[0]))
+        return
+    model = build_model(name, shape, classes, *_stats(shape[0]))
+    with torch.no_grad():
+        out = model(torch.rand(3, *shape))
+    assert out.shape == (3, classes)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("dpcnn", (1, 4, 4)),
+        ("dpcnn", (3, 32, 7)),
+        ("dpcnn-small", (1, 15, 15)),
+        ("resnet20-gn", (3, 3, 3)),
+    ],
+)
+def test_too_small_input_raises_config_error(name: str, shape: tuple[int, int, int]) -> None:
+    with pytest.raises(ConfigError, match=r"model\.name.*" + name) as info:
+        build_model(name, shape, 10, *_stats(shape[0]))
+    msg = str(info.value)
+    assert "\n" not in msg and str(shape) in msg
+
+
+def test_minimum_sizes_are_exact() -> None:
+    # The reported minimum must itself be accepted, and one pixel less rejected.
+    MODELS.get("dpcnn-small")((1, 16, 16), 10)
+    with pytest.raises(ConfigError, match=">= 16"):
+        MODELS.get("dpcnn-small")((1, 15, 16), 10)
+    MODELS.get("dpcnn")((1, 8, 8), 10)
+    with pytest.raises(ConfigError, match=">= 8"):
+        MODELS.get("dpcnn")((1, 8, 7), 10)
+
+
+@pytest.mark.parametrize("shape,classes", [((3, 32), 10), ((0, 8, 8), 10), ((1, 8, 8), 0)])
+def test_bad_shape_or_classes_raise(shape: tuple[int, ...], classes: int) -> None:
+    with pytest.raises(ConfigError, match="model.name"):
+        MODELS.get("mlp")(shape, classes)  # type: ignore[arg-type]
+
+
+def test_unknown_model_lists_valid_names() -> None:
+    with pytest.raises(ConfigError, match="model.name") as info:
+        build_model("vgg99", (3, 32, 32), 10, *_stats(3))
+    for name in EXPECTED:
+        assert name in str(info.value)
+
+
+def test_normalize_math_and_buffers() -> None:
+    mean, std = (0.1, 0.5, 0.9), (0.2, 0.3, 0.4)
+    norm = Normalize(mean, std)
+    x = torch.rand(2, 3, 4, 5)
+    expected = torch.stack([(x[:, c] - mean[c]) / std[c] for c in range(3)], dim=1)
+    torch.testing.assert_close(norm(x), expected)
+    assert list(norm.parameters()) == []
+    assert {n for n, _ in norm.named_buffers()} == {"mean", "std"}
+    assert set(norm.state_dict()) == {"mean", "std"}
+
+
+def test_normalize_is_first_layer_of_built_model() -> None:
+    model = build_model("mlp", (2, 3, 3), 4, (0.5, 0.2), (0.5, 0.1))
+    assert isinstance(model, nn.Sequential) and isinstance(model[0], Normalize)
+    x = torch.rand(5, 2, 3, 3)
+    torch.testing.assert_close(model(x), model[1](model[0](x)))
+
+
+@pytest.mark.parametrize(
+    "mean,std",
+    [((0.5, 0.5), (0.2,)), ((), ()), ((0.5,), (0.0,))],
+    ids=["length", "empty", "zero-std"],
+)
+def test_normalize_rejects_bad_stats(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    with pytest.raises(ConfigError):
+        Normalize(mean, std)
+
+
+def test_build_model_rejects_stats_channel_mismatch() -> None:
+    with pytest.raises(ConfigError, match="channel"):
+        build_model("mlp", (1, 8, 8), 10, (0.5, 0.5, 0.5), (0.2, 0.2, 0.2))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_batchnorm(name: str) -> None:
+    model = build_model(name, (3, 32, 32), 10, *_stats(3))
+    bad = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm2d)
+    assert not any(isinstance(m, bad) for m in model.modules())
+    assert not any("BatchNorm" in type(m).__name__ for m in model.modules())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_per_sample_grads_match_loop(name: str) -> None:
+    shape = SMALL_SHAPE[name]
+    torch.manual_seed(0)
+    model = build_model(name, shape, 5, *_stats(shape[0]))
+    x, y = torch.rand(4, *shape), torch.tensor([0, 3, 1, 4])
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for i in range(4):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(
+                batched[k][i], p.grad, atol=1e-5, rtol=1e-4, msg=f"{name}:{k}"
+            )
+    # The samples differ, so their gradients must too (guards against a broadcast bug).
+    first = next(iter(batched))
+    assert not torch.allclose(batched[first][0], batched[first][1])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_same_seed_same_init(name: str) -> None:
+    shape = SMALL_SHAPE[name]
+
+    def weights(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        return build_model(name, shape, 10, *_stats(shape[0])).state_dict()
+
+    a, b, c = weights(1), weights(1), weights(2)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_opacus_accepts_models() -> None:
+    validator = pytest.importorskip("opacus.validators").ModuleValidator
+    for name in ALL:
+        shape = SMALL_SHAPE[name]
+        model = build_model(name, shape, 10, *_stats(shape[0]))
+        assert validator.validate(model, strict=False) == [], name
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", ALL)
+def test_opacus_grad_samples_match_loop(name: str) -> None:
+    grad_sample_module = pytest.importorskip("opacus").GradSampleModule
+    shape = SMALL_SHAPE[name]
+    torch.manual_seed(0)
+    model = build_model(name, shape, 5, *_stats(shape[0]))
+    x, y = torch.rand(4, *shape), torch.tensor([0, 3, 1, 4])
+    loop = []
+    for i in range(4):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        loop.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    model.zero_grad(set_to_none=True)
+    wrapped = grad_sample_module(model, loss_reduction="sum")
+    F.cross_entropy(wrapped(x), y, reduction="sum").backward()
+    for k, p in model.named_parameters():
+        assert p.grad_sample is not None, f"{name}:{k} has no Opacus grad_sample"
+        for i in range(4):
+            torch.testing.assert_close(
+                p.grad_sample[i], loop[i][k], atol=1e-5, rtol=1e-4, msg=f"{name}:{k}"
+            )

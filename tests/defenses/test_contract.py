@@ -1,0 +1,107 @@
+"""The declared defense contract, checked over every registered defense with its default parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from defenses import DEFENSES, Defense, SharedGradient
+from defenses.auditing import CanaryDesign
+from harness.config import build_spec
+from harness.core.per_sample import PerSampleGradients
+from harness.core.streams import Streams
+from harness.runner import prepare
+
+NAMES = DEFENSES.names()
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    out = {}
+    for name in NAMES:
+        spec = build_spec({"defense": {"name": name}, "train": {"epochs": 2, "batch_size": 64},
+                           "privacy": {"noise_multiplier": 1.0}})
+        out[name] = prepare(spec)
+    return out
+
+
+def release_of(prep, streams: Streams, batch: int = 16) -> tuple[Defense, SharedGradient]:
+    defense = prep.make_defense(streams)
+    defense.begin_epoch(1, prep.spec.train.epochs)
+    x, y = prep.task.train.x[:batch], prep.task.train.y[:batch]
+    defense.clip_and_accumulate(PerSampleGradients(prep.model)(x, y))
+    return defense, defense.release(prep.spec.train.batch_size)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_parameter_is_declared(name):
+    cls = DEFENSES.get(name)
+    assert cls.name == name
+    for f in dataclasses.fields(cls.Params):
+        assert f.metadata.get("help"), f"defense {name}: parameter {f.name} has no help text"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_release_shape_and_metadata(prepared, name):
+    prep = prepared[name]
+    defense, shared = release_of(prep, Streams(0).scope("victim"))
+    shapes = {n: p.shape for n, p in prep.model.named_parameters() if p.requires_grad}
+    assert {n: g.shape for n, g in shared.grads.items()} == shapes
+    assert all(torch.isfinite(g).all() for g in shared.grads.values())
+    assert 0 < shared.density <= 1
+    assert shared.rate is None or 0 <= shared.rate < 1
+    if type(defense).is_dp(prep.spec.defense):
+        assert shared.noise_std > 0  # σ = 1: a DP release carries noise
+        assert shared.batch_size == prep.spec.train.batch_size  # divides by the expected batch size
+    else:
+        assert shared.batch_size == 16  # the non-private mean is over the examples seen
+    assert defense.samples_seen == 0  # release resets the running sum
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_noise_comes_from_the_streams_given(prepared, name):
+    """Same streams → the same release bit for bit; other streams → other noise (DP defenses)."""
+    prep = prepared[name]
+    _, a = release_of(prep, Streams(3).scope("victim"))
+    _, b = release_of(prep, Streams(3).scope("victim"))
+    _, c = release_of(prep, Streams(4).scope("victim"))
+    assert all(torch.equal(a.grads[n], b.grads[n]) for n in a.grads)
+    if type(prepared[name].make_defense(Streams(0))).is_dp(prep.spec.defense):
+        assert any(not torch.equal(a.grads[n], c.grads[n]) for n in a.grads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_public_state_round_trip(prepared, name):
+    """A fresh defense loaded with another's public state releases the same thing from the same streams:
+    the state is all an attacker needs to replay a step."""
+    prep = prepared[name]
+    trained, _ = release_of(prep, Streams(5).scope("victim"))
+    state = trained.state_dict()
+    for value in state.values():
+        assert isinstance(value, (torch.Tensor, int, float, str, bool, list, dict, tuple, type(None)))
+    replay = [prep.make_defense(Streams(6).scope("replay")) for _ in range(2)]
+    releases = []
+    for d in replay:
+        d.begin_epoch(1, prep.spec.train.epochs)
+        d.load_state_dict(state)
+        x, y = prep.task.train.x[16:32], prep.task.train.y[16:32]
+        d.clip_and_accumulate(PerSampleGradients(prep.model)(x, y))
+        releases.append(d.release(prep.spec.train.batch_size))
+    assert all(torch.equal(releases[0].grads[n], releases[1].grads[n]) for n in releases[0].grads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declarations(prepared, name):
+    cls = DEFENSES.get(name)
+    assert isinstance(cls.needs_model, bool)
+    assert isinstance(cls.audit_design(), CanaryDesign)
+    params = prepared[name].spec.defense
+    sigma = cls.noise_for_accounted(1.0)
+    assert math.isfinite(sigma) and sigma >= 1.0  # a defense never adds less noise than it is accounted for
+    if cls.needs_model:
+        assert cls.bind is not Defense.bind  # it says it keeps the model, so it must take it
+    if not cls.is_dp(params):
+        assert prepared[name].privacy.epsilon == math.inf

@@ -1,0 +1,278 @@
+"""Random sparsification and random freeze: mask, clip-after-mask, noise, schedules, accounting, comm."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from defenses import DEFENSES
+from defenses.random_freeze import RandomFreezeParams
+from defenses.rs import RSParams
+from harness.config import build_spec
+from harness.core.errors import ConfigError
+from harness.core.params import from_dict
+from harness.core.streams import Streams, seed_globals
+from harness.runner import plan_privacy, prepare
+from harness.engine.training import train
+from tests.helpers import spec_for
+
+SHAPES = {"w": torch.Size([40, 25]), "b": torch.Size([37])}
+D = 40 * 25 + 37
+
+
+def make(name="rs", sigma=0.0, seed=0, steps_per_epoch=1, **params):
+    cls = DEFENSES.get(name)
+    defense = cls(cls.Params(**params), SHAPES, sigma, Streams(seed))
+    defense.steps_per_epoch = steps_per_epoch
+    return defense
+
+
+def flat(grads):
+    return torch.cat([grads[n].reshape(-1) for n in SHAPES])
+
+
+def random_grads(batch, scale=1.0):
+    return {n: torch.randn(batch, *s) * scale for n, s in SHAPES.items()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(rate=st.floats(min_value=0.0, max_value=0.999), seed=st.integers(0, 10_000))
+def test_release_has_exactly_floor_rd_zeros_at_the_mask(rate, seed):
+    defense = make(schedule="constant", final_rate=rate, seed=seed, sigma=1.0)
+    defense.begin_epoch(0, 5)
+    defense.clip_and_accumulate(random_grads(3))
+    shared = defense.release(3)
+    released = flat(shared.grads)
+    keep = flat(shared.mask)
+    assert int((~keep).sum()) == math.floor(rate * D)
+    assert torch.all(released[~keep] == 0)          # masked coordinates are exactly zero
+    assert torch.all(released[keep] != 0)           # kept ones carry signal + noise
+    assert shared.density == pytest.approx(1 - math.floor(rate * D) / D)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rate=st.floats(0.0, 0.95), clip=st.floats(0.01, 10.0), log_scale=st.floats(-3, 4), seed=st.integers(0, 999))
+def test_clip_after_mask_bounds_each_contribution(rate, clip, log_scale, seed):
+    """One sample per release, σ = 0: the release is that sample's contribution. Its norm over kept
+    coordinates is ≤ C, and when the *masked* gradient is already within C it is passed unchanged —
+    i.e. the clip norm is computed after masking, not on the full gradient."""
+    torch.manual_seed(seed)
+    defense = make(schedule="constant", final_rate=rate, clip=clip, seed=seed)
+    defense.begin_epoch(0, 1)
+    g = random_grads(1, scale=10**log_scale)
+    defense.clip_and_accumulate(g)
+    shared = defense.release(1)
+    released, keep = flat(shared.grads), flat(shared.mask)
+    masked = flat({n: v[0] for n, v in g.items()}) * keep
+    assert released.norm() <= clip * (1 + 1e-6)
+    if masked.norm() > clip:
+        assert released.norm() == pytest.approx(clip, rel=1e-4)
+    else:
+        torch.testing.assert_close(released, masked, rtol=1e-5, atol=1e-7)
+
+
+def test_clip_norm_is_over_kept_coordinates_not_the_full_gradient():
+    defense = make(schedule="constant", final_rate=0.5, clip=1.0)
+    defense.begin_epoch(0, 1)
+    keep = flat(defense._views(defense.keep))
+    g_flat = torch.where(keep, torch.full((D,), 0.01), torch.full((D,), 100.0))  # huge only where masked
+    g = {n: v.unsqueeze(0) for n, v in defense._views(g_flat).items()}
+    defense.clip_and_accumulate(g)
+    released = flat(defense.release(1).grads)
+    torch.testing.assert_close(released, g_flat * keep)  # masked norm < C: no clipping at all
+
+
+def test_noise_std_on_kept_and_zero_on_masked():
+    sigma, clip, batch = 1.7, 0.8, 32
+    shapes = {"w": torch.Size([200_000])}
+    cls = DEFENSES.get("rs")
+    defense = cls(RSParams(clip=clip, final_rate=0.6, schedule="constant"), shapes, sigma, Streams(1))
+    defense.begin_epoch(0, 1)
+    grads = {"w": torch.randn(batch, 200_000) * 0.001}
+    defense.clip_and_accumulate(grads)
+    keep = defense.keep
+    clipped_mean = (grads["w"] * keep).sum(0) / batch  # all norms < C: no clipping
+    shared = defense.release(batch)
+    noise = (shared.grads["w"] - clipped_mean).double()
+    assert torch.all(noise[~keep] == 0)
+    kept = noise[keep]
+    expected = sigma * clip / batch
+    assert shared.noise_std == pytest.approx(expected)
+    chi2 = float((kept**2).sum() / expected**2)
+    p_value = 2 * min(stats.chi2.cdf(chi2, kept.numel()), stats.chi2.sf(chi2, kept.numel()))
+    assert p_value > 1e-4
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 5, 10])
+def test_linear_schedule(epochs):
+    defense = make(final_rate=0.9)
+    rates = []
+    for e in range(epochs):
+        defense.begin_epoch(e, epochs)
+        rates.append(defense.rate)
+    expected = [0.9 * e / (epochs - 1) for e in range(epochs)] if epochs > 1 else [0.0]
+    assert rates == pytest.approx(expected)
+    assert rates[0] == 0.0
+
+
+def test_constant_schedule():
+    defense = make(final_rate=0.7, schedule="constant")
+    for e in range(4):
+        defense.begin_epoch(e, 4)
+        assert defense.rate == 0.7
+
+
+def test_refresh_schedule_redraws_k_masks_per_epoch_and_ramps():
+    k, epochs, steps = 3, 2, 6
+    defense = make(final_rate=0.5, schedule="refresh", refresh=k, steps_per_epoch=steps, sigma=0.0)
+    seen = []
+    for e in range(epochs):
+        defense.begin_epoch(e, epochs)
+        for _ in range(steps):
+            defense.clip_and_accumulate(random_grads(2))
+            shared = defense.release(2)
+            seen.append((shared.extra["period"], shared.rate, shared.mask_is_new, flat(shared.mask)))
+    periods = [p for p, *_ in seen]
+    assert periods == [0, 0, 1, 1, 2, 2] * epochs
+    expected_rates = [min(0.5, 0.5 * (e * k + j) / (k * epochs - 1)) for e in range(epochs) for j in range(k)]
+    assert [seen[i][1] for i in range(0, len(seen), 2)] == pytest.approx(expected_rates)
+    assert [new for *_, new, _ in seen] == [True, False] * (k * epochs)
+    masks = [m for *_, m in seen]
+    assert not torch.equal(masks[2], masks[4])  # a redraw is a different mask
+
+
+def test_refresh_k1_equals_linear():
+    a, b = make(final_rate=0.8, schedule="refresh"), make(final_rate=0.8)
+    for e in range(6):
+        a.begin_epoch(e, 6)
+        b.begin_epoch(e, 6)
+        assert a.rate == pytest.approx(b.rate)
+        assert torch.equal(a.keep, b.keep)
+
+
+@pytest.mark.parametrize("ramp,epochs", [(None, 10), (4, 10), (1, 3)])
+def test_random_freeze_schedule(ramp, epochs):
+    defense = make("random-freeze", final_rate=0.9, ramp_epochs=ramp)
+    e_star = ramp or epochs
+    for e in range(epochs):
+        defense.begin_epoch(e, epochs)
+        assert defense.rate == pytest.approx(0.9 * min(e / e_star, 1))
+        assert int((~defense.keep).sum()) == math.floor(defense.rate * D)
+
+
+def test_mask_is_redrawn_each_epoch():
+    defense = make(final_rate=0.5, schedule="constant")
+    defense.begin_epoch(0, 3)
+    first = defense.keep.clone()
+    defense.begin_epoch(1, 3)
+    assert not torch.equal(first, defense.keep)
+
+
+def test_ranked_masks_follow_the_noisy_accumulator():
+    defense = make(final_rate=0.5, schedule="linear", mask="ranked", sigma=0.05, steps_per_epoch=3)
+    defense.begin_epoch(0, 3)
+    assert bool(defense.keep.all())  # Algorithm 4: first mask all ones (and r_0 = 0)
+    big = torch.zeros(D)
+    big[:100] = 5.0  # a consistent large gradient on the first 100 coordinates
+    for _ in range(3):
+        defense.clip_and_accumulate({n: v.unsqueeze(0).repeat(4, *[1] * v.dim())
+                                     for n, v in defense._views(big).items()})
+        defense.release(4)
+    z = defense.ranking_sum.clone()
+    defense.begin_epoch(1, 3)
+    zeroed = ~defense.keep
+    assert int(zeroed.sum()) == math.floor(0.25 * D)
+    # The zeroed coordinates are exactly those with the smallest |z|.
+    threshold = z.abs()[defense.keep].min()
+    assert float(z.abs()[zeroed].max()) <= float(threshold)
+    assert bool(defense.keep[:100].all())  # the strong coordinates survive
+    # Masked coordinates keep accumulating noise so they can come back.
+    for _ in range(3):
+        defense.clip_and_accumulate({n: torch.zeros(2, *s) for n, s in SHAPES.items()})
+        defense.release(2)
+    assert bool((defense.ranking_sum[zeroed] != 0).all())
+
+
+def test_noise_mode_is_not_dp_and_uses_fixed_std():
+    defense = make(clip=None, noise_std=0.01, final_rate=0.3, schedule="constant", sigma=123.0)
+    defense.begin_epoch(0, 1)
+    g = random_grads(4, scale=50.0)  # large: would be clipped under DP
+    defense.clip_and_accumulate(g)
+    shared = defense.release(4)
+    keep = flat(shared.mask)
+    mean = flat({n: v.mean(0) for n, v in g.items()}) * keep
+    noise = flat(shared.grads) - mean
+    assert shared.noise_std == pytest.approx(0.01)
+    assert float(noise[keep].std()) == pytest.approx(0.01, rel=0.1)  # σ is ignored in this mode
+    assert DEFENSES.get("rs").is_dp(RSParams(clip=None, noise_std=0.01)) is False
+    spec = spec_for("rs", defense__clip=None, defense__noise_std=0.01)
+    assert plan_privacy(spec, DEFENSES.get("rs"), 1000).epsilon == math.inf
+
+
+@pytest.mark.parametrize("params,field", [
+    (dict(final_rate=1.0), "defense.final_rate"), (dict(final_rate=-0.1), "defense.final_rate"),
+    (dict(refresh=0), "defense.refresh"), (dict(schedule="cosine"), "defense.schedule"),
+    (dict(mask="topk"), "defense.mask"), (dict(clip=None), "defense.noise_std"),
+    (dict(noise_std=0.1), "defense.noise_std"), (dict(clip=-1.0), "defense.clip"),
+])
+def test_validation(params, field):
+    with pytest.raises(ConfigError, match=f"{field}: "):
+        from_dict(RSParams, params, "defense")
+
+
+def test_random_freeze_validation():
+    with pytest.raises(ConfigError, match="defense.ramp_epochs"):
+        from_dict(RandomFreezeParams, {"ramp_epochs": 0}, "defense")
+    assert from_dict(RandomFreezeParams, {"ramp_epochs": 1}, "defense").ramp_epochs == 1
+    with pytest.raises(ConfigError, match="defense.schedule"):
+        build_spec({"defense": {"name": "random-freeze", "schedule": "linear"}})
+
+
+def test_bytes_count_the_mask_once():
+    defense = make(final_rate=0.5, schedule="constant", steps_per_epoch=4)
+    defense.begin_epoch(0, 1)
+    kept = D - math.floor(0.5 * D)
+    sizes = []
+    for _ in range(3):
+        defense.clip_and_accumulate(random_grads(2))
+        sizes.append(defense.release(2).bytes_sparse())
+    index_cost = min(4 * kept, math.ceil(D / 8))
+    assert sizes == [4 * kept + index_cost, 4 * kept, 4 * kept]
+
+
+def train_run(spec):
+    prep = prepare(spec)
+    seed_globals(prep.streams)  # as the runner does before training
+    result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")),
+                   spec.train, prep.sampler, prep.device, progress=False)
+    return prep, result
+
+
+def test_accounting_is_dpsgd_accounting():
+    rs = prepare(spec_for("rs", privacy__epsilon=2.0)).privacy
+    dp = prepare(spec_for("dpsgd", privacy__epsilon=2.0)).privacy
+    assert rs == dp
+    rf = prepare(spec_for("random-freeze", privacy__noise_multiplier=1.3)).privacy
+    dpn = prepare(spec_for("dpsgd", privacy__noise_multiplier=1.3)).privacy
+    assert rf.epsilon == dpn.epsilon and rf.noise_multiplier == 1.3
+
+
+@pytest.mark.parametrize("defense,extra", [("rs", {}), ("rs", {"defense__schedule": "constant"}),
+                                           ("random-freeze", {})])
+def test_rate_zero_equals_dpsgd_bit_for_bit(defense, extra):
+    # RS always uses materialised per-sample gradients; pin dpsgd to the same engine for bit equality
+    common = dict(train__epochs=2, train__batch_size=64, seed=4, train__engine="func")
+    prep_a, res_a = train_run(spec_for(defense, defense__final_rate=0.0, **extra, **common))
+    prep_b, res_b = train_run(spec_for("dpsgd", **common))
+    for (na, pa), (nb, pb) in zip(prep_a.model.named_parameters(), prep_b.model.named_parameters()):
+        assert torch.equal(pa, pb), na
+    assert res_a.history == res_b.history
+
+
+def test_rs_run_reports_density_and_trains():
+    prep, result = train_run(spec_for("rs", train__epochs=3, defense__final_rate=0.8))
+    assert result.density == pytest.approx(1 - (0 + 0.4 + 0.8) / 3, abs=1e-3)
+    assert result.history[-1]["test_accuracy"] > 0.5

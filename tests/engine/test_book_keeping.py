@@ -1,0 +1,211 @@
+"""The book-keeping per-sample engine (``train.engine=lean``): agreement with the torch.func reference,
+the clipping bound it enforces, memory (layers held at once), refusals and engine selection."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from defenses import DEFENSES
+from defenses.clipping import GroupClipping
+from defenses.dpsgd import DPSGD, ClipParams
+from defenses.groupwise import resolve_groups
+from harness.cli import main
+from harness.core.errors import ConfigError, RunFailure
+from harness.core.models import build_model
+from harness.core.per_sample import PerSampleGradients
+from harness.core.streams import Streams, seed_globals
+from harness.engine.book_keeping import BookKeeping, select_engine, trainable_layers
+from harness.engine.training import train
+from harness.runner import prepare
+from tests.helpers import spec_for
+
+
+# -- agreement with the torch.func reference -------------------------------------------------------------
+class TokenNet(nn.Module):
+    """Linear layers on [b, T, d] inputs (ghost norm for few tokens, instantiation for many) and LayerNorm."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.embed = nn.Linear(8, 6)
+        self.norm = nn.LayerNorm(6)
+        self.mix = nn.Linear(6, 40, bias=False)
+        self.head = nn.Linear(40, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], self.tokens, 8)
+        return self.head(torch.tanh(self.mix(self.norm(self.embed(h)))).mean(1))
+
+
+class DilatedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=2, dilation=2)
+        self.gn = nn.GroupNorm(2, 4)
+        self.fc = nn.Linear(4 * 5 * 5, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.gn(self.conv(x))).flatten(1))
+
+
+CASES = {
+    "cnn3": (lambda: build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,)), (1, 8, 8)),
+    "dpcnn-small": (lambda: build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3), (3, 32, 32)),
+    "resnet20-gn": (lambda: build_model("resnet20-gn", (3, 8, 8), 10, (0.5,) * 3, (0.25,) * 3), (3, 8, 8)),
+    "dpcnn": (lambda: build_model("dpcnn", (3, 16, 16), 10, (0.5,) * 3, (0.25,) * 3), (3, 16, 16)),
+    "tokens-ghost": (lambda: TokenNet(2), (2, 8)),
+    "tokens-instantiated": (lambda: TokenNet(12), (12, 8)),
+    "dilated-conv-groupnorm": (lambda: DilatedNet(), (3, 9, 9)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_book_keeping_matches_the_torch_func_path(case):
+    build, shape = CASES[case]
+    torch.manual_seed(0)
+    model = build()
+    x, y = torch.randn(5, *shape), torch.randint(0, 10, (5,))
+    names = [n for n, p in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    for spec in ("all", "layer", "param", "uniform:2"):
+        for fn in ("auto", "abadi"):
+            clipping = GroupClipping.of(resolve_groups(spec, names), 0.3 if fn == "abadi" else 1.0, fn)
+            ref, got = clipping.clip_sum(grads), BookKeeping(model, clipping)(x, y)
+            for n in names:
+                scale = ref[n].abs().max().clamp(min=1e-12)
+                assert float((ref[n] - got[n]).abs().max() / scale) < 1e-5, (case, spec, fn, n)
+
+
+def test_finer_groups_hold_fewer_layers_at_once():
+    model = build_model("dpcnn", (3, 16, 16), 10, (0.5,) * 3, (0.25,) * 3)  # 8 layers
+    names = [n for n, p in model.named_parameters()]
+    x, y = torch.randn(3, 3, 16, 16), torch.randint(0, 10, (3,))
+    held = {}
+    for spec in ("all", "uniform:2", "layer", "param"):
+        bk = BookKeeping(model, GroupClipping.of(resolve_groups(spec, names), 1.0, "auto"))
+        bk(x, y)
+        held[spec] = bk.peak_held
+    assert held == {"all": 8, "uniform:2": 4, "layer": 1, "param": 1}
+
+
+def test_micro_batches_add_up_to_the_whole_batch():
+    model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
+    names = [n for n, p in model.named_parameters()]
+    bk = BookKeeping(model, GroupClipping.of(resolve_groups("layer", names), 1.0, "auto"))
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 10, (12,))
+    whole, a, b = bk(x, y), bk(x[:5], y[:5]), bk(x[5:], y[5:])
+    for n in names:
+        torch.testing.assert_close(whole[n], a[n] + b[n], rtol=1e-5, atol=1e-6)
+
+
+# -- refusals: never drop a parameter silently ------------------------------------------------------------
+class WithEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.scale = nn.Parameter(torch.ones(4))
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(x).mean(1) * self.scale)
+
+
+def test_unsupported_parameters_are_named():
+    with pytest.raises(ConfigError) as err:
+        trainable_layers(WithEmbedding())
+    assert "emb.weight" in str(err.value) and "scale" in str(err.value) and "fc.weight" not in str(err.value)
+
+
+def test_a_layer_used_twice_is_refused():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.fc(x)))
+
+    model = Twice()
+    bk = BookKeeping(model, GroupClipping.of([["fc.weight", "fc.bias"]], 1.0, "auto"))
+    with pytest.raises(RunFailure, match="more than once"):
+        bk(torch.randn(3, 4), torch.randint(0, 4, (3,)))
+
+
+def test_engine_selection():
+    model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    streams = Streams(0)
+    dp = DPSGD(ClipParams(), shapes, 1.0, streams)
+    rs_cls = DEFENSES.get("rs")
+    rs = rs_cls(rs_cls.Params(), shapes, 1.0, streams)
+    assert select_engine("auto", model, dp) == "lean"
+    assert select_engine("func", model, dp) == "func"
+    assert select_engine("auto", model, rs) == "func"
+    with pytest.raises(ConfigError, match="train.engine"):
+        select_engine("lean", model, rs)
+    embedding = WithEmbedding()
+    dp_emb = DPSGD(ClipParams(), {n: p.shape for n, p in embedding.named_parameters()}, 1.0, streams)
+    assert select_engine("auto", embedding, dp_emb) == "func"
+    with pytest.raises(ConfigError, match="emb.weight"):
+        select_engine("lean", embedding, dp_emb)
+
+
+def test_lean_with_a_masking_defense_exits_2(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "none", "--set", "train.engine=lean",
+                                       "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "train.engine" in result.output
+
+
+# -- the engines train alike; the clipping bound ----------------------------------------------------------
+def test_lean_and_func_training_agree():
+    """Both engines train the same model to float rounding over a short run (same batches and noise)."""
+    results = {}
+    for engine in ("func", "lean"):
+        spec = spec_for("groupwise", defense__groups="uniform:2", train__epochs=1, train__batch_size=64,
+                        train__engine=engine, train__lr=0.001, seed=2)
+        prep = prepare(spec)
+        seed_globals(prep.streams)  # as the runner does before training
+        out = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")),
+                    spec.train, prep.sampler, prep.device, progress=False)
+        assert out.engine == engine
+        results[engine] = torch.cat([p.detach().reshape(-1) for p in prep.model.parameters()])
+    torch.testing.assert_close(results["func"], results["lean"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["all", "uniform:2", "layer", "param"])
+@pytest.mark.parametrize("fn", ["auto", "abadi"])
+def test_book_keeping_bounds_one_samples_contribution(spec, fn):
+    """Add/remove one (adversarially large) example: the lean engine's clipped sum moves by at most R,
+    and by at most R/√M within each group — the sensitivity the noise is calibrated to."""
+    model = build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3)
+    names = [n for n, p in model.named_parameters()]
+    clipping = GroupClipping.of(resolve_groups(spec, names), 0.8, fn)
+    bk = BookKeeping(model, clipping)
+    torch.manual_seed(1)
+    x, y = torch.rand(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    x[0] = x[0] * 1e3 - 5e2  # a huge-gradient canary example
+    raw = PerSampleGradients(model)(x[:1], y[:1])
+    assert float(torch.cat([g.reshape(-1) for g in raw.values()]).norm()) > 10 * 0.8  # really needs clipping
+    with_it, without = bk(x, y), bk(x[1:], y[1:])
+    diff = {n: with_it[n] - without[n] for n in names}
+    slack = 1 + 1e-5
+    assert float(torch.cat([d.reshape(-1) for d in diff.values()]).norm()) <= 0.8 * slack
+    for group in clipping.groups:
+        assert float(torch.cat([diff[n].reshape(-1) for n in group]).norm()) <= clipping.threshold * slack
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_book_keeping_matches_the_torch_func_path_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # compare float32 with float32
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    model = build_model("resnet20-gn", (3, 8, 8), 10, (0.5,) * 3, (0.25,) * 3).cuda()
+    x, y = torch.randn(5, 3, 8, 8, device="cuda"), torch.randint(0, 10, (5,), device="cuda")
+    names = [n for n, p in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    for spec in ("all", "layer"):
+        clipping = GroupClipping.of(resolve_groups(spec, names), 1.0, "auto")
+        ref, got = clipping.clip_sum(grads), BookKeeping(model, clipping)(x, y)
+        for n in names:
+            assert got[n].device.type == "cuda"
+            assert float((ref[n] - got[n]).abs().max() / ref[n].abs().max().clamp(min=1e-12)) < 1e-4, (spec, n)

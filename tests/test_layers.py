@@ -1,0 +1,156 @@
+"""The layering stays one-way: every module of the project is parsed and each import checked against its layer.
+
+    harness/core      imports only harness.core
+    defenses/         imports harness.core and defenses
+    harness/engine    imports harness.core, defenses and harness.engine
+    attacks/          imports harness.core, harness.engine, attacks and only defenses.base of the defenses
+    harness/ (rest)   the application: may import everything
+
+Imports inside functions count too (a lazy import is still a dependency). ``harness`` itself (the package's
+``__init__``, which only holds the version) may be imported from anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("harness", "defenses", "attacks")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    if module == "harness":
+        return "version"
+    for prefix, layer in (("harness.core", "core"), ("harness.engine", "engine"), ("defenses", "defenses"),
+                          ("attacks", "attacks"), ("harness", "application")):
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return "external"
+
+
+# What each layer may import, as module-name predicates.
+ALLOWED = {
+    "core": ("core",),
+    "defenses": ("core", "defenses"),
+    "engine": ("core", "defenses", "engine"),
+    "attacks": ("core", "engine", "attacks", "defenses-base"),
+    "application": ("core", "defenses", "engine", "attacks", "application"),
+}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, including names imported from a package
+    (``from harness.core import streams`` yields ``harness.core.streams``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise AssertionError(f"{path}:{node.lineno}: relative import; use absolute imports")
+    return found
+
+
+def project_modules() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def kind_of(imported: str) -> str | None:
+    """The layer an imported name belongs to (``defenses-base`` for the defenses' interfaces), or None for
+    names that are not the project's (or a ``from package import name`` that is not a module)."""
+    if imported == "defenses.base" or imported.startswith("defenses.base."):
+        return "defenses-base"
+    layer = layer_of(imported)
+    return None if layer in ("external", "version") else layer
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def violations() -> list[str]:
+    bad = []
+    for path in project_modules():
+        layer = layer_of(module_name(path))
+        for line, imported in imported_modules(path):
+            if not is_module(imported):
+                continue  # ``from x import function``: x itself was checked
+            kind = kind_of(imported)
+            if kind is None:
+                continue
+            allowed = ALLOWED[layer]
+            if kind in allowed or (kind == "defenses-base" and "defenses" in allowed):
+                continue
+            bad.append(f"{path.relative_to(ROOT)}:{line}: {layer} imports {imported} ({kind})")
+    return bad
+
+
+def test_every_project_module_is_in_a_layer():
+    assert project_modules(), "no modules found"
+    assert all(layer_of(module_name(p)) != "external" for p in project_modules())
+
+
+def test_imports_go_one_way():
+    bad = violations()
+    assert not bad, "upward or sideways imports:\n" + "\n".join(bad)
+
+
+def test_the_checker_catches_an_upward_import(tmp_path, monkeypatch):
+    """The checker itself can fail: a core module importing the engine is reported."""
+    fake = ROOT / "harness" / "core" / "_layer_probe_tmp.py"
+    fake.write_text("from harness.engine.training import train\nimport attacks.base\n")
+    try:
+        bad = violations()
+    finally:
+        fake.unlink()
+    assert any("_layer_probe_tmp.py:1: core imports harness.engine.training" in b for b in bad)
+    assert any("_layer_probe_tmp.py:2: core imports attacks.base" in b for b in bad)
+
+
+@pytest.mark.parametrize("path", ["harness/audit", "attacks"])
+def test_no_concrete_defense_module(path):
+    """The audit and the attacks know defenses only through their declared interfaces."""
+    interfaces = {"defenses.base", "defenses.auditing", "defenses.registry"}
+    concrete = []
+    for file in sorted((ROOT / path).rglob("*.py")):
+        for line, imported in imported_modules(file):
+            if imported.startswith("defenses.") and is_module(imported) and imported not in interfaces:
+                concrete.append(f"{file.relative_to(ROOT)}:{line}: {imported}")
+    assert not concrete, concrete
+
+
+def test_no_file_cites_what_the_repository_does_not_contain():
+    """No design document outside the repository, no internal issue numbers, no sibling folders."""
+    pattern = re.compile(r"\b" + "DESIGN" + r"\.md\b|\b[Ii]ssue [0-9]+\b|\.\./" + "shared")
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.yml", "*.toml", "Makefile"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    cited = [f for f in files if pattern.search((ROOT / f).read_text(errors="replace"))]
+    assert not cited, cited
+
+
+def test_docs_links_resolve():
+    """Every relative link in the docs and the README points at a file of the repository."""
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            if not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(ROOT)} → {target}")
+    assert not broken, broken
