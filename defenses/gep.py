@@ -37,6 +37,7 @@ import torch
 
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
 from harness.core.params import param
@@ -128,6 +129,8 @@ class GEP(Defense):
         self.anchor_y: torch.Tensor | None = None
         self.num_classes = 0
         self._psg = None
+        self._probe_blocks: dict[str, list] | None = None  # V's rows per parameter, for the lean engine
+        self._probe_bases: list[torch.Tensor] | None = None
 
     # -- accounting ----------------------------------------------------------------------------------
     @classmethod
@@ -259,6 +262,48 @@ class GEP(Defense):
                 self._res_sum = torch.zeros(self.d, device=self.device)
             self._res_sum += clip_rows(residual, self.params.clip1).sum(dim=0)
         self.samples_seen += g.shape[0]
+
+    # -- the lean engine: θ_i = V^T g_i as probes, ‖r_i‖² = ‖g_i‖² − ‖θ_i‖², Σ c_i r_i = Σ c_i g_i − V Σ c_i θ_i --
+    def lean_plan(self) -> LeanPlan:
+        bases = self.current_bases()
+        if self._probe_blocks is None or self._probe_bases is not bases:
+            self._probe_blocks, self._probe_bases = self._blocks(bases), bases
+        clip1 = self.params.clip1
+
+        def factors(group: int, squares: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+            residual = (squares - theta.double().pow(2).sum(1)).clamp(min=0).sqrt()
+            return (clip1 / (residual + 1e-6)).clamp(max=1.0)  # as clip_rows
+
+        return LeanPlan((tuple(self.names),), factors, probes=self._probe_blocks, probe_dim=self.k,
+                        sums=not self.params.biased)
+
+    def _blocks(self, bases: list[torch.Tensor]) -> dict[str, list]:
+        """Each parameter's rows of V per anchor group: (lo, hi) in the parameter, the group's first
+        column, and V's rows for those coordinates."""
+        blocks: dict[str, list] = {n: [] for n in self.names}
+        starts = [0]
+        for size in self.sizes:
+            starts.append(starts[-1] + size)
+        col = 0
+        for (glo, ghi), v in zip(self.bounds, bases):
+            for name, s, e in zip(self.names, starts, starts[1:]):
+                lo, hi = max(s, glo), min(e, ghi)
+                if lo < hi:
+                    blocks[name].append((lo - s, hi - s, col, v[lo - glo:hi - glo]))
+            col += v.shape[1]
+        return blocks
+
+    def accumulate_lean(self, batch: LeanBatch) -> None:
+        theta = batch.probes
+        if self._emb_sum is None:
+            self._emb_sum = torch.zeros(self.k, device=self.device)
+        self._emb_sum += clip_rows(theta, self.params.clip0).sum(dim=0)
+        if not self.params.biased:
+            summed = torch.cat([batch.sums[n].reshape(-1) for n in self.names])
+            if self._res_sum is None:
+                self._res_sum = torch.zeros(self.d, device=self.device)
+            self._res_sum += summed - self.lift((batch.factors[0][:, None] * theta).sum(0, keepdim=True))[0]
+        self.samples_seen += batch.count
 
     def release(self, batch_size: int) -> SharedGradient:
         self.current_bases()  # an empty Poisson batch still releases noise through V
