@@ -30,6 +30,7 @@ docs/gep-adaclip.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from harness.core.streams import Streams
 from harness.core.errors import ConfigError
 from harness.core.per_sample import PerSampleGradients
 
+ANCHOR_BUDGET = 1 << 25  # elements (128 MiB float32) of anchor gradients held at once
 LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool
 SQRT2 = math.sqrt(2.0)
 
@@ -173,40 +175,60 @@ class GEP(Defense):
     def _draw_labels(self, m: int) -> torch.Tensor:
         return torch.randint(0, self.num_classes, (m,), generator=self.anchor_generator, device=self.device)
 
-    def anchor_gradients(self) -> torch.Tensor:
-        """G_a: m × d per-sample gradients of the public anchors at the model's current weights."""
+    def anchor_rows(self) -> Callable[[], Iterator[torch.Tensor]]:
+        """G_a, the m × d per-sample gradients of the public anchors at the model's current weights, as a
+        function giving its rows chunk by chunk. G_a is materialised once when m·d ≤ ``ANCHOR_BUDGET``
+        elements; beyond that each pass over it recomputes the chunks (micro-batches of at most
+        ``anchor_batch_size`` rows of ≤ ``ANCHOR_BUDGET`` elements), so memory stays bounded by the
+        budget and the bases V instead of the whole m × d matrix — at the cost of one more per-sample
+        gradient pass per power iteration."""
         if self._psg is None:
             raise RuntimeError("gep: bind(model, task) must be called before the first step")
         if self.params.anchor_labels == "resample":
             self.anchor_y = self._draw_labels(self.anchor_x.shape[0])
-        chunks = []
-        for start in range(0, self.anchor_x.shape[0], self.params.anchor_batch_size):
-            stop = start + self.params.anchor_batch_size
-            grads = self._psg(self.anchor_x[start:stop], self.anchor_y[start:stop])
-            chunks.append(self.flatten(grads))
-        return torch.cat(chunks, dim=0)
+        m = self.anchor_x.shape[0]
+        step = max(1, min(self.params.anchor_batch_size, ANCHOR_BUDGET // self.d))
 
-    def compute_bases(self, anchors: torch.Tensor) -> list[torch.Tensor]:
-        """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7)."""
-        m = anchors.shape[0]
+        def rows() -> Iterator[torch.Tensor]:
+            for start in range(0, m, step):
+                grads = self._psg(self.anchor_x[start:start + step], self.anchor_y[start:start + step])
+                yield self.flatten(grads)
+
+        if m * self.d > ANCHOR_BUDGET:
+            return rows
+        materialised = torch.cat(list(rows()), dim=0)
+        return lambda: iter([materialised])
+
+    def compute_bases(self, rows: Callable[[], Iterator[torch.Tensor]], m: int) -> list[torch.Tensor]:
+        """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7): from a Gaussian
+        start L, ``power_iter`` rounds of L ← orthonormalise(G_aᵀ (G_a L)), each round two passes over the
+        rows of G_a (``rows()`` yields its m rows in chunks)."""
         ks = allocate_bases([hi - lo for lo, hi in self.bounds], self.params.num_bases, m)
-        bases = []
-        for (lo, hi), k in zip(self.bounds, ks):
-            start = torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
-            v = torch.linalg.qr(start).Q if self.params.power_iter == 0 else start
-            block = anchors[:, lo:hi]
-            for _ in range(self.params.power_iter):
-                v = block.T @ (block @ v)     # L ← G_aᵀ G_a L
-                v = torch.linalg.qr(v).Q      # orthonormal columns (QR = Gram–Schmidt up to signs)
-            bases.append(v)
-        return bases
+        vs = [torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
+              for (lo, hi), k in zip(self.bounds, ks)]
+        if self.params.power_iter == 0:
+            return [torch.linalg.qr(v).Q for v in vs]
+        for _ in range(self.params.power_iter):
+            products = [[] for _ in vs]           # G_a L per group, chunk by chunk
+            for chunk in rows():
+                for (lo, hi), v, out in zip(self.bounds, vs, products):
+                    out.append(chunk[:, lo:hi] @ v)
+            projected = [torch.cat(p) for p in products]
+            ws = [torch.zeros_like(v) for v in vs]  # G_aᵀ (G_a L)
+            row = 0
+            for chunk in rows():
+                c = chunk.shape[0]
+                for (lo, hi), u, w in zip(self.bounds, projected, ws):
+                    w += chunk[:, lo:hi].T @ u[row:row + c]
+                row += c
+            vs = [torch.linalg.qr(w).Q for w in ws]  # orthonormal columns (QR = Gram–Schmidt up to signs)
+        return vs
 
     def refresh_anchors(self) -> None:
         self.anchor_generator = self.streams.generator("anchors", self.step, device=self.device)
-        anchors = self.anchor_gradients()
-        self.bases = self.compute_bases(anchors)
+        self.bases = self._probe_blocks = self._probe_bases = None  # free the old V before building the new
+        self.bases = self.compute_bases(self.anchor_rows(), self.anchor_x.shape[0])
         self.bases_step = self.step
-        del anchors  # m × d: free it before the private pass (Algorithm 1, line 8)
 
     def current_bases(self) -> list[torch.Tensor]:
         """The anchor bases of the current step, recomputed when ``anchor_every`` says they are due
