@@ -8,7 +8,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from defenses import DEFENSES, Defense
+from defenses import DEFENSES
+from defenses.base import Defense
 from defenses.clipping import GroupClipping
 from defenses.dpsgd import DPSGD, ClipParams
 from defenses.groupwise import resolve_groups
