@@ -1,12 +1,9 @@
-"""Attacks: one module per attack, registered by name with ``@ATTACKS.register``.
+"""Attacks: one module per attack, registered by name with ``@ATTACKS.register("name", "description")``.
 
-Every module in this package is imported on first use, so adding an attack is one new module.
+The registry reads the declarations from the source and imports an attack's module when it is first asked
+for (``ATTACKS.get``), so adding an attack is one new module. The template is ``attacks.base``.
 """
 
-from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
-from harness.core.registry import import_submodules
 
-import_submodules(__name__, skip=("base", "registry"))
-
-__all__ = ["ATTACKS", "Attack", "AttackContext", "AttackResult"]
+__all__ = ["ATTACKS"]

@@ -26,7 +26,7 @@ from attacks.membership_metrics import membership_metrics, save_roc
 from attacks import shadow_signals as sig
 from harness.core.errors import ConfigError
 from harness.core.params import param
-from harness.engine.shadow_training import train_shadows, train_shadows_sequential
+from harness.engine.shadow_training import train_shadows
 
 TARGETS = ("victim", "shadows")
 
@@ -83,13 +83,8 @@ def shadow_pool(context: AttackContext, k: int) -> ShadowPool:
     membership = sig.membership_matrix(k, len(pop.y), context.streams.scope("shadows").generator("membership"))
     pools = [torch.nonzero(row).flatten() for row in membership]
     scopes = [context.streams.scope("shadow", i) for i in range(k)]
-    if type(context.trained_defense).needs_model:
-        states = train_shadows_sequential(
-            context.build_model, pop.x, pop.y, pools, lambda i, model: context.make_defense(scopes[i], model),
-            spec.train, scopes, device)
-    else:
-        states = train_shadows(context.build_model, pop.x, pop.y, pools,
-                               lambda i: context.make_defense(scopes[i]), spec.train, scopes, device)
+    states = train_shadows(context.build_model, pop.x, pop.y, pools,
+                           lambda i, model: context.make_defense(scopes[i], model), spec.train, scopes, device)
     cache = context.out_dir.parent / "signals"
     model = context.build_model()
     pop_idx = torch.arange(len(pop.y))

@@ -1,5 +1,6 @@
-"""The attack registry (a module of its own so attack modules can import it without cycles)."""
+"""The attack registry (a module of its own, free of torch, so configurations are checked without importing
+any attack; ``harness.core.registry`` explains the discovery)."""
 
 from harness.core.registry import Registry
 
-ATTACKS: Registry = Registry("attack")
+ATTACKS: Registry = Registry("attack", scan="attacks", var="ATTACKS")

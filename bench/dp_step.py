@@ -9,6 +9,11 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
 - ``lean-M2``       book-keeping, ``groupwise`` uniform:2 (abadi)
 - ``lean-layer``    book-keeping, ``groupwise`` layer (abadi)
 - ``lean-param``    book-keeping, ``groupwise`` param (abadi)
+- ``none``, ``rs``, ``random-freeze``, ``adaclip``, ``gep``: each defense on its default engine (lean),
+  the step as ``dpeval run`` trains it (RS at rate 0.9, random freeze at its final rate 0.9, GEP with
+  its defaults: 200 bases in 3 groups, anchors recomputed every step from 200 public examples)
+- ``func-rs``, ``func-random-freeze``, ``func-adaclip``, ``func-gep``: the same on materialised
+  per-sample gradients (``train.engine=func``), for the ratio
 
 Each (model, path, batch) is measured in fresh Python processes, one for time and one for memory, so
 nothing mixes. Peak memory, on CPU: the process's peak resident set during one step minus its resident set
@@ -34,8 +39,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param")
+DEFENSE_PARAMS = {"none": {}, "rs": {"schedule": "constant"}, "random-freeze": {"ramp_epochs": 1}, "adaclip": {},
+            "gep": {}}
+PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param", *DEFENSE_PARAMS,
+         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"))
 GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
+PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example task's 10% public split)
 
 
 # -- one measurement (runs in a child process) ---------------------------------------------------------
@@ -76,13 +85,16 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
         return step
     shapes = {n: p.shape for n, p in params.items()}
     streams = Streams(0).scope("bench")
-    if path in GROUPS:
+    name = path.removeprefix("func-")
+    if name in DEFENSE_PARAMS:
+        defense = defense_for(name, model, shapes, streams, x.device)
+    elif path in GROUPS:
         defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, streams,
                             x.device)
     else:
         defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, streams, x.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    feed = clipped_sum_feeder("func" if path == "func" else "lean", model, defense)
+    feed = clipped_sum_feeder("func" if path.startswith("func") else "lean", model, defense)
 
     def step() -> None:
         for xb, yb in micro_batches(x, y, micro):
@@ -92,6 +104,24 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+def defense_for(name: str, model: torch.nn.Module, shapes: dict, streams, device: torch.device):
+    """A registered defense at σ = 1 as training uses it, in its last epoch (rates at their final value),
+    bound to the model and a public split of random images."""
+    from types import SimpleNamespace
+
+    from defenses import DEFENSES
+    from harness.core.splits import Split
+
+    cls = DEFENSES.get(name)
+    defense = cls(cls.Params(**DEFENSE_PARAMS[name]), shapes, 1.0, streams, device)
+    gen = torch.Generator().manual_seed(1)
+    public = Split(torch.rand(PUBLIC, 3, 32, 32, generator=gen), torch.randint(0, 10, (PUBLIC,), generator=gen),
+                   torch.arange(PUBLIC))
+    defense.bind(model, SimpleNamespace(public=public, num_classes=10))
+    defense.begin_epoch(1, 2)
+    return defense
 
 
 def _status_kb(field: str) -> int:

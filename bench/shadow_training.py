@@ -53,7 +53,7 @@ def main() -> None:
     seq = train_shadows_sequential(build, pop.x, pop.y, pools, lambda i, m: prep.make_defense(scopes[i], m),
                                    spec.train, scopes, device, progress=False)
     t1 = time.perf_counter()
-    vec = train_shadows(build, pop.x, pop.y, pools, lambda i: prep.make_defense(scopes[i]), spec.train, scopes,
+    vec = train_shadows(build, pop.x, pop.y, pools, lambda i, m: prep.make_defense(scopes[i], m), spec.train, scopes,
                         device, progress=False)
     t2 = time.perf_counter()
     print(f"{'path':<12}{'seconds':>10}{'mean held-out acc':>20}")

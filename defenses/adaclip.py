@@ -36,6 +36,7 @@ import torch
 
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
 from harness.core.params import param
@@ -106,6 +107,20 @@ class AdaCliP(Defense):
         for name, wn in w.items():
             self._sum[name] += torch.einsum("b,b...->...", factors, wn)
         self.samples_seen += factors.shape[0]
+
+    def lean_plan(self) -> LeanPlan:
+        """Norms of w_i = (g_i − a)/b per sample; the engine's Σ c_i g_i becomes Σ c_i w_i in
+        ``accumulate_lean`` (an affine map)."""
+        scale = {n: 1.0 / b for n, b in self.b.items()}
+        return LeanPlan((tuple(self.param_shapes),),
+                        lambda group, squares, probes: clip_factors(squares.sqrt(), self.params.clip),
+                        shift=self.m, scale=scale)
+
+    def accumulate_lean(self, batch: LeanBatch) -> None:
+        total = batch.factors[0].sum()
+        for name, value in batch.sums.items():
+            self._sum[name] += (value - self.m[name] * total) / self.b[name]
+        self.samples_seen += batch.count
 
     def release(self, batch_size: int) -> SharedGradient:
         p = self.params

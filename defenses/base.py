@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from defenses.auditing import CanaryDesign
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.params import Params
 from harness.core.streams import Streams
 
@@ -170,16 +171,21 @@ class Defense(ABC):
 
     def clipping(self) -> GroupClipping | None:
         """The per-sample transform when it is pure group-wise clipping of the raw per-sample gradient
-        (DP-SGD, group-wise clipping). The book-keeping engine then forms the clipped sum during backprop
-        without materialising per-sample gradients and hands it to ``accumulate_clipped``. ``None`` (the
-        default): the defense needs materialised per-sample gradients (masks, projections, whitening)."""
+        (DP-SGD, group-wise clipping); ``None`` otherwise. The audit spreads its canaries over the groups."""
         return None
 
-    def accumulate_clipped(self, clipped_sum: dict[str, torch.Tensor], count: int) -> None:
-        """Add an already clipped micro-batch sum Σ_i clip(g_i) of ``count`` samples (see ``clipping``)."""
-        for name, value in clipped_sum.items():
+    # -- the lean engine (harness/engine/book_keeping.py) ------------------------------------------------
+    def lean_plan(self) -> LeanPlan | None:
+        """The per-sample statistics and factors of the current micro-batch (``defenses/lean.py``), so the
+        lean engine can form this defense's sums during backprop without materialising per-sample
+        gradients. ``None`` (the default): only ``clip_and_accumulate`` on materialised gradients."""
+        return None
+
+    def accumulate_lean(self, batch: LeanBatch) -> None:
+        """Add the engine's sums of one micro-batch (the default: they are already the clipped sums)."""
+        for name, value in batch.sums.items():
             self._sum[name] += value
-        self.samples_seen += count
+        self.samples_seen += batch.count
 
     # -- the three stages --------------------------------------------------------------------------------
     def begin_epoch(self, epoch: int, epochs: int) -> None:

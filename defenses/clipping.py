@@ -12,7 +12,7 @@ DP-SGD's accounting unchanged (paper §2.3). Flat DP-SGD is the special case M =
 
 ``GroupClipping`` is the single description of this transform. The reference path applies it to
 materialised per-sample gradients (``clip_sum``); the memory-lean book-keeping engine
-(``harness/book_keeping.py``) applies the same ``factors`` to norms it computes during backprop.
+(``harness/engine/book_keeping.py``) applies the same ``factor`` to norms it computes during backprop.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from defenses.lean import LeanPlan
 
 CLIP_FUNCTIONS = ("auto", "abadi")
 AUTO_GAMMA = 0.01   # the paper's stability constant in R/(‖g‖ + γ)
@@ -67,6 +69,10 @@ class GroupClipping:
         if self.function == "auto":
             return r / (norms + AUTO_GAMMA)
         return (r / (norms + ABADI_EPS)).clamp(max=1.0)
+
+    def plan(self) -> LeanPlan:
+        """The lean engine's plan: per group, the plain squared norm, and these factors."""
+        return LeanPlan(self.groups, lambda group, squares, probes: self.factor(squares.sqrt()))
 
     def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Σ_i C_im·g_i^(m) for materialised per-sample gradients {name: Tensor[b, *shape]}."""

@@ -16,6 +16,7 @@ import torch
 
 from defenses.base import Defense, DefenseParams, SharedGradient
 from defenses.clipping import GroupClipping
+from defenses.lean import LeanPlan
 from defenses.registry import DEFENSES
 from harness.core.params import param
 from harness.core.streams import Streams
@@ -34,6 +35,7 @@ class DPSGD(Defense):
                  streams: Streams, device: torch.device | str = "cpu") -> None:
         super().__init__(params, param_shapes, noise_multiplier, streams, device)
         self._clipping = self.make_clipping()
+        self._plan = self._clipping.plan()
 
     def make_clipping(self) -> GroupClipping:
         """Flat clipping: one group of all parameters, ``abadi`` (subclasses choose other groupings)."""
@@ -42,8 +44,13 @@ class DPSGD(Defense):
     def clipping(self) -> GroupClipping:
         return self._clipping
 
+    def lean_plan(self) -> LeanPlan:
+        return self._plan
+
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        self.accumulate_clipped(self._clipping.clip_sum(grads), next(iter(grads.values())).shape[0])
+        for name, value in self._clipping.clip_sum(grads).items():
+            self._sum[name] += value
+        self.samples_seen += next(iter(grads.values())).shape[0]
 
     def release(self, batch_size: int) -> SharedGradient:
         std = self.noise_multiplier * self._clipping.sensitivity

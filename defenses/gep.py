@@ -30,6 +30,7 @@ docs/gep-adaclip.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ import torch
 
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
 from harness.core.params import param
@@ -44,6 +46,7 @@ from harness.core.streams import Streams
 from harness.core.errors import ConfigError
 from harness.core.per_sample import PerSampleGradients
 
+ANCHOR_BUDGET = 1 << 25  # elements (128 MiB float32) of anchor gradients held at once
 LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool
 SQRT2 = math.sqrt(2.0)
 
@@ -128,6 +131,8 @@ class GEP(Defense):
         self.anchor_y: torch.Tensor | None = None
         self.num_classes = 0
         self._psg = None
+        self._probe_blocks: dict[str, list] | None = None  # V's rows per parameter, for the lean engine
+        self._probe_bases: list[torch.Tensor] | None = None
 
     # -- accounting ----------------------------------------------------------------------------------
     @classmethod
@@ -170,40 +175,60 @@ class GEP(Defense):
     def _draw_labels(self, m: int) -> torch.Tensor:
         return torch.randint(0, self.num_classes, (m,), generator=self.anchor_generator, device=self.device)
 
-    def anchor_gradients(self) -> torch.Tensor:
-        """G_a: m × d per-sample gradients of the public anchors at the model's current weights."""
+    def anchor_rows(self) -> Callable[[], Iterator[torch.Tensor]]:
+        """G_a, the m × d per-sample gradients of the public anchors at the model's current weights, as a
+        function giving its rows chunk by chunk. G_a is materialised once when m·d ≤ ``ANCHOR_BUDGET``
+        elements; beyond that each pass over it recomputes the chunks (micro-batches of at most
+        ``anchor_batch_size`` rows of ≤ ``ANCHOR_BUDGET`` elements), so memory stays bounded by the
+        budget and the bases V instead of the whole m × d matrix — at the cost of one more per-sample
+        gradient pass per power iteration."""
         if self._psg is None:
             raise RuntimeError("gep: bind(model, task) must be called before the first step")
         if self.params.anchor_labels == "resample":
             self.anchor_y = self._draw_labels(self.anchor_x.shape[0])
-        chunks = []
-        for start in range(0, self.anchor_x.shape[0], self.params.anchor_batch_size):
-            stop = start + self.params.anchor_batch_size
-            grads = self._psg(self.anchor_x[start:stop], self.anchor_y[start:stop])
-            chunks.append(self.flatten(grads))
-        return torch.cat(chunks, dim=0)
+        m = self.anchor_x.shape[0]
+        step = max(1, min(self.params.anchor_batch_size, ANCHOR_BUDGET // self.d))
 
-    def compute_bases(self, anchors: torch.Tensor) -> list[torch.Tensor]:
-        """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7)."""
-        m = anchors.shape[0]
+        def rows() -> Iterator[torch.Tensor]:
+            for start in range(0, m, step):
+                grads = self._psg(self.anchor_x[start:start + step], self.anchor_y[start:start + step])
+                yield self.flatten(grads)
+
+        if m * self.d > ANCHOR_BUDGET:
+            return rows
+        materialised = torch.cat(list(rows()), dim=0)
+        return lambda: iter([materialised])
+
+    def compute_bases(self, rows: Callable[[], Iterator[torch.Tensor]], m: int) -> list[torch.Tensor]:
+        """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7): from a Gaussian
+        start L, ``power_iter`` rounds of L ← orthonormalise(G_aᵀ (G_a L)), each round two passes over the
+        rows of G_a (``rows()`` yields its m rows in chunks)."""
         ks = allocate_bases([hi - lo for lo, hi in self.bounds], self.params.num_bases, m)
-        bases = []
-        for (lo, hi), k in zip(self.bounds, ks):
-            start = torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
-            v = torch.linalg.qr(start).Q if self.params.power_iter == 0 else start
-            block = anchors[:, lo:hi]
-            for _ in range(self.params.power_iter):
-                v = block.T @ (block @ v)     # L ← G_aᵀ G_a L
-                v = torch.linalg.qr(v).Q      # orthonormal columns (QR = Gram–Schmidt up to signs)
-            bases.append(v)
-        return bases
+        vs = [torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
+              for (lo, hi), k in zip(self.bounds, ks)]
+        if self.params.power_iter == 0:
+            return [torch.linalg.qr(v).Q for v in vs]
+        for _ in range(self.params.power_iter):
+            products = [[] for _ in vs]           # G_a L per group, chunk by chunk
+            for chunk in rows():
+                for (lo, hi), v, out in zip(self.bounds, vs, products):
+                    out.append(chunk[:, lo:hi] @ v)
+            projected = [torch.cat(p) for p in products]
+            ws = [torch.zeros_like(v) for v in vs]  # G_aᵀ (G_a L)
+            row = 0
+            for chunk in rows():
+                c = chunk.shape[0]
+                for (lo, hi), u, w in zip(self.bounds, projected, ws):
+                    w += chunk[:, lo:hi].T @ u[row:row + c]
+                row += c
+            vs = [torch.linalg.qr(w).Q for w in ws]  # orthonormal columns (QR = Gram–Schmidt up to signs)
+        return vs
 
     def refresh_anchors(self) -> None:
         self.anchor_generator = self.streams.generator("anchors", self.step, device=self.device)
-        anchors = self.anchor_gradients()
-        self.bases = self.compute_bases(anchors)
+        self.bases = self._probe_blocks = self._probe_bases = None  # free the old V before building the new
+        self.bases = self.compute_bases(self.anchor_rows(), self.anchor_x.shape[0])
         self.bases_step = self.step
-        del anchors  # m × d: free it before the private pass (Algorithm 1, line 8)
 
     def current_bases(self) -> list[torch.Tensor]:
         """The anchor bases of the current step, recomputed when ``anchor_every`` says they are due
@@ -259,6 +284,48 @@ class GEP(Defense):
                 self._res_sum = torch.zeros(self.d, device=self.device)
             self._res_sum += clip_rows(residual, self.params.clip1).sum(dim=0)
         self.samples_seen += g.shape[0]
+
+    # -- the lean engine: θ_i = V^T g_i as probes, ‖r_i‖² = ‖g_i‖² − ‖θ_i‖², Σ c_i r_i = Σ c_i g_i − V Σ c_i θ_i --
+    def lean_plan(self) -> LeanPlan:
+        bases = self.current_bases()
+        if self._probe_blocks is None or self._probe_bases is not bases:
+            self._probe_blocks, self._probe_bases = self._blocks(bases), bases
+        clip1 = self.params.clip1
+
+        def factors(group: int, squares: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+            residual = (squares - theta.double().pow(2).sum(1)).clamp(min=0).sqrt()
+            return (clip1 / (residual + 1e-6)).clamp(max=1.0)  # as clip_rows
+
+        return LeanPlan((tuple(self.names),), factors, probes=self._probe_blocks, probe_dim=self.k,
+                        sums=not self.params.biased)
+
+    def _blocks(self, bases: list[torch.Tensor]) -> dict[str, list]:
+        """Each parameter's rows of V per anchor group: (lo, hi) in the parameter, the group's first
+        column, and V's rows for those coordinates."""
+        blocks: dict[str, list] = {n: [] for n in self.names}
+        starts = [0]
+        for size in self.sizes:
+            starts.append(starts[-1] + size)
+        col = 0
+        for (glo, ghi), v in zip(self.bounds, bases):
+            for name, s, e in zip(self.names, starts, starts[1:]):
+                lo, hi = max(s, glo), min(e, ghi)
+                if lo < hi:
+                    blocks[name].append((lo - s, hi - s, col, v[lo - glo:hi - glo]))
+            col += v.shape[1]
+        return blocks
+
+    def accumulate_lean(self, batch: LeanBatch) -> None:
+        theta = batch.probes
+        if self._emb_sum is None:
+            self._emb_sum = torch.zeros(self.k, device=self.device)
+        self._emb_sum += clip_rows(theta, self.params.clip0).sum(dim=0)
+        if not self.params.biased:
+            summed = torch.cat([batch.sums[n].reshape(-1) for n in self.names])
+            if self._res_sum is None:
+                self._res_sum = torch.zeros(self.d, device=self.device)
+            self._res_sum += summed - self.lift((batch.factors[0][:, None] * theta).sum(0, keepdim=True))[0]
+        self.samples_seen += batch.count
 
     def release(self, batch_size: int) -> SharedGradient:
         self.current_bases()  # an empty Poisson batch still releases noise through V

@@ -36,6 +36,7 @@ import torch
 
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, axis_canaries, pick
 from harness.core.params import param
 from harness.core.errors import ConfigError
@@ -121,6 +122,21 @@ class MaskedDPSGD(Defense):
             out[name] = flat[start:start + n].view(shape)
             start += n
         return out
+
+    # -- the lean engine: norms of m ⊙ g_i, and Σ c_i (m ⊙ g_i) = m ⊙ Σ c_i g_i ----------------------------
+    def lean_plan(self) -> LeanPlan:
+        names = (tuple(self.param_shapes),)
+        if self.params.clip is None:  # no clipping: the plain sum, masked afterwards
+            return LeanPlan(names, lambda *_: None, per_sample=False)
+        scale = {n: m.to(torch.float32) for n, m in self._views(self.keep).items()}
+        return LeanPlan(names, lambda group, squares, probes: clip_factors(squares.sqrt(), self.params.clip),
+                        scale=scale)
+
+    def accumulate_lean(self, batch: LeanBatch) -> None:
+        keep = self._views(self.keep)
+        for name, value in batch.sums.items():
+            self._sum[name] += value * keep[name]
+        self.samples_seen += batch.count
 
     # -- the release ----------------------------------------------------------------------------------------
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:

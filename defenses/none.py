@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from defenses.base import Defense, SharedGradient
+from defenses.lean import LeanPlan
 from defenses.registry import DEFENSES
 
 
@@ -16,6 +17,10 @@ class NoDefense(Defense):
         for name, g in grads.items():
             self._sum[name] += g.sum(dim=0)
         self.samples_seen += next(iter(grads.values())).shape[0]
+
+    def lean_plan(self) -> LeanPlan:
+        """No per-sample statistic: the engine takes the plain gradient of the summed loss."""
+        return LeanPlan((tuple(self.param_shapes),), lambda *_: None, per_sample=False)
 
     def release(self, batch_size: int) -> SharedGradient:
         # Non-private: divide by the number of samples actually seen (the true mean gradient).

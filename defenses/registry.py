@@ -1,5 +1,6 @@
-"""The defense registry (a module of its own so defense modules can import it without cycles)."""
+"""The defense registry (a module of its own, free of torch, so configurations are checked without importing
+any defense; ``harness.core.registry`` explains the discovery)."""
 
 from harness.core.registry import Registry
 
-DEFENSES: Registry = Registry("defense")
+DEFENSES: Registry = Registry("defense", scan="defenses", var="DEFENSES")

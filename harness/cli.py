@@ -134,8 +134,6 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool) -> None:
     """Train a victim with a defense, run attacks on it, store and print the result."""
     from harness.config import build_spec
-    from harness.runner import execute
-    from harness.store import ResultStore
 
     flags = {
         "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
@@ -143,6 +141,9 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         "attacks": list(attacks) if attacks else None,
     }
     spec = build_spec(raw_config(config, flags, sets))
+    from harness.runner import execute  # heavy (torch, every layer): only once the configuration is valid
+    from harness.store import ResultStore
+
     setup_logging()
     metrics = execute(spec, ResultStore(results), progress=not quiet)
     emit(metrics, as_json, format_run(metrics))
@@ -301,8 +302,7 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
     defense and attack parameter: default, allowed values, meaning)."""
     from attacks import ATTACKS
     from defenses import DEFENSES
-    from harness.core.datasets import DATASETS
-    from harness.core.models import MODELS
+    from harness.core.registry import DATASETS, MODELS
     from harness.core.params import describe
 
     data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},

@@ -121,9 +121,14 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def build_spec(raw: dict[str, Any]) -> RunSpec:
-    """Validate nested raw config data into a RunSpec (all ConfigErrors name the field)."""
+    """Validate nested raw config data into a RunSpec (all ConfigErrors name the field).
+
+    Everything but the chosen defense's and attacks' own parameters is checked first, from declarations
+    and the registries' source-level names alone, so such errors answer without importing torch or any
+    plug-in; then the chosen plug-ins are imported and their parameters checked."""
     from attacks import ATTACKS
     from defenses import DEFENSES
+    from harness.core.registry import DATASETS, MODELS
 
     raw = dict(raw)
     top = [f for f in field_names(RunSpec) if f != "defense_name"]
@@ -137,25 +142,27 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     if not isinstance(defense_raw, dict):
         raise ConfigError("defense: must be a defense name or a mapping with 'name' and its parameters")
     defense_raw = dict(defense_raw)
-    defense_name = defense_raw.pop("name", "dpsgd")
-    defense_cls = DEFENSES.get(str(defense_name), field="defense")
-    defense_params = from_dict(defense_cls.Params, defense_raw, "defense")
-
+    defense_name = str(defense_raw.pop("name", "dpsgd"))
     attacks = raw.pop("attacks", []) or []
     if isinstance(attacks, str):
         attacks = [attacks]
     attacks = [a for a in coerce(attacks, list[str], "attacks") if a != "none"]
     if len(set(attacks)) != len(attacks):
         raise ConfigError(f"attacks: each attack may be listed once, got {attacks}")
-    attack_classes = [ATTACKS.get(name, field="attack") for name in attacks]
     attack_raw = raw.pop("attack", None) or {}
-    attack_params = _validate_attack_params(attack_raw, attacks, attack_classes)
 
-    spec = from_dict(RunSpec, raw, "")
-    spec.defense_name = str(defense_name)
-    spec.defense = defense_params
+    spec = from_dict(RunSpec, raw, "")  # data, model, privacy, train, seed, device
+    DATASETS.check(spec.data.name, field="data.name")
+    if spec.model.name is not None:
+        MODELS.check(spec.model.name, field="model.name")
+    DEFENSES.check(defense_name, field="defense")
+    for name in attacks:
+        ATTACKS.check(name, field="attack")
+
+    spec.defense_name = defense_name
+    spec.defense = from_dict(DEFENSES.get(defense_name).Params, defense_raw, "defense")
     spec.attacks = attacks
-    spec.attack = attack_params
+    spec.attack = _validate_attack_params(attack_raw, attacks, [ATTACKS.get(name) for name in attacks])
     if spec.privacy.epsilon is None and spec.privacy.noise_multiplier is None:
         spec.privacy.epsilon = DEFAULT_EPSILON
     return spec

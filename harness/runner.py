@@ -23,7 +23,8 @@ from torch import nn
 
 from attacks import ATTACKS
 from attacks.base import AttackContext
-from defenses import DEFENSES, Defense
+from defenses import DEFENSES
+from defenses.base import Defense
 from harness import __version__
 from harness.config import RunSpec
 from harness.core.accounting import default_delta, epsilon_for, noise_for

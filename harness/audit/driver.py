@@ -43,7 +43,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from defenses import DEFENSES, Defense
+from defenses import DEFENSES
+from defenses.base import Defense
 from defenses.auditing import CanaryDesign
 from harness.config import RunSpec
 from harness.core.accounting import default_delta, epsilon_for

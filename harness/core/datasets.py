@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from harness.core.errors import ConfigError, RunFailure
-from harness.core.registry import Registry
+from harness.core.registry import DATASETS
 from harness.core.settings import DataConfig
 from harness.core.splits import Task, assemble
 
@@ -40,7 +40,6 @@ SYNTHETIC_NOISE_STD = 0.15
 MIN_IMAGE_SIZE = 4
 
 Loader = Callable[[DataConfig], Task]
-DATASETS: Registry[Loader] = Registry("dataset")
 
 
 # --------------------------------------------------------------------------- validation

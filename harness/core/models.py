@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 from harness.core.errors import ConfigError
-from harness.core.registry import Registry
+from harness.core.registry import MODELS
 
 Shape = tuple[int, int, int]
 ModelFactory = Callable[[Shape, int], nn.Module]
 
-MODELS: Registry[ModelFactory] = Registry("model")
 
 # Dataset name -> model used when the config does not name one.
 DEFAULT_MODELS: dict[str, str] = {

@@ -1,9 +1,19 @@
-"""A tiny name -> object registry shared by defenses, attacks, datasets and models."""
+"""Name → object registries of defenses, attacks, datasets and models, discovered without importing them.
+
+A plug-in registers with a decorator, ``@DEFENSES.register("name", "one-line description")``, in any module
+of its package. The registry finds every such declaration by *reading* the package's source (the name and
+description must be string literals) and imports a module only when one of its names is asked for. So
+adding a defense is one new module, and checking a configuration (``--defense nope``, ``--epochs 0``)
+imports neither the plug-ins nor torch: a bad flag answers at once.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
-import pkgutil
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from harness.core.errors import ConfigError
@@ -11,13 +21,25 @@ from harness.core.errors import ConfigError
 T = TypeVar("T")
 
 
-class Registry(Generic[T]):
-    """Maps a user-facing name to an object, with a one-line description for ``dpeval list``."""
+@dataclass(frozen=True)
+class Declaration:
+    module: str
+    description: str
 
-    def __init__(self, kind: str) -> None:
+
+class Registry(Generic[T]):
+    """Maps a user-facing name to an object, with a one-line description for ``dpeval list``.
+
+    ``scan`` names the package (every module in it) or the module whose ``@<var>.register(...)``
+    decorators declare this registry's entries."""
+
+    def __init__(self, kind: str, scan: str, var: str) -> None:
         self.kind = kind
+        self.scan = scan
+        self.var = var
         self._items: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
+        self._declared: dict[str, Declaration] | None = None
 
     def register(self, name: str, description: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -31,18 +53,34 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str, field: str | None = None) -> T:
-        if name not in self._items:
+    def declared(self) -> dict[str, Declaration]:
+        """The entries declared in the source (read once, never imported)."""
+        if self._declared is None:
+            self._declared = {}
+            for module, path in _source_files(self.scan):
+                for name, description in _declarations(path, self.var):
+                    self._declared[name] = Declaration(module, description)
+        return self._declared
+
+    def check(self, name: str, field: str | None = None) -> None:
+        """ConfigError naming the choices unless ``name`` is registered or declared (imports nothing)."""
+        if name not in self:
             where = field or self.kind
             known = ", ".join(self.names()) or "(none registered yet)"
             raise ConfigError(f"{where}: unknown {self.kind} {name!r}; choose one of: {known}")
+
+    def get(self, name: str, field: str | None = None) -> T:
+        self.check(name, field)
+        if name not in self._items:
+            importlib.import_module(self.declared()[name].module)  # its decorator registers it
         return self._items[name]
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(set(self._items) | set(self.declared()))
 
     def describe(self) -> dict[str, str]:
-        return {name: self._descriptions[name] for name in self.names()}
+        declared = self.declared()
+        return {n: self._descriptions.get(n) or declared[n].description for n in self.names()}
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (tests that register a plug-in for their own duration)."""
@@ -50,15 +88,31 @@ class Registry(Generic[T]):
         self._descriptions.pop(name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self.declared()
 
 
-def import_submodules(package_name: str, skip: tuple[str, ...] = ()) -> None:
-    """Import every module of a package so their ``@register`` decorators run.
+def _source_files(target: str) -> list[tuple[str, Path]]:
+    """(module name, file) of a module, or of every public module of a package."""
+    spec = importlib.util.find_spec(target)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"cannot find {target}")
+    if not spec.submodule_search_locations:
+        return [(target, Path(spec.origin))]
+    folder = Path(spec.origin).parent
+    return [(f"{target}.{p.stem}", p) for p in sorted(folder.glob("*.py")) if not p.stem.startswith("_")]
 
-    Adding a defense or an attack is then one new module: nothing else needs editing.
-    """
-    package = importlib.import_module(package_name)
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in skip and not info.name.startswith("_"):
-            importlib.import_module(f"{package_name}.{info.name}")
+
+def _declarations(path: Path, var: str) -> list[tuple[str, str]]:
+    """(name, description) of every ``@<var>.register("name", "description")`` decorator in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for deco in getattr(node, "decorator_list", ()):
+            if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.func.attr == "register"
+                    and isinstance(deco.func.value, ast.Name) and deco.func.value.id == var
+                    and len(deco.args) >= 2 and all(isinstance(a, ast.Constant) for a in deco.args[:2])):
+                found.append((deco.args[0].value, deco.args[1].value))
+    return found
+
+
+DATASETS: Registry = Registry("dataset", scan="harness.core.datasets", var="DATASETS")
+MODELS: Registry = Registry("model", scan="harness.core.models", var="MODELS")

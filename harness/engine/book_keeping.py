@@ -1,18 +1,24 @@
-"""Memory-lean per-sample clipping by book-keeping (Bu et al.; FastDP's "BK" / mixed ghost norm).
+"""Memory-lean per-sample clipping by book-keeping (Bu et al.; FastDP's "BK" / mixed ghost norm), for every
+defense that declares its per-sample statistics (``Defense.lean_plan``; the plans are described in
+``defenses/lean.py``).
 
 One forward and one backward pass per micro-batch, no per-sample gradient of the whole model ever exists:
 
 1. A forward hook on every trainable layer keeps its input activation ``a``; a hook on the layer's output
    tensor receives the per-sample output gradient ``ds`` (the loss is a *sum* over samples, so row i of
    ``ds`` is ∂L_i/∂s_i).
-2. In that hook the layer's per-sample squared norms are computed — by the ghost norm
-   (‖g_i‖² = ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, no per-sample gradient) where that needs less memory, else by
-   instantiating the layer's per-sample gradient (for a conv: one grouped convolution, one group per
-   sample, in chunks of samples) — and added to the norms of the layer's group(s).
+2. In that hook the layer's per-sample statistics are computed and added to its group's: plain squared
+   norms by the ghost norm (‖g_i‖² = ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, no per-sample gradient) where that needs
+   less memory, else by instantiating the layer's per-sample gradient (for a conv: one grouped
+   convolution, one group per sample, in chunks of samples); masked or whitened norms
+   ‖(g_i − shift) ⊙ scale‖² and linear probes (GEP's V^T g_i) from the instantiated per-sample gradient,
+   chunk by chunk (a one-token Linear under a mask needs none: (ds_i²)ᵀ m² (a_i²)).
 3. When the last layer of a group has been seen (backprop runs output → input, so a group closes at its
-   earliest layer), the group's clip factors C_i are formed and each member's clipped sum Σ_i C_i·g_i is
-   computed from what the layer kept (a weighted weight-gradient product, or the instantiated per-sample
-   gradient); then the kept tensors are freed. Finer groups close sooner, so they hold less at the peak.
+   earliest layer), the defense turns the group's statistics into per-sample factors c_i and each
+   member's sum Σ_i c_i·g_i is computed from what the layer kept (a weighted weight-gradient product, or
+   the instantiated per-sample gradient); then the kept tensors are freed. Finer groups close sooner, so
+   they hold less at the peak. The defense finishes the release from these sums (masking, un-whitening,
+   projecting), exactly as its materialised path would.
 
 Parameters are passed to the forward pass detached, so autograd computes no parameter gradients at all
 (the engine forms the only weight-gradient products needed); the input requires grad to drive backprop.
@@ -34,7 +40,7 @@ from torch import nn
 from torch.func import functional_call
 
 from defenses.base import Defense
-from defenses.clipping import GroupClipping
+from defenses.lean import LeanBatch, LeanPlan
 from harness.core.errors import ConfigError, RunFailure
 
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
@@ -79,14 +85,14 @@ class _Kept:
 
 
 class BookKeeping:
-    """``bk(x, y) -> {name: Σ_i clip(g_i)}``: the clipped gradient sum of one micro-batch.
+    """``bk(x, y, plan) -> LeanBatch``: the factor-weighted gradient sums of one micro-batch (and the
+    plan's probes), computed during one backward pass (see the module docstring and ``defenses/lean.py``).
 
-    ``clipping`` names the model's parameters as ``model.named_parameters()`` does.
+    Parameter names are those of ``model.named_parameters()``.
     """
 
-    def __init__(self, model: nn.Module, clipping: GroupClipping) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.clipping = clipping
         self.layers = trainable_layers(model)
         owner = {}
         for path, module in self.layers.items():
@@ -94,28 +100,33 @@ class BookKeeping:
             for n, p in module.named_parameters(recurse=False):
                 if p.requires_grad:
                     owner[prefix + n] = (path, n)
-        if set(owner) != set(clipping.names):
-            raise ValueError(f"groups and trainable parameters differ: {sorted(set(owner) ^ set(clipping.names))}")
         self.owner = owner  # full name -> (layer path, attribute)
         self.trainable = {path: {a for p, a in owner.values() if p == path} for path in self.layers}
-        self.group_of = {n: m for m, g in enumerate(clipping.groups) for n in g}
         self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
-        self.layer_groups = {path: sorted({self.group_of[n] for n, (p, _) in owner.items() if p == path})
-                             for path in self.layers}
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
+        if set(self.owner) != set(plan.names):
+            raise ValueError(f"groups and trainable parameters differ: {sorted(set(self.owner) ^ set(plan.names))}")
+        if not plan.per_sample:
+            return self._plain_sum(x, y, plan)
+        b = x.shape[0]
+        group_of = {n: m for m, g in enumerate(plan.groups) for n in g}
+        layer_groups = {path: {group_of[n] for n, (p, _) in self.owner.items() if p == path} for path in self.layers}
         kept: dict[str, _Kept] = {}
-        norms = [torch.zeros(x.shape[0], device=x.device) for _ in self.clipping.groups]
-        pending = [len(g) for g in self.clipping.groups]  # parameters not yet seen in backprop
+        # statistics accumulate in float64: GEP's residual norm ‖g‖² − ‖θ‖² must not lose digits
+        stats = [torch.zeros(b, device=x.device, dtype=torch.float64) for _ in plan.groups]
+        probes = torch.zeros(b, plan.probe_dim, device=x.device) if plan.probes else None
+        factors: list[torch.Tensor | None] = [None] * len(plan.groups)
+        pending = [len(g) for g in plan.groups]  # parameters not yet seen in backprop
         sums: dict[str, torch.Tensor] = {}
         held: set[str] = set()  # layers seen in backprop whose groups are still open
 
         def close(group: int) -> None:
-            factors = self.clipping.factor(norms[group].sqrt())
-            for name in self.clipping.groups[group]:
+            c = factors[group] = plan.factors(group, stats[group], probes).to(x.dtype)
+            for name in plan.groups[group] if plan.sums else ():
                 path, attr = self.owner[name]
-                sums[name] = self._clipped_sum(self.layers[path], kept[path], attr, factors)
-            for path in {self.owner[n][0] for n in self.clipping.groups[group]}:
+                sums[name] = self._weighted_sum(self.layers[path], kept[path], attr, c)
+            for path in {self.owner[n][0] for n in plan.groups[group]}:
                 kept[path].open_groups -= 1
                 if kept[path].open_groups == 0:
                     del kept[path]  # free the activation / output gradient / per-sample gradients
@@ -126,10 +137,10 @@ class BookKeeping:
             k.ds = ds.detach()
             held.add(path)
             self.peak_held = max(self.peak_held, len(held))
-            for attr, sq in self._square_norms(module, k, self.trainable[path]).items():
-                name = f"{path}.{attr}" if path else attr
-                group = self.group_of[name]
-                norms[group] += sq
+            prefix = f"{path}." if path else ""
+            for attr, sq in self._statistics(module, k, self.trainable[path], prefix, plan, probes).items():
+                group = group_of[prefix + attr]
+                stats[group] += sq
                 pending[group] -= 1
                 if pending[group] == 0:
                     close(group)
@@ -139,7 +150,7 @@ class BookKeeping:
                 if path in kept:
                     raise RunFailure(f"train.engine: layer {path!r} runs more than once per forward pass; "
                                      "book-keeping needs each layer once (use train.engine=func)")
-                kept[path] = _Kept(a=inputs[0].detach(), open_groups=len(self.layer_groups[path]))
+                kept[path] = _Kept(a=inputs[0].detach(), open_groups=len(layer_groups[path]))
                 output.register_hook(lambda g: on_backward(path, module, g))
             return hook
 
@@ -155,17 +166,28 @@ class BookKeeping:
             for h in handles:
                 h.remove()
         if any(pending):
-            unseen = [n for m, g in enumerate(self.clipping.groups) if pending[m] for n in g]
+            unseen = [n for m, g in enumerate(plan.groups) if pending[m] for n in g]
             raise RunFailure(f"train.engine: no gradient reached {unseen} (is the layer unused?)")
-        return {n: sums[n] for n in self.clipping.names}
+        return LeanBatch({n: sums[n] for n in plan.names if n in sums}, factors, probes, b)
+
+    def _plain_sum(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
+        """No per-sample statistic: Σ_i g_i is the gradient of the summed loss (plain autograd)."""
+        names = plan.names
+        params = dict(self.model.named_parameters())
+        loss = F.cross_entropy(self.model(x), y, reduction="sum")
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        ones = torch.ones(x.shape[0], device=x.device)
+        return LeanBatch(dict(zip(names, grads)), [ones] * len(plan.groups), None, x.shape[0])
 
     # -- per-layer kernels -------------------------------------------------------------------------------
-    def _square_norms(self, module: nn.Module, k: _Kept, trainable: set[str]) -> dict[str, torch.Tensor]:
-        """Per-sample squared gradient norms of the layer's trainable parameters: {attr: Tensor[b]}.
+    def _statistics(self, module: nn.Module, k: _Kept, trainable: set[str], prefix: str, plan: LeanPlan,
+                    probes: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Per-sample statistics ‖(g_i − shift) ⊙ scale‖² of the layer's trainable parameters, {attr: [b]},
+        and their probe contributions (added to ``probes``).
 
-        Keeps in ``k`` what the clipped sums will need: instantiated per-sample gradients (norm layers,
+        Keeps in ``k`` what the weighted sums will need: instantiated per-sample gradients (norm layers,
         biases, weights whose per-sample gradient is the smaller object) or the activation and output
-        gradient (ghost-norm weights); the rest is dropped here."""
+        gradient; the rest is dropped here."""
         out: dict[str, torch.Tensor] = {}
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
             k.per_sample = {n: g for n, g in _norm_layer_grads(module, k.a, k.ds).items() if n in trainable}
@@ -174,11 +196,40 @@ class BookKeeping:
                 k.per_sample["bias"] = k.ds.flatten(2).sum(2) if isinstance(module, nn.Conv2d) else \
                     k.ds.reshape(k.ds.shape[0], -1, k.ds.shape[-1]).sum(1)
             if "weight" in trainable:
-                out["weight"] = self._weight_square_norms(module, k)
-        out.update({n: g.flatten(1).pow(2).sum(1) for n, g in k.per_sample.items() if n not in out})
+                name = prefix + "weight"
+                if plan.transformed(name):
+                    out["weight"] = self._transformed_weight(module, k, name, plan, probes)
+                else:
+                    out["weight"] = self._weight_square_norms(module, k)
+        for attr, g in k.per_sample.items():
+            if attr not in out:
+                out[attr] = _statistic(g, prefix + attr, plan, probes)
         if set(k.per_sample) == trainable:
             k.a = k.ds = None  # everything the close needs is instantiated
         return out
+
+    def _transformed_weight(self, module: nn.Module, k: _Kept, name: str, plan: LeanPlan,
+                            probes: torch.Tensor | None) -> torch.Tensor:
+        """The statistic of a Linear / Conv2d weight under a shift, scale or probes: from the instantiated
+        per-sample gradient, chunk by chunk (kept when smaller than what it replaces) — except a one-token
+        Linear under a scale alone, where ‖m ⊙ (ds_i a_iᵀ)‖² = (ds_i²)ᵀ (m²) (a_i²) needs no instantiation."""
+        w = module.weight
+        if isinstance(module, nn.Linear) and k.a[0].numel() == w.shape[1] and name not in plan.shift \
+                and name not in plan.probes:
+            square = plan.scale[name].pow(2)
+            return ((k.ds.pow(2) @ square) * k.a.pow(2)).sum(1)
+        b = k.a.shape[0]
+        keep = w.numel() <= k.a[0].numel() + k.ds[0].numel()
+        parts, stats = [], []
+        step = self._chunk(module, k.a, w)
+        for lo in range(0, b, step):
+            g = _weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
+            stats.append(_statistic(g, name, plan, None if probes is None else probes[lo:lo + step]))
+            if keep:
+                parts.append(g)
+        if keep:
+            k.per_sample["weight"] = torch.cat(parts)
+        return torch.cat(stats)
 
     def _weight_square_norms(self, module: nn.Module, k: _Kept) -> torch.Tensor:
         """‖∂L_i/∂W‖² of a Linear / Conv2d, by ghost norm or by instantiation (then kept in ``k``).
@@ -200,26 +251,25 @@ class BookKeeping:
                 a, ds = _as_tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, d], [c, T, p]
                 squares.append((a @ a.transpose(1, 2)).mul_(ds @ ds.transpose(1, 2)).sum((1, 2)))
             return torch.cat(squares)
-        if isinstance(module, nn.Conv2d):  # per-sample gradients by grouped convolutions, one group per sample
-            g = torch.cat([_conv_per_sample_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
-                           for lo in range(0, b, step)])
-        else:
-            a, ds = _as_tokens(module, k.a, k.ds)
-            g = ds.transpose(1, 2) @ a
+        g = torch.cat([_weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step]) for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():
-            k.per_sample["weight"] = g.view(b, *w.shape)  # smaller than what it replaces: keep it for the sum
+            k.per_sample["weight"] = g  # smaller than what it replaces: keep it for the sum
         return g.view(b, -1).pow(2).sum(1)
 
     @staticmethod
-    def _chunk(module: nn.Module, a: torch.Tensor) -> int:
-        """Samples per chunk, so a conv's transient workspace (unfolded input, k²× the activation) stays
-        within ``WORKSPACE_BUDGET`` elements whatever the micro-batch size."""
-        if not isinstance(module, nn.Conv2d):
-            return a.shape[0]
-        kh, kw = module.kernel_size
-        return max(1, WORKSPACE_BUDGET // (a[0].numel() * kh * kw))
+    def _chunk(module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
+        """Samples per chunk, so a transient workspace stays within ``WORKSPACE_BUDGET`` elements whatever
+        the micro-batch size: a conv's unfolded input (k²× the activation) and, when instantiating per-sample
+        weight gradients (``weight``), the chunk of those."""
+        per_sample = 0
+        if isinstance(module, nn.Conv2d):
+            kh, kw = module.kernel_size
+            per_sample = a[0].numel() * kh * kw
+        if weight is not None:
+            per_sample = max(per_sample, weight.numel())
+        return max(1, WORKSPACE_BUDGET // per_sample) if per_sample else a.shape[0]
 
-    def _clipped_sum(self, module: nn.Module, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
+    def _weighted_sum(self, module: nn.Module, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
         """Σ_i c_i·g_i for parameter ``attr`` of ``module`` from what the layer kept."""
         if attr in k.per_sample:
             return torch.einsum("b,b...->...", c, k.per_sample[attr])
@@ -228,6 +278,27 @@ class BookKeeping:
             return torch.nn.grad.conv2d_weight(k.a, module.weight.shape, ds, module.stride, module.padding,
                                                module.dilation, module.groups)
         return ds.reshape(-1, ds.shape[-1]).t() @ k.a.reshape(-1, k.a.shape[-1])
+
+
+def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor | None) -> torch.Tensor:
+    """‖(g_i − shift) ⊙ scale‖² per sample of instantiated per-sample gradients g [b, *shape], and the
+    plan's probes of ``name`` added into ``probes`` [b, k] (rows of the same samples)."""
+    flat = g.reshape(g.shape[0], -1)
+    for lo, hi, col, v in plan.probes.get(name, ()):
+        probes[:, col:col + v.shape[1]] += flat[:, lo:hi] @ v
+    if name in plan.shift:
+        g = g - plan.shift[name]
+    if name in plan.scale:
+        g = g * plan.scale[name]
+    return g.reshape(g.shape[0], -1).pow(2).sum(1, dtype=torch.float64)
+
+
+def _weight_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight gradients [b, *weight.shape] of a Linear / Conv2d (a chunk of samples)."""
+    if isinstance(module, nn.Conv2d):
+        return _conv_per_sample_grads(module, a, ds)
+    a, ds = _as_tokens(module, a, ds)
+    return ds.transpose(1, 2) @ a
 
 
 def _as_tokens(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,12 +331,12 @@ def _norm_layer_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> d
 
 
 def check_lean(defense_cls: type[Defense], model: nn.Module) -> None:
-    """ConfigError unless ``lean`` can serve: the defense's per-sample transform is group-wise clipping
-    (it implements ``Defense.clipping``) and every trainable parameter sits in a supported layer."""
-    if defense_cls.clipping is Defense.clipping:
-        raise ConfigError(f"train.engine: lean needs a defense whose per-sample transform is group-wise "
-                          f"clipping (dpsgd, groupwise); {defense_cls.__name__} needs materialised "
-                          f"per-sample gradients: use auto or func")
+    """ConfigError unless ``lean`` can serve: the defense declares its per-sample statistics
+    (``Defense.lean_plan``) and every trainable parameter sits in a supported layer."""
+    if defense_cls.lean_plan is Defense.lean_plan:
+        raise ConfigError(f"train.engine: lean needs a defense that declares its per-sample statistics "
+                          f"(Defense.lean_plan); {defense_cls.__name__} needs materialised per-sample "
+                          f"gradients: use auto or func")
     trainable_layers(model)
 
 

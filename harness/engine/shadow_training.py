@@ -11,8 +11,10 @@ size, epochs, optimizer, schedule and sampling.
   then each model's real rows go through that model's own defense instance (``clip_and_accumulate`` /
   ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
   element, so stacking does not couple them).
+  Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
+  its current weights before each step.
 - **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
-  reference path, and the path for defenses that keep their model (``Defense.needs_model``).
+  reference path.
 """
 
 from __future__ import annotations
@@ -70,9 +72,12 @@ class _Split:
 
 
 def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
-                  make_defense: Callable[[int], Defense], cfg: TrainConfig, scopes: list[Streams],
+                  make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
                   device: torch.device, progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
-    """Train the K shadow models together (see the module docstring); returns their state dicts."""
+    """Train the K shadow models together (see the module docstring); returns their state dicts.
+    ``make_defense(i, model)`` builds model i's defense bound to its own module; for defenses that keep the
+    model (``Defense.needs_model``, e.g. GEP's anchors) each module is given model i's current weights
+    before every step."""
     k = len(pools)
     models = fresh_models(build, scopes)
     base = copy.deepcopy(models[0]).to("meta")
@@ -89,9 +94,10 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
                 for i, pool in enumerate(pools)]
     defenses = []
     for i in range(k):
-        defense = make_defense(i)
+        defense = make_defense(i, models[i])
         defense.steps_per_epoch = samplers[i].steps_per_epoch
         defenses.append(defense)
+    bound = [(i, models[i]) for i, d in enumerate(defenses) if d.needs_model]
     holder = nn.Module()
     for n in names:  # an optimizer needs leaf tensors; it steps all K models at once
         holder.register_parameter(n.replace(".", "__"), nn.Parameter(params[n].detach().clone()))
@@ -107,6 +113,7 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
             defense.begin_epoch(epoch, cfg.epochs)
         batches = [s.epoch() for s in samplers]
         for step in range(steps_per_epoch):
+            _sync(bound, leaf)
             chosen = [pools[i][batches[i][step]] for i in range(k)]
             width = max(len(c) for c in chosen)
             for start in range(0, max(width, 1), cfg.physical_batch_size):
@@ -135,3 +142,9 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
             for i in range(k)]
 
 
+@torch.no_grad()
+def _sync(bound: list[tuple[int, nn.Module]], leaf: dict[str, torch.Tensor]) -> None:
+    """Copy model i's slice of the stacked parameters into its module (its defense reads the module)."""
+    for i, model in bound:
+        for name, param in model.named_parameters():
+            param.copy_(leaf[name][i])

@@ -5,9 +5,10 @@ Every step goes through the defense per micro-batch and ``Defense.release``; the
 the defense shares. Per micro-batch, one of two engines (``train.engine``) feeds the defense:
 
 - ``func``: materialised per-sample gradients (torch.func) into ``clip_and_accumulate`` — every defense;
-- ``lean``: book-keeping (``harness/engine/book_keeping.py``) forms the clipped sum during backprop and hands it
-  to ``accumulate_clipped`` — defenses whose transform is group-wise clipping (dpsgd, groupwise); the same
-  release to float rounding, with less memory and time. ``auto`` picks ``lean`` where it applies.
+- ``lean``: book-keeping (``harness/engine/book_keeping.py``) computes the per-sample statistics the
+  defense's plan asks for (``Defense.lean_plan``) during backprop, forms the factor-weighted sums and hands
+  them to ``Defense.accumulate_lean`` — every built-in defense; the same release to float rounding, with
+  less memory and time. ``auto`` picks ``lean`` where the defense and the model allow it.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ class TrainResult:
 def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """``feed(x, y)``: add one micro-batch to the defense's running sum with the chosen engine."""
     if engine == "lean":
-        book_keeping = BookKeeping(model, defense.clipping())
-        return lambda x, y: defense.accumulate_clipped(book_keeping(x, y), x.shape[0])
+        book_keeping = BookKeeping(model)
+        return lambda x, y: defense.accumulate_lean(book_keeping(x, y, defense.lean_plan()))
     psg = PerSampleGradients(model)
     return lambda x, y: defense.clip_and_accumulate(psg(x, y))
 

@@ -124,7 +124,8 @@ class PrivateAnchorsGEP(GEP):
     """Bug: the anchor subspace is computed from the private batch instead of public data."""
 
     def clip_and_accumulate(self, grads):
-        self.bases = self.compute_bases(self.flatten(grads))
+        rows = self.flatten(grads)
+        self.bases = self.compute_bases(lambda: iter([rows]), rows.shape[0])
         self.bases_step = self.step
         super().clip_and_accumulate(grads)
 

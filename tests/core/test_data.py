@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from harness.core.settings import DataConfig, SyntheticConfig
-from harness.core.datasets import DATASETS, load_task
+from harness.core.datasets import load_task
+from harness.core.registry import DATASETS
 from harness.core.splits import Split, Task
 from harness.core.errors import ConfigError, RunFailure
 

@@ -9,7 +9,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from harness.core.errors import ConfigError
-from harness.core.models import DEFAULT_MODELS, MODELS, Normalize, build_model, num_params
+from harness.core.models import DEFAULT_MODELS, Normalize, build_model, num_params
+from harness.core.registry import MODELS
 
 ALL = MODELS.names()
 EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn"}

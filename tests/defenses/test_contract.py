@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from defenses import DEFENSES, Defense, SharedGradient
+from defenses import DEFENSES
+from defenses.base import Defense, SharedGradient
 from defenses.auditing import CanaryDesign
 from harness.config import build_spec
 from harness.core.per_sample import PerSampleGradients

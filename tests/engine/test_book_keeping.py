@@ -1,12 +1,15 @@
 """The book-keeping per-sample engine (``train.engine=lean``): agreement with the torch.func reference,
 the clipping bound it enforces, memory (layers held at once), refusals and engine selection."""
 
+import json
+
 import pytest
 import torch
 from click.testing import CliRunner
 from torch import nn
 
 from defenses import DEFENSES
+from defenses.base import Defense
 from defenses.clipping import GroupClipping
 from defenses.dpsgd import DPSGD, ClipParams
 from defenses.groupwise import resolve_groups
@@ -71,7 +74,7 @@ def test_book_keeping_matches_the_torch_func_path(case):
     for spec in ("all", "layer", "param", "uniform:2"):
         for fn in ("auto", "abadi"):
             clipping = GroupClipping.of(resolve_groups(spec, names), 0.3 if fn == "abadi" else 1.0, fn)
-            ref, got = clipping.clip_sum(grads), BookKeeping(model, clipping)(x, y)
+            ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan()).sums
             for n in names:
                 scale = ref[n].abs().max().clamp(min=1e-12)
                 assert float((ref[n] - got[n]).abs().max() / scale) < 1e-5, (case, spec, fn, n)
@@ -83,8 +86,8 @@ def test_finer_groups_hold_fewer_layers_at_once():
     x, y = torch.randn(3, 3, 16, 16), torch.randint(0, 10, (3,))
     held = {}
     for spec in ("all", "uniform:2", "layer", "param"):
-        bk = BookKeeping(model, GroupClipping.of(resolve_groups(spec, names), 1.0, "auto"))
-        bk(x, y)
+        bk = BookKeeping(model)
+        bk(x, y, GroupClipping.of(resolve_groups(spec, names), 1.0, "auto").plan())
         held[spec] = bk.peak_held
     assert held == {"all": 8, "uniform:2": 4, "layer": 1, "param": 1}
 
@@ -92,9 +95,10 @@ def test_finer_groups_hold_fewer_layers_at_once():
 def test_micro_batches_add_up_to_the_whole_batch():
     model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
     names = [n for n, p in model.named_parameters()]
-    bk = BookKeeping(model, GroupClipping.of(resolve_groups("layer", names), 1.0, "auto"))
+    plan = GroupClipping.of(resolve_groups("layer", names), 1.0, "auto").plan()
+    bk = BookKeeping(model)
     x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 10, (12,))
-    whole, a, b = bk(x, y), bk(x[:5], y[:5]), bk(x[5:], y[5:])
+    whole, a, b = (bk(x, y, plan).sums, bk(x[:5], y[:5], plan).sums, bk(x[5:], y[5:], plan).sums)
     for n in names:
         torch.testing.assert_close(whole[n], a[n] + b[n], rtol=1e-5, atol=1e-6)
 
@@ -127,9 +131,9 @@ def test_a_layer_used_twice_is_refused():
             return self.fc(torch.tanh(self.fc(x)))
 
     model = Twice()
-    bk = BookKeeping(model, GroupClipping.of([["fc.weight", "fc.bias"]], 1.0, "auto"))
     with pytest.raises(RunFailure, match="more than once"):
-        bk(torch.randn(3, 4), torch.randint(0, 4, (3,)))
+        BookKeeping(model)(torch.randn(3, 4), torch.randint(0, 4, (3,)),
+                           GroupClipping.of([["fc.weight", "fc.bias"]], 1.0, "auto").plan())
 
 
 def test_engine_selection():
@@ -137,13 +141,16 @@ def test_engine_selection():
     shapes = {n: p.shape for n, p in model.named_parameters()}
     streams = Streams(0)
     dp = DPSGD(ClipParams(), shapes, 1.0, streams)
-    rs_cls = DEFENSES.get("rs")
-    rs = rs_cls(rs_cls.Params(), shapes, 1.0, streams)
+
+    class Materialised(DPSGD):  # a defense that declares no lean plan
+        lean_plan = Defense.lean_plan
+
+    plain = Materialised(ClipParams(), shapes, 1.0, streams)
     assert select_engine("auto", model, dp) == "lean"
     assert select_engine("func", model, dp) == "func"
-    assert select_engine("auto", model, rs) == "func"
+    assert select_engine("auto", model, plain) == "func"
     with pytest.raises(ConfigError, match="train.engine"):
-        select_engine("lean", model, rs)
+        select_engine("lean", model, plain)
     embedding = WithEmbedding()
     dp_emb = DPSGD(ClipParams(), {n: p.shape for n, p in embedding.named_parameters()}, 1.0, streams)
     assert select_engine("auto", embedding, dp_emb) == "func"
@@ -151,10 +158,12 @@ def test_engine_selection():
         select_engine("lean", embedding, dp_emb)
 
 
-def test_lean_with_a_masking_defense_exits_2(tmp_path):
-    result = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "none", "--set", "train.engine=lean",
-                                       "--results", str(tmp_path)])
-    assert result.exit_code == 2 and "train.engine" in result.output
+def test_every_defense_runs_lean_by_default(tmp_path):
+    for name in DEFENSES.names():
+        result = CliRunner().invoke(main, ["run", "--defense", name, "--attack", "none", "--epochs", "1",
+                                           "--results", str(tmp_path), "--json", "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["train.engine_used"] == "lean", name
 
 
 # -- the engines train alike; the clipping bound ----------------------------------------------------------
@@ -181,13 +190,13 @@ def test_book_keeping_bounds_one_samples_contribution(spec, fn):
     model = build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3)
     names = [n for n, p in model.named_parameters()]
     clipping = GroupClipping.of(resolve_groups(spec, names), 0.8, fn)
-    bk = BookKeeping(model, clipping)
+    bk = BookKeeping(model)
     torch.manual_seed(1)
     x, y = torch.rand(6, 3, 32, 32), torch.randint(0, 10, (6,))
     x[0] = x[0] * 1e3 - 5e2  # a huge-gradient canary example
     raw = PerSampleGradients(model)(x[:1], y[:1])
     assert float(torch.cat([g.reshape(-1) for g in raw.values()]).norm()) > 10 * 0.8  # really needs clipping
-    with_it, without = bk(x, y), bk(x[1:], y[1:])
+    with_it, without = bk(x, y, clipping.plan()).sums, bk(x[1:], y[1:], clipping.plan()).sums
     diff = {n: with_it[n] - without[n] for n in names}
     slack = 1 + 1e-5
     assert float(torch.cat([d.reshape(-1) for d in diff.values()]).norm()) <= 0.8 * slack
@@ -205,7 +214,7 @@ def test_book_keeping_matches_the_torch_func_path_on_cuda(monkeypatch):
     grads = PerSampleGradients(model)(x, y)
     for spec in ("all", "layer"):
         clipping = GroupClipping.of(resolve_groups(spec, names), 1.0, "auto")
-        ref, got = clipping.clip_sum(grads), BookKeeping(model, clipping)(x, y)
+        ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan()).sums
         for n in names:
             assert got[n].device.type == "cuda"
             assert float((ref[n] - got[n]).abs().max() / ref[n].abs().max().clamp(min=1e-12)) < 1e-4, (spec, n)

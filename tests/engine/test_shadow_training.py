@@ -13,21 +13,26 @@ def halves(k: int, n: int, gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.sort(torch.randperm(n, generator=gen)[: n // 2]).values for _ in range(k)]
 
 
-@pytest.mark.parametrize("defense", ["dpsgd", "rs"])
+DEFENSES = {"dpsgd": {}, "rs": {"final_rate": 0.5}, "adaclip": {},
+            "gep": {"num_bases": 10, "num_anchors": 50}}  # GEP keeps its model: anchors follow each shadow's weights
+
+
+@pytest.mark.parametrize("defense", list(DEFENSES))
 def test_vectorised_shadows_equal_sequential(defense):
-    """Same random streams ⇒ the vectorised path trains the same models as the normal training loop."""
-    spec = build_spec({"defense": {"name": defense, "final_rate": 0.5} if defense == "rs" else defense,
+    """Same random streams ⇒ the vectorised path trains the same models as the normal training loop, for
+    every kind of defense, including one that keeps its model (GEP)."""
+    spec = build_spec({"defense": {"name": defense, **DEFENSES[defense]},
                        # the same per-sample engine as the vectorised path (lean vs func: test_book_keeping.py)
                        "train": {"epochs": 2, "batch_size": 64, "engine": "func"},
                        "privacy": {"noise_multiplier": 1.0}})
     prep = prepare(spec)
-    x, y = prep.task.train.x, prep.task.train.y
+    x, y = prep.task.train.x[:512], prep.task.train.y[:512]  # 4 steps per epoch on each half
     pools = halves(4, len(y), torch.Generator().manual_seed(0))
     scopes = [prep.streams.scope("shadow", i) for i in range(4)]
     cpu = torch.device("cpu")
 
-    vec = train_shadows(prep.build_model, x, y, pools, lambda i: prep.make_defense(scopes[i]), spec.train, scopes,
-                        cpu, progress=False)
+    vec = train_shadows(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m), spec.train,
+                        scopes, cpu, progress=False)
     seq = train_shadows_sequential(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m),
                                    spec.train, scopes, cpu, progress=False)
     assert len(vec) == len(seq) == 4
