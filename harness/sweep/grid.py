@@ -37,8 +37,9 @@ class PaperNumbers(Params):
     row: str = param("", "the row and column of that table")
     test_accuracy: float | None = param(None, "reported test accuracy, as a fraction", low=0, high=1)
     test_accuracy_sem: float | None = param(None, "its standard error of the mean, as a fraction", low=0)
-    accuracy_is: str = param("final", "`final`: the last epoch's accuracy; `best`: the best epoch's "
-                                      "(compare with utility.best_test_accuracy)", choices=("final", "best"))
+    accuracy_is: str = param("unstated", "`final`: the last epoch's accuracy; `best`: the best epoch's "
+                                         "(compare with utility.best_test_accuracy); `unstated`",
+                             choices=("final", "best", "unstated"))
     density: float | None = param(None, "reported total density of the released gradient (comm.density)",
                                   low=0, high=1)
 
