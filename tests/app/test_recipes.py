@@ -89,3 +89,61 @@ def test_paper_fields_are_documented() -> None:
     doc = REPRODUCING.read_text()
     for name in PaperNumbers.__dataclass_fields__:
         assert f"`{name}`" in doc, name
+
+
+# -- the paper columns: validation, placement in the leaderboard / report --------------------------------
+def test_paper_section_is_validated_and_outside_the_run_key(tmp_path: Path) -> None:
+    base = {"data": {"name": "digits"}, "defense": {"name": "dpsgd"}, "seeds": [0]}
+    plain, annotated = tmp_path / "plain.yaml", tmp_path / "annotated.yaml"
+    plain.write_text(yaml.safe_dump(base))
+    annotated.write_text(yaml.safe_dump({**base, "paper": {"table": "Table 9", "test_accuracy": 0.5,
+                                                             "test_accuracy_sem": 0.01}}))
+    assert load_sweep(plain)[0].run_key == load_sweep(annotated)[0].run_key
+    assert load_paper(annotated) == {"paper.table": "Table 9", "paper.test_accuracy": 0.5,
+                                     "paper.test_accuracy.sem": 0.01, "paper.accuracy_is": "unstated"}
+    for bad, field in (({"test_accuracy": 70.0}, "paper.test_accuracy"), ({"tabel": "x"}, "tabel"),
+                       ({"accuracy_is": "median"}, "paper.accuracy_is")):
+        broken = tmp_path / "broken.yaml"
+        broken.write_text(yaml.safe_dump({**base, "paper": bad}))
+        out = CliRunner().invoke(main, ["sweep", str(broken), "--results", str(tmp_path / "r")])
+        assert out.exit_code == 2 and field in out.output and "Traceback" not in out.output
+        assert not (tmp_path / "r" / "results.sqlite").exists()
+
+
+def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    from harness import leaderboard as lb
+    from harness.report import table
+
+    def row(seed: int, acc: float) -> dict:
+        metrics = {"dataset": "cifar10", "model": "hcnn", "defense": "rs", "attack": "none", "seed": seed,
+                   "privacy.epsilon": 3.0, "utility.test_accuracy": acc, "comm.density": 0.55,
+                   "utility.test_accuracy_by_epoch": [acc - 0.1, acc + 0.02, acc],
+                   "paper.table": "Table 2", "paper.test_accuracy": 0.7, "paper.test_accuracy.sem": 0.0011,
+                   "paper.accuracy_is": "unstated", "paper.density": 0.55}
+        return {"run_id": f"r{seed}", "run_key": f"k{seed}", "status": "done", "metrics": metrics,
+                "config": {"defense": {"name": "rs"}, "seed": seed}}
+
+    rows = [row(0, 0.68), row(1, 0.70)]
+    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    (record,) = grouped
+    assert record["paper.test_accuracy"] == 0.7 and record["paper.test_accuracy.sem"] == 0.0011
+    assert record["utility.best_test_accuracy"] == pytest.approx(0.71)  # mean over seeds of the best epoch
+    handle = io.StringIO()
+    lb.write_csv(grouped, handle)
+    header = next(csv.reader(io.StringIO(handle.getvalue())))
+    at = header.index("utility.test_accuracy")
+    assert header[at + 1:at + 5] == ["utility.best_test_accuracy", "paper.test_accuracy", "paper.test_accuracy.sem",
+                                     "paper.accuracy_is"]
+    assert header[header.index("comm.density") + 1] == "paper.density"
+    text = lb.format_table(grouped).splitlines()
+    columns = text[0].split()
+    assert columns[columns.index("utility.test_accuracy") + 1:][:2] == ["utility.best_test_accuracy",
+                                                                       "paper.test_accuracy"]
+    assert "0.7 ± 0.0011" in text[1]
+    assert "<th>paper.test_accuracy</th>" in table(grouped)
+    # without a paper number nothing moves
+    plain = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if not k.startswith("paper.")}} for r in rows]
+    assert "paper.test_accuracy" not in lb.format_table(lb.leaderboard(plain))
