@@ -56,6 +56,7 @@ from harness.core.errors import ConfigError
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
 from harness.core.models import Normalize
+from harness.core.scatternet import FixedFeatures
 
 WORKING_MODELS = "cnn3 (the digits default), cnn6, fcn3 and mlp"
 RANK_TOL = 1e-7
@@ -105,6 +106,9 @@ def _leaves(module: nn.Module, prefix: str = ""):
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(child, nn.Sequential):
             yield from _leaves(child, path)
+        elif isinstance(child, FixedFeatures):
+            raise _unsupported(path, child, "a fixed feature transform (the scattering of hcnn / hcnn-small) is "
+                                            "many-to-one: no closed-form inverse (ig attacks these models)")
         elif any(True for _ in child.children()):
             raise _unsupported(path, child, "a composite module whose execution order is not a plain chain")
         else:

@@ -172,7 +172,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
     from harness.store import ResultStore
     from harness.sweep import executors
     from harness.sweep.driver import run_sweep
-    from harness.sweep.grid import describe, load_sweep, swept_fields
+    from harness.sweep.grid import describe, load_paper, load_sweep, swept_fields
 
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
@@ -193,7 +193,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
     else:
         runner = executors.SequentialExecutor()
     summary = run_sweep(specs, store, runner, rerun=rerun, fail_fast=fail_fast, progress=not quiet,
-                           wait_for_lock=wait_for_lock)
+                        wait_for_lock=wait_for_lock, annotations=load_paper(sweep_file))
     data = dataclasses.asdict(summary)
     emit(data, as_json, f"sweep {sweep_file}: {summary.planned} runs planned, {summary.skipped} already done, "
                         f"{summary.done} done now, {summary.failed} failed")

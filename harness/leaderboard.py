@@ -23,12 +23,34 @@ LEADING = [
 ]
 METRIC_PREFIXES = ("utility.", "leakage.", "comm.", "time.")  # averaged over seeds, with .sem
 TERMINAL = ["run_id", "dataset", "model", "defense", "attack", "seed", "privacy.epsilon", "utility.test_accuracy"]
+# A paper recipe's numbers (configs/papers/, ``paper:``) sit beside the measured column they quote, with the
+# best epoch's accuracy (what papers that report "best accuracy" compare with); BRIEF: what the terminal table
+# and the report add (the CSV adds them all).
+PAPER_BESIDE = {"utility.test_accuracy": ["utility.best_test_accuracy", "paper.test_accuracy",
+                                          "paper.test_accuracy.sem", "paper.accuracy_is"],
+                "comm.density": ["paper.density"]}
+BRIEF = {"utility.best_test_accuracy", "paper.test_accuracy"}
+
+
+def with_paper(columns: list[str], present: set[str], brief: bool = False) -> list[str]:
+    """``columns`` with each measured column followed by the ``present`` columns that PAPER_BESIDE puts beside
+    it; unchanged when no record carries a paper number."""
+    if not any(c.startswith("paper.") for c in present):
+        return columns
+    out = []
+    for c in columns:
+        out += [c, *(p for p in PAPER_BESIDE.get(c, [])
+                     if p in present and p not in columns and (p in BRIEF or not brief))]
+    return out
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """A store row as one flat record of scalar result keys (lists such as per-epoch curves are left out)."""
     flat = {"run_id": row["run_id"], "run_key": row["run_key"], "status": row["status"]}
     flat.update({k: v for k, v in row["metrics"].items() if not isinstance(v, (list, dict))})
+    curve = row["metrics"].get("utility.test_accuracy_by_epoch")
+    if curve and all(is_number(v) for v in curve):  # what papers that report the best epoch compare with
+        flat["utility.best_test_accuracy"] = max(curve)
     return flat
 
 
@@ -65,7 +87,7 @@ def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ordered_columns(records: list[dict[str, Any]]) -> list[str]:
     present = {c for r in records for c in r}
-    lead = [c for c in ["group_key", "n", "seeds", *LEADING] if c in present or c in LEADING]
+    lead = with_paper([c for c in ["group_key", "n", "seeds", *LEADING] if c in present or c in LEADING], present)
     rest = sorted(present - set(lead))
     return lead + rest
 
@@ -158,6 +180,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     else:
         base.insert(base.index("attack") + 1, "seed")
     columns = base[:base.index("attack") + 1] + varying + base[base.index("attack") + 1:] + leak + pareto
+    columns = with_paper(columns, keys, brief=True)
 
     def show(r: dict[str, Any], c: str) -> str:
         v = r.get(c)

@@ -58,7 +58,7 @@ def table(records: list[dict[str, Any]]) -> str:
     leak = [h[0] for a in lb.attacks_in(records) if (h := lb.headline(keys, a))]
     columns = ["n", "dataset", "model", "defense", *varying, "attack", "privacy.epsilon",
                "utility.test_accuracy", *leak, *sorted(c for c in keys if c.startswith("pareto."))]
-    columns = [c for c in columns if c in keys]
+    columns = [c for c in lb.with_paper(columns, keys, brief=True) if c in keys]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for r in records:

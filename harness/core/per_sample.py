@@ -3,16 +3,65 @@
 Each example's loss is computed on its own (a batch of one inside ``vmap``), so the gradient of example i
 depends on example i alone — the property DP clipping relies on. Memory is bounded by the micro-batch
 (``train.physical_batch_size``): the caller feeds micro-batches and the defense keeps a running sum.
+
+A model's *fixed front* — the leading modules of its (nested) ``nn.Sequential`` that own no trainable
+parameter: the ``Normalize`` layer, a fixed scattering transform and a parameter-free GroupNorm — is applied
+to the whole micro-batch once, outside ``vmap``, and only the rest (the *head*) is differentiated per sample
+(``fixed_front``). The front has no parameter to differentiate and mixes no samples (the registry's modules
+are sample-wise), so the per-sample gradients are the same; the front need not support ``vmap`` (kymatio's
+scattering does not) and is not recomputed per sample.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+
+
+@dataclass
+class FixedFront:
+    """``model(x) == head(front(x))``; ``head`` shares the model's modules (and so its parameters)."""
+
+    front: nn.Sequential      # leading modules without trainable parameters (possibly none)
+    head: nn.Module           # everything after them
+    names: dict[str, str]     # head parameter / buffer name -> the model's name for the same tensor
+
+
+def _trainable(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def fixed_front(model: nn.Module) -> FixedFront:
+    """Cut ``model`` after its longest prefix of modules without trainable parameters, descending into
+    nested ``nn.Sequential`` containers (a model that is no Sequential has an empty front)."""
+    front: list[nn.Module] = []
+    rest: list[nn.Module] = []
+
+    def walk(seq: nn.Sequential) -> bool:  # True once the cut is made inside ``seq``
+        children = list(seq.children())
+        for i, child in enumerate(children):
+            if not _trainable(child):
+                front.append(child)
+                continue
+            if not (isinstance(child, nn.Sequential) and walk(child)):
+                rest.append(child)
+            rest.extend(children[i + 1:])
+            return True
+        return False
+
+    if isinstance(model, nn.Sequential):
+        walk(model)
+        head: nn.Module = nn.Sequential(*rest)
+    else:
+        head = model
+    ids = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    names = {n: ids[id(t)] for n, t in [*head.named_parameters(), *head.named_buffers()]}
+    return FixedFront(nn.Sequential(*front), head, names)
 
 
 class PerSampleGradients:
@@ -24,18 +73,23 @@ class PerSampleGradients:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.split = fixed_front(model)
+        head = self.split.head
+        self._head_name = {model_name: n for n, model_name in self.split.names.items()}
 
         def loss_one(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                      x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, (params, buffers), (x.unsqueeze(0),))
+            logits = functional_call(head, (params, buffers), (x.unsqueeze(0),))
             return F.cross_entropy(logits, y.unsqueeze(0))
 
         self._per_sample = vmap(grad(loss_one), in_dims=(None, None, 0, 0))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
-        buffers = {n: b.detach() for n, b in self.model.named_buffers()}
-        return self._per_sample(params, buffers, x, y)
+        head = self.split.head
+        params = {n: p.detach() for n, p in head.named_parameters() if p.requires_grad}
+        buffers = {n: b.detach() for n, b in head.named_buffers()}
+        grads = self._per_sample(params, buffers, self.split.front(x), y)
+        return {n: grads[self._head_name[n]] for n in self.names}
 
 
 def micro_batches(x: torch.Tensor, y: torch.Tensor, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

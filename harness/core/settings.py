@@ -78,7 +78,7 @@ class PrivacyConfig(Params):
 class TrainConfig(Params):
     """Victim training. Defaults are tuned for the embedded digits data (see docs/configuration.md):
     Adam at lr 0.01 serves both DP-SGD (≈0.91 test accuracy at ε = 3) and the non-private baseline (≈0.97);
-    the papers' SGD recipes are in configs/."""
+    the papers' SGD recipes are in configs/papers/."""
 
     epochs: int = param(20, "training epochs (flag `--epochs`)", low=1)
     batch_size: int = param(128, "logical batch size B (at most the private pool); q = B/N", low=1)

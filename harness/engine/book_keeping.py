@@ -21,7 +21,9 @@ One forward and one backward pass per micro-batch, no per-sample gradient of the
    projecting), exactly as its materialised path would.
 
 Parameters are passed to the forward pass detached, so autograd computes no parameter gradients at all
-(the engine forms the only weight-gradient products needed); the input requires grad to drive backprop.
+(the engine forms the only weight-gradient products needed). The model's fixed front (``Normalize``, a fixed
+scattering transform, a parameter-free norm: ``harness.core.per_sample.fixed_front``) runs without autograd;
+its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
 Supported layers: Linear, Conv2d (any stride / padding / dilation, groups = 1, zero padding),
 GroupNorm and LayerNorm (per-sample gradients instantiated; they are small). A model with any other
@@ -42,6 +44,7 @@ from torch.func import functional_call
 from defenses.base import Defense
 from defenses.lean import LeanBatch, LeanPlan
 from harness.core.errors import ConfigError, RunFailure
+from harness.core.per_sample import fixed_front
 
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
 WORKSPACE_BUDGET = 1 << 21  # elements (8 MiB in float32) of unfolded conv input per chunk of samples
@@ -103,6 +106,7 @@ class BookKeeping:
         self.owner = owner  # full name -> (layer path, attribute)
         self.trainable = {path: {a for p, a in owner.values() if p == path} for path in self.layers}
         self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
+        self.split = fixed_front(model)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
         if set(self.owner) != set(plan.names):
@@ -156,12 +160,15 @@ class BookKeeping:
 
         handles = [m.register_forward_hook(forward_hook(p)) for p, m in self.layers.items()]
         try:
-            params = {n: p.detach() for n, p in self.model.named_parameters()}
-            buffers = dict(self.model.named_buffers())
-            x = x.detach().requires_grad_(True)
-            logits = functional_call(self.model, (params, buffers), (x,))
+            head = self.split.head
+            params = {n: p.detach() for n, p in head.named_parameters()}
+            buffers = dict(head.named_buffers())
+            with torch.no_grad():
+                features = self.split.front(x.detach())
+            features = features.detach().requires_grad_(True)  # never the caller's tensor
+            logits = functional_call(head, (params, buffers), (features,))
             loss = F.cross_entropy(logits, y, reduction="sum")
-            torch.autograd.grad(loss, x)
+            torch.autograd.grad(loss, features)
         finally:
             for h in handles:
                 h.remove()

@@ -10,7 +10,9 @@ size, epochs, optimizer, schedule and sampling.
   vmap-over-models of vmap-over-samples. Each model's batch is padded to the largest batch of the step;
   then each model's real rows go through that model's own defense instance (``clip_and_accumulate`` /
   ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
-  element, so stacking does not couple them).
+  element, so stacking does not couple them). The models' common fixed front (``Normalize``, a fixed
+  scattering transform: ``harness.core.per_sample.fixed_front``) is applied once per micro-batch, outside the
+  vmaps; only the heads are stacked. Every model comes from the same ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step.
 - **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
@@ -30,6 +32,7 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm import tqdm
 
 from defenses.base import Defense
+from harness.core.per_sample import fixed_front
 from harness.core.settings import TrainConfig
 from harness.core.streams import Streams
 from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
@@ -79,9 +82,11 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
     model (``Defense.needs_model``, e.g. GEP's anchors) each module is given model i's current weights
     before every step."""
     k = len(pools)
-    models = fresh_models(build, scopes)
-    base = copy.deepcopy(models[0]).to("meta")
-    params, buffers = stack_module_state([m.to(device) for m in models])
+    models = [m.to(device) for m in fresh_models(build, scopes)]
+    splits = [fixed_front(m) for m in models]
+    front, rename = splits[0].front, splits[0].names  # head name -> model name
+    base = copy.deepcopy(splits[0].head).to("meta")
+    params, buffers = stack_module_state([s.head for s in splits])
     names = list(params)
     buffers = {n: b.detach() for n, b in buffers.items()}
 
@@ -113,7 +118,7 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
             defense.begin_epoch(epoch, cfg.epochs)
         batches = [s.epoch() for s in samplers]
         for step in range(steps_per_epoch):
-            _sync(bound, leaf)
+            _sync(bound, leaf, rename)
             chosen = [pools[i][batches[i][step]] for i in range(k)]
             width = max(len(c) for c in chosen)
             for start in range(0, max(width, 1), cfg.physical_batch_size):
@@ -124,27 +129,31 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
                 padded = torch.stack([torch.cat([r, r.new_zeros(size - len(r))]) for r in rows]).to(device)
                 current = {n: leaf[n].detach() for n in names}
                 # contiguous: slicing vmap's strided output per model is otherwise very slow
-                grads = {n: g.contiguous() for n, g in per_model(current, buffers, x_all[padded], y_all[padded]).items()}
+                unique, inverse = torch.unique(padded, return_inverse=True)  # shadow pools overlap
+                with torch.no_grad():
+                    features = front(x_all[unique])[inverse]
+                grads = {n: g.contiguous() for n, g in per_model(current, buffers, features, y_all[padded]).items()}
                 for i, r in enumerate(rows):
                     if len(r):
-                        defenses[i].clip_and_accumulate({n: g[i, :len(r)] for n, g in grads.items()})
+                        defenses[i].clip_and_accumulate({rename[n]: g[i, :len(r)] for n, g in grads.items()})
             releases = [d.release(cfg.batch_size) for d in defenses]
             for n in names:
-                leaf[n].grad = torch.stack([rel.grads[n] for rel in releases]).to(leaf[n].dtype)
+                leaf[n].grad = torch.stack([rel.grads[rename[n]] for rel in releases]).to(leaf[n].dtype)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if schedule is not None:
                 schedule.step()
             bar.update(1)
     bar.close()
-    buffer_names = list(buffers)
-    return [{**{n: leaf[n].detach()[i].clone() for n in names}, **{b: buffers[b][i].clone() for b in buffer_names}}
-            for i in range(k)]
+    stacked = {rename[n]: leaf[n].detach() for n in names} | {rename[b]: v for b, v in buffers.items()}
+    keys = models[0].state_dict()  # the front's persistent buffers (e.g. Normalize's) come from model 0
+    return [{n: (stacked[n][i] if n in stacked else v).clone() for n, v in keys.items()} for i in range(k)]
 
 
 @torch.no_grad()
-def _sync(bound: list[tuple[int, nn.Module]], leaf: dict[str, torch.Tensor]) -> None:
-    """Copy model i's slice of the stacked parameters into its module (its defense reads the module)."""
+def _sync(bound: list[tuple[int, nn.Module]], leaf: dict[str, torch.Tensor], rename: dict[str, str]) -> None:
+    """Copy model i's slice of the stacked (head) parameters into its module (its defense reads the module)."""
     for i, model in bound:
-        for name, param in model.named_parameters():
-            param.copy_(leaf[name][i])
+        params = dict(model.named_parameters())
+        for head_name, stacked in leaf.items():
+            params[rename[head_name]].copy_(stacked[i])

@@ -63,7 +63,9 @@ def sweep_lock(results: Path, wait_for_lock: bool) -> Iterator[None]:
 
 
 def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, rerun: bool = False,
-              fail_fast: bool = False, progress: bool = True, wait_for_lock: bool = False) -> SweepSummary:
+              fail_fast: bool = False, progress: bool = True, wait_for_lock: bool = False,
+              annotations: dict[str, Any] | None = None) -> SweepSummary:
+    """Run the pending points; ``annotations`` (a recipe's ``paper.*`` columns) join every finished result."""
     summary = SweepSummary(planned=len(specs))
     swept = swept_fields(specs)
     with sweep_lock(store.root, wait_for_lock):
@@ -87,6 +89,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
             spec, run_id, run_dir = job
             label = describe(spec, swept)
             if metrics is not None:
+                metrics = {**metrics, **(annotations or {})}
                 store.finish(run_id, metrics)
                 summary.done += 1
                 acc, eps = metrics["utility.test_accuracy"], metrics["privacy.epsilon"]

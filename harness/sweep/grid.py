@@ -5,6 +5,11 @@ Sweep file = a run configuration in which any field given as a list is swept (ca
 defense or attack parameters) are swept only when given as a list of lists: ``attacks: [ig, rgap]`` is
 one run with both attacks, ``attacks: [[ig], [rgap]]`` two runs. Every grid point is validated before
 any run starts.
+
+A paper recipe (configs/papers/) adds a ``paper:`` section (``PaperNumbers``): what the paper reports for
+the configuration. It is no part of any run's configuration or run key; ``paper_columns`` turns it into
+result columns ``paper.<field>`` (``test_accuracy_sem`` → ``paper.test_accuracy.sem``) that the sweep
+driver adds to each run's result, so the leaderboard and the report show them beside the measured ones.
 """
 
 from __future__ import annotations
@@ -12,13 +17,50 @@ from __future__ import annotations
 import copy
 import itertools
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from harness.config import RunSpec, build_spec, load_yaml
 from harness.core.errors import ConfigError
+from harness.core.params import Params, from_dict, param
 
 NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
+
+
+@dataclass
+class PaperNumbers(Params):
+    """A recipe's ``paper:`` section: the paper's reported numbers for the configuration the recipe runs."""
+
+    source: str = param("", "the paper: authors, title, venue")
+    table: str = param("", "the table (or figure) that reports the number")
+    row: str = param("", "the row and column of that table")
+    test_accuracy: float | None = param(None, "reported test accuracy, as a fraction", low=0, high=1)
+    test_accuracy_sem: float | None = param(None, "its standard error of the mean, as a fraction", low=0)
+    accuracy_is: str = param("unstated", "`final`: the last epoch's accuracy; `best`: the best epoch's "
+                                         "(compare with utility.best_test_accuracy); `unstated`",
+                             choices=("final", "best", "unstated"))
+    density: float | None = param(None, "reported total density of the released gradient (comm.density)",
+                                  low=0, high=1)
+
+
+def paper_columns(raw: Any, where: str = "paper") -> dict[str, Any]:
+    """The validated ``paper:`` section as result columns ``paper.<field>`` (fields left unset omitted)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping of the paper's numbers (source, table, row, test_accuracy, ...)")
+    numbers = from_dict(PaperNumbers, raw, where)
+    columns = {}
+    for key, value in vars(numbers).items():
+        if value is not None and value != "":
+            columns["paper." + (key.replace("_sem", ".sem") if key.endswith("_sem") else key)] = value
+    return columns
+
+
+def load_paper(path: str | Path) -> dict[str, Any]:
+    """The result columns of a sweep file's ``paper:`` section ({} when it has none)."""
+    return paper_columns(load_yaml(path).get("paper"), f"{path}: paper")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -98,6 +140,7 @@ def load_sweep(path: str | Path) -> list[RunSpec]:
     raw = load_yaml(path)
     if not raw:
         raise ConfigError(f"{path}: empty sweep file")
+    paper_columns(raw.pop("paper", None), f"{path}: paper")  # validated here; carried by load_paper
     specs: dict[str, RunSpec] = {}
     for point in expand(raw, where=str(path)):
         try:

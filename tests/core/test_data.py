@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import os
-import pickle
-import struct
 from pathlib import Path
 from urllib.error import URLError
 
@@ -21,6 +18,7 @@ from harness.core.datasets import load_task
 from harness.core.registry import DATASETS
 from harness.core.splits import Split, Task
 from harness.core.errors import ConfigError, RunFailure
+from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 
 def cfg_with(**overrides) -> DataConfig:
@@ -167,37 +165,6 @@ def test_synthetic_is_learnable() -> None:
 # --------------------------------------------------------------------------- torchvision fakes
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    # IDX: 2 zero bytes, type code 0x08 (unsigned byte), number of dims, then big-endian uint32 dims.
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
-def make_mnist_like(root: Path, folder: str, n_train: int, n_test: int) -> dict[str, np.ndarray]:
-    # torchvision 0.2x reads the *uncompressed* files from <root>/<ClassName>/raw/.
-    raw = root / folder / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    arrays = {
-        "train_x": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
-        "train_y": (np.arange(n_train) % 10).astype(np.uint8),
-        "test_x": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
-        "test_y": ((np.arange(n_test) * 3) % 10).astype(np.uint8),
-    }
-    write_idx(raw / "train-images-idx3-ubyte", arrays["train_x"])
-    write_idx(raw / "train-labels-idx1-ubyte", arrays["train_y"])
-    write_idx(raw / "t10k-images-idx3-ubyte", arrays["test_x"])
-    write_idx(raw / "t10k-labels-idx1-ubyte", arrays["test_y"])
-    return arrays
-
-
-def skip_md5(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
-    # Only the checksum is faked: the fake files cannot match the real datasets' md5 sums, so the
-    # integrity check is reduced to "the file exists". Everything else is torchvision's real code.
-    mod = importlib.import_module(f"torchvision.datasets.{module}")
-    monkeypatch.setattr(mod, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
-
-
 def check_official_split(task: Task, n_train: int, n_test: int, public_fraction: float) -> None:
     n_public = round(public_fraction * n_train)
     assert len(task.public) == n_public
@@ -227,18 +194,7 @@ def test_mnist_like_from_idx_files(tmp_path: Path, name: str, folder: str) -> No
 
 def test_cifar10_from_pickled_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     skip_md5(monkeypatch, "cifar")
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    rng = np.random.default_rng(1)
-    batches = {}
-    for name, n in [(f"data_batch_{i}", 6) for i in range(1, 6)] + [("test_batch", 8)]:
-        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)  # rows: 1024 R, 1024 G, 1024 B
-        labels = rng.integers(0, 10, n).tolist()
-        batches[name] = (data, labels)
-        with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "labels": labels}, f)
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    batches = make_cifar10(tmp_path, per_batch=6, n_test=8)
 
     task = load_task(cfg_with(name="cifar10", root=str(tmp_path), public_fraction=0.2))
     assert task.shape == (3, 32, 32) and task.num_classes == 10 and len(task.mean) == 3
@@ -257,16 +213,8 @@ def test_cifar10_from_pickled_batches(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_svhn_from_mat_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scipy.io import savemat
-
     skip_md5(monkeypatch, "svhn")
-    rng = np.random.default_rng(2)
-    raw = {}
-    for split, n in (("train", 20), ("test", 7)):
-        x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)  # H x W x C x N, as in the real files
-        y = (np.arange(n) % 10 + 1).astype(np.uint8).reshape(n, 1)  # SVHN labels are 1..10 (10 = digit 0)
-        savemat(tmp_path / f"{split}_32x32.mat", {"X": x, "y": y})
-        raw[split] = (x, y[:, 0])
+    raw = make_svhn(tmp_path, n_train=20, n_test=7)
 
     task = load_task(cfg_with(name="svhn", root=str(tmp_path)))
     assert task.shape == (3, 32, 32) and task.num_classes == 10

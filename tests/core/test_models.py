@@ -10,10 +10,11 @@ from torch.func import functional_call, grad, vmap
 
 from harness.core.errors import ConfigError
 from harness.core.models import DEFAULT_MODELS, Normalize, build_model, num_params
+from harness.core.per_sample import PerSampleGradients
 from harness.core.registry import MODELS
 
 ALL = MODELS.names()
-EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn"}
+EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small"}
 
 # Smallest cheap shape each model accepts; used by the per-sample gradient and seeding tests.
 SMALL_SHAPE = {
@@ -24,11 +25,15 @@ SMALL_SHAPE = {
     "fcn3": (1, 8, 8),
     "mlp": (1, 8, 8),
     "resnet20-gn": (3, 4, 4),
+    "hcnn": (1, 8, 8),
+    "hcnn-small": (1, 4, 4),
 }
 
 SHAPES = [(1, 8, 8), (3, 32, 32), (1, 28, 28), (2, 17, 13)]
 # dpcnn-small needs H, W >= 16; everything else takes all the shapes above.
 INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13))}
+# Models whose fixed scattering front cannot run inside vmap (the engines apply it outside: fixed_front).
+FIXED_FRONT = {"hcnn", "hcnn-small"}
 
 
 def _stats(c: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -61,6 +66,8 @@ def test_default_models_are_registered() -> None:
         ("dpcnn", (3, 32, 32), 550_570),
         ("dpcnn-small", (1, 28, 28), 26_010),
         ("cnn6", (3, 32, 32), 154_266),
+        ("hcnn", (3, 32, 32), 187_210),
+        ("hcnn-small", (1, 28, 28), 33_066),
     ],
 )
 def test_exact_param_counts(name: str, shape: tuple[int, int, int], expected: int) -> None:
@@ -112,6 +119,8 @@ def test_forward_shape(name: str, shape: tuple[int, int, int], classes: int) -> 
         ("dpcnn", (3, 32, 7)),
         ("dpcnn-small", (1, 15, 15)),
         ("resnet20-gn", (3, 3, 3)),
+        ("hcnn", (3, 7, 32)),
+        ("hcnn-small", (1, 32, 3)),
     ],
 )
 def test_too_small_input_raises_config_error(name: str, shape: tuple[int, int, int]) -> None:
@@ -198,7 +207,10 @@ def test_per_sample_grads_match_loop(name: str) -> None:
         out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
         return F.cross_entropy(out, yi.unsqueeze(0))
 
-    batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    if name in FIXED_FRONT:  # the engines' path: the front outside vmap
+        batched = PerSampleGradients(model)(x, y)
+    else:
+        batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
     for i in range(4):
         model.zero_grad()
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
