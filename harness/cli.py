@@ -140,12 +140,24 @@ def emit(data: Any, as_json: bool, text: str) -> None:
         click.echo(text)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first call), so
+    warnings of a command invoked in-process reach that command's stderr."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging() -> None:
     logger = logging.getLogger("dpeval")
     logger.setLevel(logging.INFO)
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-               for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
         # Per-epoch lines go to the run's log file; the terminal gets the progress bar and warnings.
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(message)s"))
