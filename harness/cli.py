@@ -446,7 +446,8 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     if not matches:
         raise ConfigError(f"RUN_ID: no run id starts with {run_id!r} in {results}")
     if len(matches) > 1:
-        ids = ", ".join(r["run_id"] for r in matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+        ids = ", ".join(r["run_id"] for r in matches[:5]) + more
         raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it starts {len(matches)} run ids ({ids}); "
                           "give more characters")
     row = matches[0]

@@ -100,9 +100,10 @@ def test_the_float_rounding_case_no_longer_under_reports():
     assert epsilon_for(1.0, q, steps_for(10, q), 1e-5) > epsilon_for(1.0, q, 920, 1e-5)
 
 
-@pytest.mark.parametrize("eps,delta,q,steps", [(-1, 1e-5, 0.1, 10), (1, 1.0, 0.1, 10), (1, 1e-5, 0, 10), (1, 1e-5, 0.1, 0),
-                                               (math.inf, 1e-5, 0.1, 10), (math.nan, 1e-5, 0.1, 10),
-                                               (1e300, 1e-5, 0.1, 10)])
+@pytest.mark.parametrize("eps,delta,q,steps", [
+    (-1, 1e-5, 0.1, 10), (1, 1.0, 0.1, 10), (1, 1e-5, 0, 10), (1, 1e-5, 0.1, 0),
+    (math.inf, 1e-5, 0.1, 10), (math.nan, 1e-5, 0.1, 10), (1e300, 1e-5, 0.1, 10),
+])
 def test_bad_inputs_raise_config_error(eps, delta, q, steps):
     with pytest.raises(ConfigError):
         noise_for(eps, delta, q, steps)
