@@ -18,9 +18,9 @@ Choices where the papers are silent (tested, documented in docs/sparsification.m
 - ``mask: ranked`` (RS paper, Appendix Algorithm 4): from the second mask on, zero the ⌊r·d⌋ coordinates
   with the smallest |z|, where z accumulates the released gradients since the previous mask plus, on
   masked coordinates, the unreleased part of the same full-size noise draw divided by B (so they can
-  re-enter the ranking). The first mask of training is all ones (Alg. 4) — a rate > 0 at that point is
-  only possible with the constant schedule, and then it is random. Ranking uses only released values and
-  data-independent noise: post-processing, no privacy cost.
+  re-enter the ranking). The first mask of training is all ones (Alg. 4), also under the constant
+  schedule, and reports rate 0: ``rate`` is always the fraction the mask in force actually zeroes.
+  Ranking uses only released values and data-independent noise: post-processing, no privacy cost.
 - Non-DP attack mode (``clip: null`` with ``noise_std``): no clipping, and Gaussian noise of std
   ``noise_std`` on each kept coordinate of the released *average*, as in the RS paper's reconstruction
   experiment (Section 6.3, Fig. 5). Reported with ε = inf.
@@ -103,7 +103,7 @@ class MaskedDPSGD(Defense):
             order = torch.argsort(self.ranking_sum.abs().cpu(), stable=True)  # ascending |z|
             keep[order[:zeroed]] = False
         elif self.ranked() and self.masks_drawn == 0:
-            pass  # Algorithm 4: the first mask is all ones
+            self.rate = 0.0  # Algorithm 4: the first mask is all ones, whatever the schedule says
         else:
             keep[torch.randperm(self.d, generator=self.mask_generator)[:zeroed]] = False
         if self.ranked():

@@ -1,8 +1,9 @@
 """The ``dpeval`` command line.
 
-Exit codes: 0 success; 2 bad usage / invalid config (one line naming the field, no traceback); 1 runtime
-failure (message and where the log is). ``--json`` prints exactly one JSON object on stdout; progress bars
-and logs go to stderr.
+Exit codes: 0 success; 2 bad usage / invalid config / unusable results folder (one line naming the field
+or path, no traceback, nothing written); 1 runtime failure (message and where the log is); 130 Ctrl-C and
+143 SIGTERM (the running run is recorded as ``failed``). ``--json`` prints exactly one JSON object on stdout;
+progress bars and logs go to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import functools
 import json
 import logging
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,28 +29,108 @@ from harness.core.errors import ConfigError, RunFailure
 DEFAULT_RESULTS = "./dpeval-results"
 
 
+def one_line(message: object) -> str:
+    return " ".join(str(message).splitlines())
+
+
 def fail_usage(message: str) -> None:
-    click.echo(f"dpeval: error: {message}", err=True)
+    click.echo(f"dpeval: error: {one_line(message)}", err=True)
     sys.exit(2)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by Slurm, ``timeout``, container stops) raised like Ctrl-C, so a run in progress is
+    recorded as ``failed`` on the way out instead of staying ``running``."""
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` in the main thread (once: a second SIGTERM
+    during the bookkeeping gets the default action)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated("terminated by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def end_progress_bars() -> None:
+    """Finish any progress bar still on the terminal with a newline, so a message printed next starts on
+    its own line instead of being glued to the bar."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.leave = True
+        bar.close()
+
+
 def handle_errors(func: Callable) -> Callable:
-    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr."""
+    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr; Ctrl-C → 130 and
+    SIGTERM → 143, with one line saying so."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with sigterm_raises():
+                return func(*args, **kwargs)
         except ConfigError as exc:
+            end_progress_bars()
             fail_usage(str(exc))
         except RunFailure as exc:
-            click.echo(f"dpeval: {exc}", err=True)
+            end_progress_bars()
+            click.echo(f"dpeval: {one_line(exc)}", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("dpeval: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            end_progress_bars()
+            click.echo(f"dpeval: {str(exc) or 'interrupted'}", err=True)
+            sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else 130)
 
     return wrapper
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """click's usage errors (unknown option, bad value, missing argument) as one line, like every other
+    bad input: ``dpeval: error: <what> (see '<command> -h')``."""
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise
+    except click.UsageError as exc:
+        raise OneLineUsageError(exc.format_message(), exc.ctx) from None
+
+
+class OneLineUsageError(click.UsageError):
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} -h')" if self.ctx is not None else ""
+        click.echo(f"dpeval: error: {self.format_message()}{hint}", err=True)
+
+
+class DpevalGroup(click.Group):
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def writing(option: str) -> Iterator[None]:
+    """An OSError while writing the file an option names is bad input naming that option (exit 2)."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot write {exc.filename or ''}: {exc.strerror or exc}") from None
 
 
 def emit(data: Any, as_json: bool, text: str) -> None:
@@ -55,12 +140,24 @@ def emit(data: Any, as_json: bool, text: str) -> None:
         click.echo(text)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first call), so
+    warnings of a command invoked in-process reach that command's stderr."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging() -> None:
     logger = logging.getLogger("dpeval")
     logger.setLevel(logging.INFO)
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-               for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
         # Per-epoch lines go to the run's log file; the terminal gets the progress bar and warnings.
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -68,7 +165,7 @@ def setup_logging() -> None:
     logger.propagate = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DpevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dpeval")
 def main() -> None:
     """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs leakage."""
@@ -141,11 +238,14 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         "attacks": list(attacks) if attacks else None,
     }
     spec = build_spec(raw_config(config, flags, sets))
-    from harness.runner import execute  # heavy (torch, every layer): only once the configuration is valid
     from harness.store import ResultStore
 
+    store = ResultStore(results)
+    store.check(create=True)
+    from harness.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
+
     setup_logging()
-    metrics = execute(spec, ResultStore(results), progress=not quiet)
+    metrics = execute(spec, store, progress=not quiet)
     emit(metrics, as_json, format_run(metrics))
 
 
@@ -178,6 +278,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     specs = load_sweep(sweep_file)
     store = ResultStore(results)
+    store.check(create=True)
     if dry_run:
         done = store.done_keys()
         swept = swept_fields(specs)
@@ -213,7 +314,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 @click.option("--noise-multiplier", type=float, help="σ: print the ε it spends")
 @click.option("--delta", type=float, required=True, help="δ")
 @click.option("--sample-rate", type=float, required=True, help="sampling rate q = B/N")
-@click.option("--epochs", type=int, help="epochs (steps = epochs·⌊1/q⌋)")
+@click.option("--epochs", type=int, help="epochs (steps = epochs·⌊N/B⌋ as training counts them; docs/privacy.md)")
 @click.option("--steps", type=int, help="steps")
 @click.option("--accountant", type=click.Choice(["rdp", "prv"]), default="rdp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -223,12 +324,18 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
     from harness.core.accounting import epsilon_for, noise_for, steps_for
 
+    for flag, value in (("--epsilon", epsilon), ("--noise-multiplier", noise_multiplier), ("--delta", delta),
+                        ("--sample-rate", sample_rate)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{flag}: must be a finite number, got {value}")
     if (epochs is None) == (steps is None):
         raise ConfigError("--epochs/--steps: give exactly one of them")
     if (epsilon is None) == (noise_multiplier is None):
         raise ConfigError("--epsilon/--noise-multiplier: give exactly one of them")
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs: must be >= 1, got {epochs}")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps: must be >= 1, got {steps}")
     if not 0 < sample_rate <= 1:
         raise ConfigError(f"--sample-rate: must satisfy 0 < q <= 1, got {sample_rate}")
     total = steps if steps is not None else steps_for(epochs, sample_rate)
@@ -332,9 +439,19 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     """One stored run: status, config and metrics (a unique prefix of the id is enough)."""
     from harness.store import ResultStore
 
-    row = ResultStore(results).get(run_id)
-    if row is None:
-        raise ConfigError(f"RUN_ID: no single run matches {run_id!r} in {results}")
+    store = ResultStore(results)
+    store.check(create=False)
+    with suppress(RunFailure):  # a read-only store is still shown; its dead rows just stay `running`
+        store.fail_stale()
+    matches = store.matching(run_id)
+    if not matches:
+        raise ConfigError(f"RUN_ID: no run id starts with {run_id!r} in {results}")
+    if len(matches) > 1:
+        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+        ids = ", ".join(r["run_id"] for r in matches[:5]) + more
+        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it starts {len(matches)} run ids ({ids}); "
+                          "give more characters")
+    row = matches[0]
     text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",
                                        "finished_at", "duration_s", "error") if row.get(k) is not None]
     text.append("config:")
@@ -359,9 +476,12 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
     from harness import leaderboard as lb
     from harness.store import ResultStore
 
-    records = lb.leaderboard(ResultStore(results).rows(), group_seeds, sort_by, descending)
+    store = ResultStore(results)
+    store.check(create=False)
+    records = lb.leaderboard(store.rows(), group_seeds, sort_by, descending)
     if out:
-        lb.write_leaderboard(records, Path(out))
+        with writing("--out"):
+            lb.write_leaderboard(records, Path(out))
         emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}")
     else:
         emit(records, as_json, lb.format_table(records))
@@ -379,7 +499,11 @@ def report(results: str, out: str, as_json: bool) -> None:
 
     if not out.endswith((".html", ".htm")):
         raise ConfigError(f"--out: must name an .html file, got {out!r}")
-    written = write_report(ResultStore(results).rows(), Path(out))
+    store = ResultStore(results)
+    store.check(create=False)
+    rows = store.rows()
+    with writing("--out"):
+        written = write_report(rows, Path(out))
     emit(written, as_json, f"wrote {written['out']} ({written['runs']} runs, {len(written['plots'])} plots, "
                            f"{written['pictures']} pictures)")
 

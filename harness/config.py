@@ -69,24 +69,55 @@ class RunSpec:
 # Loading and merging raw config data
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file safely; malformed files are a ConfigError naming the file."""
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key written twice in one mapping (plain YAML keeps the last one silently).
+    Keys merged in with ``<<`` may still be overridden: that is what a merge is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: SafeLoader explains that one itself
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given at line {first + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document, safely, refusing duplicate keys."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def load_yaml(path: str | Path, label: str = "--config") -> dict[str, Any]:
+    """Read a YAML settings file safely. A file that cannot be read, is not UTF-8 text, is malformed, holds
+    a key twice, holds nothing or holds no mapping is a ConfigError naming ``label`` (the option or argument
+    that gave the file) and the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: {path} is not a UTF-8 text (YAML) file: undecodable byte at offset "
+                          f"{exc.start}") from None
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"--config: malformed YAML in {path}{where}: {problem}") from None
+        raise ConfigError(f"{label}: malformed YAML in {path}{where}: {problem}") from None
     if data is None:
-        return {}
+        raise ConfigError(f"{label}: {path} is empty (no settings); write at least one setting in it")
     if not isinstance(data, dict):
-        raise ConfigError(f"--config: {path} must hold a mapping of settings, got {type(data).__name__}")
+        raise ConfigError(f"{label}: {path} must hold a mapping of settings, got {type(data).__name__}")
     return data
 
 
@@ -99,7 +130,7 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
         if not sep or not key:
             raise ConfigError(f"--set: expected dotted.key=value, got {item!r}")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = parse_yaml(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
         parsed.append((key, value))

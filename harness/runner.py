@@ -27,7 +27,7 @@ from defenses import DEFENSES
 from defenses.base import Defense
 from harness import __version__
 from harness.config import RunSpec
-from harness.core.accounting import default_delta, epsilon_for, noise_for
+from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, epsilon_for, noise_for
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.models import DEFAULT_MODELS, build_model
@@ -160,6 +160,7 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
         "privacy.steps": pp.steps,
         "privacy.accountant": pp.accountant,
         "privacy.sampling": pp.sampling,
+        "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
         "data.train_size": len(prep.task.train),
         "data.test_size": len(prep.task.test),
         "data.public_size": len(prep.task.public),
@@ -203,6 +204,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
     try:
         metrics = {"run_id": run_id, **base_metrics(prep)}
         log.info("run %s: %s", run_id, json_line(metrics))
+        warn_sampling(prep.privacy)
         seed_globals(prep.streams)
         wanted = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
@@ -244,15 +246,33 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         handler.close()
 
 
+def warn_sampling(plan: PrivacyPlan) -> None:
+    """Every DP run whose batches are not Poisson-sampled says that its ε assumes they were."""
+    if plan.sampling != ACCOUNTED_SAMPLING and math.isfinite(plan.epsilon):
+        log.warning("warning: train.sampling: %s — ε = %.3g is accounted as if batches were Poisson-sampled "
+                    "at q = %.4g (the customary figure for fixed-size shuffled batches, not a proven bound); "
+                    "recorded as privacy.accounted_sampling = %s", plan.sampling, plan.epsilon,
+                    plan.sample_rate, ACCOUNTED_SAMPLING)
+
+
 def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
-    """Run ``spec`` and record it; returns the flat result (the result keys of docs/results.md)."""
+    """Run ``spec`` and record it; returns the flat result (the result keys of docs/results.md).
+
+    First marks as failed the ``running`` rows of this folder whose process on this host is gone
+    (``kill -9``, a crash). Ctrl-C and SIGTERM (raised as KeyboardInterrupt) record the run as failed with
+    the reason and re-raise."""
     prep = prepare(spec)
+    stale = store.fail_stale()
+    if stale:
+        log.warning("marked %d interrupted run(s) in %s as failed (their process is gone)", stale, store.root)
     run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)
     try:
         metrics = perform(prep, run_id, run_dir, progress)
-    except KeyboardInterrupt:
-        store.fail(run_id, "interrupted")
+    except KeyboardInterrupt as exc:
+        reason = str(exc) or "interrupted"
+        store.fail(run_id, reason)
+        exc.args = (f"{reason}; run {run_id} recorded as failed",)
         raise
     except Exception as exc:
         store.fail(run_id, f"{type(exc).__name__}: {exc}")

@@ -137,7 +137,7 @@ def expand(raw: dict[str, Any], where: str = "sweep") -> list[dict[str, Any]]:
 
 def load_sweep(path: str | Path) -> list[RunSpec]:
     """Read, expand and validate a sweep file; duplicate grid points (same run key) are merged."""
-    raw = load_yaml(path)
+    raw = load_yaml(path, "SWEEP_FILE")
     if not raw:
         raise ConfigError(f"{path}: empty sweep file")
     paper_columns(raw.pop("paper", None), f"{path}: paper")  # validated here; carried by load_paper

@@ -42,6 +42,7 @@ def test_run_json_has_the_result_keys(tmp_path):
     assert m["privacy.epsilon"] <= 2.0 and m["privacy.epsilon"] >= 0.98 * 2.0
     assert m["privacy.noise_multiplier"] > 0
     assert m["comm.density"] == 1.0 and m["comm.bytes_sparse"] == m["comm.bytes_dense"]
+    assert m["privacy.sampling"] == m["privacy.accounted_sampling"] == "poisson"
     row = ResultStore(tmp_path).get(m["run_id"])
     assert row["status"] == "done" and row["metrics"]["run_key"] == m["run_key"]
     run_dir = tmp_path / "runs" / m["run_id"]
@@ -187,6 +188,29 @@ def test_privacy_command_matches_opacus():
 def test_privacy_bad_input(args):
     result = CliRunner().invoke(main, ["privacy", *args])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_shuffle_sampling_warns_and_records_what_epsilon_assumes(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--epochs", "1", "--set", "train.sampling=shuffle", "--set",
+                                       "train.batch_size=256", "--results", str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout)
+    assert m["privacy.sampling"] == "shuffle" and m["privacy.accounted_sampling"] == "poisson"
+    warning = "train.sampling: shuffle"
+    assert warning in result.stderr and "Poisson-sampled" in result.stderr
+    assert warning in (tmp_path / "runs" / m["run_id"] / "log.txt").read_text()
+
+
+def test_privacy_counts_the_steps_training_takes():
+    """q = 32/2976: training takes ⌊2976/32⌋ = 93 steps an epoch; ⌊1/q⌋ in floats would give 92."""
+    from harness.core.accounting import epsilon_for
+
+    q = 32 / 2976
+    result = invoke("privacy", "--noise-multiplier", 1.0, "--delta", 1e-5, "--sample-rate", repr(q), "--epochs", 10,
+                    "--json")
+    data = json.loads(result.stdout)
+    assert data["steps"] == 930
+    assert data["epsilon"] == pytest.approx(epsilon_for(1.0, q, 930, 1e-5)) and data["epsilon"] > 2.185
 
 
 def test_list_names_everything():

@@ -1,5 +1,7 @@
 """RunSpec validation, canonical form and run key."""
 
+import re
+
 import pytest
 
 from harness.config import build_spec, load_yaml, parse_set, set_dotted
@@ -115,6 +117,49 @@ def test_yaml_loading(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_yaml(scalar)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train: {epochs: 1}\nseed: 1\ntrain: {epochs: 2}\n", "duplicate key 'train' (first given at line 1)"),
+    ("train: {epochs: 1, epochs: 2}\n", "duplicate key 'epochs'"),
+    ("", "is empty"),
+    ("# just a comment\n", "is empty"),
+])
+def test_yaml_refuses_duplicate_keys_and_empty_files(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_yaml(path)
+
+
+def test_yaml_merge_keys_may_still_override(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("base: &b {epochs: 1, batch_size: 64}\ntrain: {<<: *b, epochs: 3}\n")
+    assert load_yaml(path)["train"] == {"epochs": 3, "batch_size": 64}
+
+
+def test_binary_file_names_the_option(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ConfigError, match=r"^SWEEP_FILE: .* is not a UTF-8 text"):
+        load_yaml(path, "SWEEP_FILE")
+
+
+def test_every_shipped_config_loads_and_validates():
+    """The strict loader accepts every recipe in configs/, and the RS / random-freeze recipes train with
+    plain SGD (docs/sparsification.md)."""
+    from pathlib import Path
+
+    from harness.sweep.grid import load_sweep
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    for path in sorted(configs.glob("*.yaml")):
+        spec = build_spec(load_yaml(path))
+        if spec.defense_name in ("rs", "random-freeze"):
+            assert (spec.train.optimizer, spec.train.momentum) == ("sgd", 0.0), path.name
+    for path in sorted((configs / "sweeps").glob("*.yaml")):
+        assert load_sweep(path), path.name
+    assert {s.train.optimizer for s in load_sweep(configs / "sweeps" / "rs_rates.yaml")} == {"sgd"}
 
 
 def test_yaml_cannot_construct_objects(tmp_path):

@@ -61,10 +61,18 @@ def test_report_sections_and_files(tmp_path):
     assert "± " in page and "✓" in page  # seed SEMs and Pareto marks in the table
 
 
-def test_report_on_an_empty_store(tmp_path):
+def test_report_on_a_store_without_finished_runs(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    store.fail(store.begin("f" * 16, {}), "boom")
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", "--results", str(store.root), "--out", str(out)])
+    assert result.exit_code == 0 and "No finished runs" in out.read_text()
+
+
+def test_report_on_a_missing_results_folder_is_bad_input(tmp_path):
     out = tmp_path / "report.html"
     result = CliRunner().invoke(main, ["report", "--results", str(tmp_path / "none"), "--out", str(out)])
-    assert result.exit_code == 0 and "No finished runs" in out.read_text()
+    assert result.exit_code == 2 and str(tmp_path / "none") in result.stderr and not out.exists()
 
 
 def test_report_needs_html_name(tmp_path):

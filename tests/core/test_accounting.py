@@ -85,7 +85,25 @@ def test_steps_rule():
     assert steps_for(3, 256 / 1257) == 3 * 4
 
 
-@pytest.mark.parametrize("eps,delta,q,steps", [(-1, 1e-5, 0.1, 10), (1, 1.0, 0.1, 10), (1, 1e-5, 0, 10), (1, 1e-5, 0.1, 0)])
+@pytest.mark.parametrize("n,b", [(2976, 32), (50_000, 1000), (1437, 64), (60_000, 256), (1000, 3), (999, 333),
+                                 (10**8, 7), (100, 100)])
+def test_steps_from_q_are_the_steps_training_takes(n, b):
+    """Training takes ⌊N/B⌋ steps an epoch; from q = B/N alone the count must agree, including when N/B
+    is whole and 1/q lands just below it in floating point (32/2976: 1/q = 92.99999999999999)."""
+    assert steps_for(10, b / n) == 10 * (n // b)
+
+
+def test_the_float_rounding_case_no_longer_under_reports():
+    q = 32 / 2976
+    assert int(1 / q) == 92  # what ⌊1/q⌋ alone counts
+    assert steps_for(10, q) == 930
+    assert epsilon_for(1.0, q, steps_for(10, q), 1e-5) > epsilon_for(1.0, q, 920, 1e-5)
+
+
+@pytest.mark.parametrize("eps,delta,q,steps", [
+    (-1, 1e-5, 0.1, 10), (1, 1.0, 0.1, 10), (1, 1e-5, 0, 10), (1, 1e-5, 0.1, 0),
+    (math.inf, 1e-5, 0.1, 10), (math.nan, 1e-5, 0.1, 10), (1e300, 1e-5, 0.1, 10),
+])
 def test_bad_inputs_raise_config_error(eps, delta, q, steps):
     with pytest.raises(ConfigError):
         noise_for(eps, delta, q, steps)
@@ -93,3 +111,17 @@ def test_bad_inputs_raise_config_error(eps, delta, q, steps):
 
 def test_zero_noise_is_infinite_epsilon():
     assert epsilon_for(0.0, 0.1, 10, 1e-5) == math.inf
+
+
+@pytest.mark.parametrize("sigma", [math.nan, math.inf, 1e-300, 1e300])
+def test_sigma_the_accountant_cannot_evaluate_is_a_config_error(sigma):
+    with pytest.raises(ConfigError, match="privacy.noise_multiplier"):
+        epsilon_for(sigma, 0.01, 100, 1e-5)
+
+
+def test_calibration_refuses_a_target_that_needs_no_noise():
+    """Above the ε that σ = 0.01 spends, Opacus' search would never end; below it calibration works."""
+    floor = epsilon_for(0.01, 0.01, 100, 1e-5)
+    with pytest.raises(ConfigError, match="privacy.epsilon: .* is met even by σ = 0.01"):
+        noise_for(floor * 1.01, 1e-5, 0.01, 100)
+    assert noise_for(50.0, 1e-5, 0.01, 100) > 0.01

@@ -153,14 +153,56 @@ def test_refresh_k1_equals_linear():
         assert torch.equal(a.keep, b.keep)
 
 
-@pytest.mark.parametrize("ramp,epochs", [(None, 10), (4, 10), (1, 3)])
+@pytest.mark.parametrize("ramp,epochs", [(None, 10), (4, 10), (1, 3), (None, 1)])
 def test_random_freeze_schedule(ramp, epochs):
     defense = make("random-freeze", final_rate=0.9, ramp_epochs=ramp)
     e_star = ramp or epochs
     for e in range(epochs):
         defense.begin_epoch(e, epochs)
-        assert defense.rate == pytest.approx(0.9 * min(e / e_star, 1))
+        expected = 0.9 if e_star == 1 else 0.9 * min(e / (e_star - 1), 1)
+        assert defense.rate == pytest.approx(expected)
         assert int((~defense.keep).sum()) == math.floor(defense.rate * D)
+    assert defense.rate == pytest.approx(0.9)  # the default e* = E reaches r* in the last epoch
+
+
+def total_density(epochs, ramp, final_rate, dense_epochs=None):
+    """The random-freeze paper's "total density": non-zero gradient entries over those of the dense
+    baseline run of ``dense_epochs`` (its Table 9 runs extend training by 20 epochs)."""
+    defense = make("random-freeze", final_rate=final_rate, ramp_epochs=ramp)
+    zeroed = 0.0
+    for e in range(epochs):
+        defense.begin_epoch(e, epochs)
+        zeroed += defense.rate
+    return (epochs - zeroed) / (dense_epochs or epochs)
+
+
+@pytest.mark.parametrize("epochs,ramp,rate,dense,paper", [
+    (40, 40, 0.7, None, 0.65),   # Table 2, end-to-end CNN (ε = 3)
+    (80, 80, 0.6, None, 0.70),   # Table 2, handcrafted CNN
+    (200, 200, 0.4, None, 0.80),  # Table 2, GEP
+    (50, 50, 0.7, None, 0.65),   # Table 2, DP transfer learning
+    (60, 40, 0.9, 40, 0.60),     # Table 9, adjusted end-to-end CNN, ε = 3
+    (100, 80, 0.9, 80, 0.58),    # Table 9, ε = 7.53 (0.575)
+])
+def test_random_freeze_ramp_reproduces_the_papers_total_densities(epochs, ramp, rate, dense, paper):
+    assert total_density(epochs, ramp, rate, dense) == pytest.approx(paper, abs=0.0051)
+
+
+def test_ranked_constant_schedule_reports_the_rate_it_releases():
+    """Algorithm 4's first mask is all ones even under the constant schedule: it reports rate 0 and
+    density 1, and the ranked masks after it rate r*."""
+    defense = make(final_rate=0.6, schedule="constant", mask="ranked", sigma=0.1, steps_per_epoch=2)
+    defense.begin_epoch(0, 2)
+    shared = None
+    for _ in range(2):
+        defense.clip_and_accumulate(random_grads(3))
+        shared = defense.release(3)
+    assert defense.rate == 0.0 and shared.rate == 0.0 and shared.density == 1.0
+    defense.begin_epoch(1, 2)
+    defense.clip_and_accumulate(random_grads(3))
+    shared = defense.release(3)
+    assert shared.rate == pytest.approx(0.6)
+    assert shared.density == pytest.approx(1 - math.floor(0.6 * D) / D)
 
 
 def test_mask_is_redrawn_each_epoch():
@@ -276,3 +318,32 @@ def test_rs_run_reports_density_and_trains():
     prep, result = train_run(spec_for("rs", train__epochs=3, defense__final_rate=0.8))
     assert result.density == pytest.approx(1 - (0 + 0.4 + 0.8) / 3, abs=1e-3)
     assert result.history[-1]["test_accuracy"] > 0.5
+
+
+def last_epoch_motion(optimizer, lr):
+    """Over the second of two epochs (one fixed mask): |Δw| of the coordinates that mask zeroes, and of the
+    ones it keeps."""
+    spec = spec_for("rs", train__epochs=2, train__batch_size=256, train__optimizer=optimizer, train__lr=lr,
+                    defense__schedule="constant", defense__final_rate=0.5)
+    prep = prepare(spec)
+    seed_globals(prep.streams)
+    start = {}
+
+    def snapshot(epoch, model, defense):
+        if epoch == 1:
+            start["w"] = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+            start["keep"] = defense.keep.clone()
+
+    train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")), spec.train,
+          prep.sampler, prep.device, progress=False, on_epoch_start=snapshot)
+    moved = (torch.cat([p.detach().reshape(-1) for p in prep.model.parameters()]) - start["w"]).abs()
+    return moved[~start["keep"]], moved[start["keep"]]
+
+
+def test_masked_coordinates_stay_put_only_under_plain_sgd():
+    """docs/sparsification.md: the release is sparse under every optimizer, the update only under SGD
+    without momentum. Adam moves coordinates the current mask zeroes (on moments from earlier releases)."""
+    masked, kept = last_epoch_motion("sgd", 1.0)
+    assert bool((masked == 0).all()) and bool((kept > 0).any())
+    masked, kept = last_epoch_motion("adam", 0.01)
+    assert float((masked > 0).float().mean()) > 0.4  # those kept in the epoch before (about half) move
