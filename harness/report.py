@@ -1,5 +1,6 @@
 """``dpeval report``: one self-contained HTML page (images embedded) with the figures and the table a paper
-needs, every figure also written beside the HTML as PNG and as vector PDF (``<stem>_<figure>.png|pdf``).
+needs, every figure also written beside the HTML as PNG and as vector SVG (``<stem>_<figure>.png|svg``;
+text stays text, so labels can be edited or searched).
 
 Sections: the seed-grouped leaderboard (what was swept, accuracy, each attack's headline, verdict and
 worst state, Pareto marks; settings common to every row in one line above it); utility vs leakage per
@@ -65,10 +66,11 @@ def resolve_artefact(value: Any, root: Path | None, run_id: str = "") -> Path | 
 
 
 def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
-    """PNG (embedded in the page) and PDF (vector, for papers) beside the HTML; returns the PNG."""
+    """PNG (embedded in the page) and SVG (vector, text kept as text) beside the HTML; returns the PNG."""
     path = out_dir / f"{stem}_{name}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -193,6 +195,11 @@ def _reference_line(ax: plt.Axes, records: list[dict[str, Any]], attack: str, ve
     (ax.axvline if vertical else ax.axhline)(level, color="0.35", ls=":", lw=1.2, label=label)
 
 
+def _legend_outside(ax: plt.Axes) -> None:
+    """The legend to the right of the axes, where it hides no point."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
 def _states_text(records: list[dict[str, Any]], attack: str) -> str:
     states = sorted({str(r.get(f"leakage.{attack}.state")) for r in records if r.get(f"leakage.{attack}.state")})
     return f" — worst state {', '.join(states)}" if states else ""
@@ -235,11 +242,12 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         if front:
             ax.plot([r[metric] for r in front], [r[UTILITY] for r in front], "k--", lw=1,
                     label="Pareto front (configurations that leak)")
+        ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
         ax.set_xlabel(headline_label(attack))
         ax.set_ylabel(UTILITY_LABEL)
         ax.set_title(f"Utility vs leakage: {attack} (mean ± SEM over seeds)", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        _legend_outside(ax)
         plots.append((f"Utility vs leakage ({attack})", _save(fig, out_dir, stem, f"utility_vs_{attack}")))
     return plots
 
@@ -269,7 +277,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
         ax.set_ylabel(headline_label(attack))
         ax.set_title(f"Leakage over training: {attack} (mean ± SEM over seeds)", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend_outside(ax)
         plots.append((f"Leakage over training ({attack})", _save(fig, out_dir, stem, f"trajectory_{attack}")))
     return plots
 
@@ -328,7 +336,8 @@ def roc_curves(rows: list[dict[str, Any]], root: Path | None, swept: list[str], 
         ax.set_xlabel("false positive rate (log)")
         ax.set_ylabel("true positive rate (log)")
         ax.set_title(f"ROC (log-log): {attack}", fontsize=10)
-        ax.legend(fontsize=6, ncol=1 if len(items) <= 8 else 2)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  ncol=1 if len(items) <= 16 else 2)
         plots.append((f"ROC curves ({attack})", _save(fig, out_dir, stem, f"roc_{attack}")))
     return plots
 
@@ -377,9 +386,9 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path | None, swept: l
         configs = sorted({(v["sort"], label) for (label, _), v in found.items()})
         seeds = sorted({seed for _, seed in found}, key=str)
         shape = next(iter(found.values()))["image"].shape
-        width = max(1.6, 0.28 * shape[1] / max(shape[0], 1) * 2.2)
+        width = 2.4  # inches per cell; the height follows the cell's aspect, plus its caption
         fig, axes = plt.subplots(len(configs), len(seeds), squeeze=False,
-                                 figsize=(width * len(seeds) + 1.2, 1.25 * len(configs) + 0.6))
+                                 figsize=(width * len(seeds) + 1.6, (width * shape[0] / shape[1] + 0.3) * len(configs) + 0.5))
         for i, (_, label) in enumerate(configs):
             for j, seed in enumerate(seeds):
                 ax = axes[i][j]
@@ -395,7 +404,8 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path | None, swept: l
                           interpolation="nearest")
                 ax.set_title(cell["text"], fontsize=7)
                 if j == 0:
-                    ax.set_ylabel(label, fontsize=7)
+                    ax.set_ylabel("\n".join(textwrap.wrap(label, 22)), fontsize=7, rotation=0, ha="right",
+                                  va="center")
         fig.suptitle(f"{attack}: originals (top) over reconstructions at the worst attacked state (bottom)",
                      fontsize=9)
         fig.tight_layout()
@@ -465,12 +475,12 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str | No
         sections.append(f"<h2>Missing pictures</h2><p>{len(missing)} artefact(s) named by the results "
                         f"cannot be found{f' under {html.escape(str(root))}' if root else ''}:</p><ul class='missing'>"
                         + "".join(f"<li>{html.escape(line)}</li>" for line in missing) + "</ul>")
-    vector = ", ".join(p.with_suffix(".pdf").name for _, p in plots)
+    vector = ", ".join(p.with_suffix(".svg").name for _, p in plots)
     if vector:
-        sections.append(f"<p class='note'>Vector versions (PDF) beside this page: {html.escape(vector)}.</p>")
+        sections.append(f"<p class='note'>Vector versions (SVG) beside this page: {html.escape(vector)}.</p>")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>dpeval report</title>"
             f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
     out.write_text(page)
     return {"out": str(out), "runs": len(done), "configurations": len(records),
-            "plots": [str(p) for _, p in plots], "vector": [str(p.with_suffix(".pdf")) for _, p in plots],
+            "plots": [str(p) for _, p in plots], "vector": [str(p.with_suffix(".svg")) for _, p in plots],
             "pictures": len(pics) + len(covered), "missing": missing}

@@ -54,7 +54,8 @@ def _is_list_typed(path: str, raw: dict[str, Any]) -> bool:
     for cls in classes:
         hints = typing.get_type_hints(cls.Params)
         tp = hints.get(name)
-        if tp is not None and (typing.get_origin(tp) is list or list in typing.get_args(tp)):
+        options = (tp, *typing.get_args(tp)) if tp is not None else ()
+        if any(t is list or typing.get_origin(t) is list for t in options):  # list[str], str | list[str]
             return True
     return False
 
