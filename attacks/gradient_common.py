@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from harness.core.runtime import single_cpu_thread
 from harness.core.streams import Streams
 from harness.engine.release import observe_release
 
+log = logging.getLogger("dpeval")
 AT_PATTERN = re.compile(r"^(init|final|epoch:(\d+))$")
 LABEL_MODES = ("known", "recovered")
 
@@ -323,6 +325,10 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, context: Attac
             for g, pixels in guesses.items()}
     best_guess = np.max(np.stack(list(base.values())), axis=0)  # [T, B]: the better guess per image
     states = resolve_states(params.states, int(context.spec.train.epochs))
+    if params.targets < verdict.min_targets(len(states)):
+        log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
+                    "at least %d); set attack.targets", name, params.targets, len(states),
+                    verdict.min_targets(len(states)))
     outcomes = [_attack_state(params, context, reconstruct, state, x, y, best_guess, own) for state in states]
     decision, p_value = verdict.decide([o.test for o in outcomes])
     worst = max(outcomes, key=lambda o: o.mean("psnr"))

@@ -292,7 +292,8 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
-    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments).
+    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments; reconstruction
+    attacks need ``at: init`` or ``final`` here: no epoch is recorded).
 
     Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
