@@ -201,8 +201,51 @@ def _legend_outside(ax: plt.Axes) -> None:
 
 
 def _states_text(records: list[dict[str, Any]], attack: str) -> str:
-    states = sorted({str(r.get(f"leakage.{attack}.state")) for r in records if r.get(f"leakage.{attack}.state")})
-    return f" — worst state {', '.join(states)}" if states else ""
+    """" — worst state epoch:7, final": the worst attacked states of these records (seeds may differ)."""
+    found = {s for r in records for s in str(r.get(f"leakage.{attack}.state") or "").split("|") if s}
+    order = {s: i for i, s in enumerate(sorted(found, key=_state_order))}
+    return f" — worst state {', '.join(sorted(found, key=order.get))}" if found else ""
+
+
+def _state_order(state: str) -> tuple[int, int]:
+    return (0, 0) if state == "init" else (2, 0) if state == "final" else (1, int(state.split(":")[1]))
+
+
+CATEGORIES = {  # how a point is drawn by what its verdict says
+    "leaks": ("o", "full"), "leaks in some seeds": ("o", "left"), "no leak detected": ("o", "none"),
+    "no verdict": ("D", "none"),
+}
+
+
+def category(record: dict[str, Any], attack: str) -> str:
+    head = read(record, attack)
+    if head is None or not head.verdict:
+        return "no verdict"
+    if head.verdict == "no-leak-detected":
+        return "no leak detected"
+    return "leaks" if head.verdict == "leaks" else "leaks in some seeds"
+
+
+def place_labels(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:
+    """Label every point, trying offsets around it until the label overlaps no earlier label (a thin leader
+    line joins labels set further away); the last try is kept when every position is taken."""
+    fig = ax.figure
+    fig.canvas.draw()  # settles the (lazy) autoscaled limits, so positions measured now are final
+    ax.set_autoscale_on(False)
+    renderer = fig.canvas.get_renderer()
+    near = [(5, 4), (5, -11), (-5, 4), (-5, -11)]
+    far = [(dx * k, dy * k) for k in (2, 3, 4) for dx, dy in ((8, 8), (8, -12), (-8, 8), (-8, -12), (0, 14), (0, -16))]
+    taken: list[Any] = []
+    for x, y, text in sorted(points, key=lambda p: (-p[1], p[0])):
+        for dx, dy in near + far:
+            arrow = {"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if (dx, dy) not in near else None
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7,
+                               ha="left" if dx >= 0 else "right", va="center", arrowprops=arrow)
+            box = note.get_window_extent(renderer).expanded(1.04, 1.15)
+            if not any(box.overlaps(t) for t in taken) or (dx, dy) == far[-1]:
+                taken.append(box)
+                break
+            note.remove()
 
 
 def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
@@ -222,32 +265,32 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         by_defense: dict[str, list] = defaultdict(list)
         for r in points:
             by_defense[str(r.get("defense"))].append(r)
+        labels = []
         for index, (defense, rs) in enumerate(sorted(by_defense.items())):
             color = f"C{index}"
-            for leaking in (True, False):
-                group = [r for r in rs if (read(r, attack).leaks is not False) == leaking]
+            for name, (marker, fill) in CATEGORIES.items():
+                group = [r for r in rs if category(r, attack) == name]
                 if not group:
                     continue
-                verdict = "leaks" if leaking else "no leak detected"
                 ax.errorbar([r[metric] for r in group], [r[UTILITY] for r in group],
                             xerr=[r.get(f"{metric}.sem", 0) for r in group],
-                            yerr=[r.get(f"{UTILITY}.sem", 0) for r in group], fmt="o", color=color, capsize=3,
-                            markerfacecolor=color if leaking else "white",
-                            label=f"{defense}: {verdict}{_states_text(group, attack)}")
-            for r in rs:
-                ax.annotate(point_label(r, [c for c in swept if c != "defense"]) or defense, (r[metric], r[UTILITY]),
-                            textcoords="offset points", xytext=(5, 4), fontsize=7)
+                            yerr=[r.get(f"{UTILITY}.sem", 0) for r in group], fmt=marker, color=color, capsize=3,
+                            fillstyle=fill, markerfacecolor=color if fill != "none" else "white",
+                            markerfacecoloralt="white", label=f"{defense}: {name}{_states_text(group, attack)}")
+            labels += [(r[metric], r[UTILITY], point_label(r, [c for c in swept if c != "defense"]) or defense)
+                       for r in rs]
         _reference_line(ax, points, attack, vertical=True)
         front = sorted((r for r in points if r.get(f"pareto.{attack}")), key=lambda r: r[metric])
         if front:
             ax.plot([r[metric] for r in front], [r[UTILITY] for r in front], "k--", lw=1,
                     label="Pareto front (configurations that leak)")
-        ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
+        ax.margins(x=0.15, y=0.12)  # room for the labels of the outermost points
         ax.set_xlabel(headline_label(attack))
         ax.set_ylabel(UTILITY_LABEL)
         ax.set_title(f"Utility vs leakage: {attack} (mean ± SEM over seeds)", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
+        place_labels(ax, labels)
         plots.append((f"Utility vs leakage ({attack})", _save(fig, out_dir, stem, f"utility_vs_{attack}")))
     return plots
 
@@ -258,8 +301,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
     swept = swept_columns(records)
     for attack in lb.attacks_in(records):
         found = lb.headline({c for r in records for c in r}, attack)
-        states = sorted({s for r in records for s in states_of(r, attack)},
-                        key=lambda s: (0, 0) if s == "init" else (2, 0) if s == "final" else (1, int(s.split(":")[1])))
+        states = sorted({s for r in records for s in states_of(r, attack)}, key=_state_order)
         if not found or len(states) < 2:
             continue
         metric = found[0].rsplit(".", 1)[1]
@@ -291,8 +333,12 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
         keys = {c for r in rated for c in r}
         heads = [(a, h[0]) for a in lb.attacks_in(rated) if (h := lb.headline(keys, a))]
         metrics = [(UTILITY, UTILITY_LABEL, None)] + [(m, headline_label(a), a) for a, m in heads]
-        fig, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 4.0), squeeze=False)
-        for ax, (metric, label, attack) in zip(axes[0], metrics):
+        cols = min(2, len(metrics))
+        rows = math.ceil(len(metrics) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.3 * rows), squeeze=False)
+        for ax in axes.flat[len(metrics):]:
+            ax.set_axis_off()
+        for ax, (metric, label, attack) in zip(axes.flat, metrics):
             lines: dict[str, list] = defaultdict(list)
             for r in rated:
                 if is_number(r.get(metric)):
