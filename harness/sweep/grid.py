@@ -54,8 +54,7 @@ def _is_list_typed(path: str, raw: dict[str, Any]) -> bool:
     for cls in classes:
         hints = typing.get_type_hints(cls.Params)
         tp = hints.get(name)
-        options = (tp, *typing.get_args(tp)) if tp is not None else ()
-        if any(t is list or typing.get_origin(t) is list for t in options):  # list[str], str | list[str]
+        if tp is not None and (typing.get_origin(tp) is list or list in typing.get_args(tp)):
             return True
     return False
 

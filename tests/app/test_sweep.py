@@ -202,11 +202,13 @@ def test_expand_rejects_lock_free_misuse():
         sw.expand({"seeds": "0"})
 
 
-def test_a_list_of_attacked_states_is_one_value_a_list_of_lists_an_axis():
-    one = sw.expand({"attacks": ["ig"], "attack": {"at": ["init", "final"]}})
-    assert [p["attack"]["at"] for p in one] == [["init", "final"]]
-    two = sw.expand({"attacks": ["ig"], "attack": {"at": [["init"], ["trajectory:2", "final"]]}})
-    assert [p["attack"]["at"] for p in two] == [["init"], ["trajectory:2", "final"]]
+def test_attacked_states_follow_the_union_field_convention():
+    """``attack.at`` (a state or a list of states) is swept like ``defense.groups``: a list is an axis,
+    an element that is itself a list is one value (one run attacking every state in it)."""
+    axis = sw.expand({"attacks": ["ig"], "attack": {"at": ["init", "final"]}})
+    assert [p["attack"]["at"] for p in axis] == ["init", "final"]
+    one = sw.expand({"attacks": ["ig"], "attack": {"at": [["init", "trajectory:2"]]}})
+    assert [p["attack"]["at"] for p in one] == [["init", "trajectory:2"]]
 
 
 def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
