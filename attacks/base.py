@@ -10,12 +10,23 @@ Each attack class declares:
 - ``Params``: its parameter dataclass (fields made with ``harness.core.params.param``);
 - ``headline`` and ``higher_leaks``: the metric that ranks configurations (leaderboard Pareto marks, the
   report's axes) and whether a higher value means more leakage; ``headline_label`` names it for humans;
+- ``baseline`` / ``chance``: what the headline is compared with when nothing leaks: the name of a metric
+  the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
+
+Every attack should report ``verdict``: exactly ``leaks`` or ``no-leak-detected``, decided by a documented
+statistical rule against its baseline or chance level (docs/results.md).
+
+Model states are named ``init`` (before training), ``epoch:N`` (at the start of epoch N), ``final`` (after
+training) and ``trajectory:k`` (k states evenly spaced over training, ending at ``final``), which
+``resolve_states`` turns into the others once the number of epochs is known.
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -25,6 +36,42 @@ import torch
 from defenses.base import Defense
 from harness.core.params import Params
 from harness.core.streams import Streams
+
+
+VERDICTS = ("leaks", "no-leak-detected")
+STATE_PATTERN = re.compile(r"^(init|final|epoch:(\d+)|trajectory(?::(\d+))?)$")
+DEFAULT_TRAJECTORY = 3  # states of a bare ``trajectory``
+
+
+def trajectory_epochs(k: int, epochs: int) -> list[int]:
+    """The epochs of ``trajectory:k`` before ``final``: round(i·E/k) for i = 1 .. k−1, kept when inside
+    1 .. E−1 (epoch 0 is the initial weights), without duplicates. ``final`` closes the trajectory, so
+    the k states sit after 1/k, 2/k, …, k/k of training."""
+    picked = (round(i * epochs / k) for i in range(1, k))
+    return sorted({e for e in picked if 1 <= e <= epochs - 1})
+
+
+def resolve_states(names: Iterable[str], epochs: int) -> list[str]:
+    """Concrete model states (``init``, ``epoch:N``, ``final``) in training order, with every
+    ``trajectory[:k]`` expanded for a run of ``epochs`` epochs and duplicates dropped."""
+    found: set[str] = set()
+    for name in names:
+        match = STATE_PATTERN.match(name)
+        if match is None:
+            raise ValueError(f"not a model state: {name!r}")
+        if name.startswith("trajectory"):
+            k = int(match.group(3)) if match.group(3) else DEFAULT_TRAJECTORY
+            found.update(f"epoch:{e}" for e in trajectory_epochs(k, epochs))
+            found.add("final")
+        else:
+            found.add(name)
+
+    def order(state: str) -> tuple[int, int]:
+        if state == "init":
+            return (0, 0)
+        return (2, 0) if state == "final" else (1, int(state.split(":", 1)[1]))
+
+    return sorted(found, key=order)
 
 
 class AttackParams(Params):
@@ -77,13 +124,23 @@ class Attack(ABC):
     headline: ClassVar[str] = ""           # the metric that ranks configurations under this attack
     higher_leaks: ClassVar[bool] = True    # whether a higher headline value means more leakage
     headline_label: ClassVar[str] = ""     # e.g. "IG PSNR (dB)"; "" = the metric's key
+    baseline: ClassVar[str] = ""           # a reported metric: the headline of a data-free guess
+    chance: ClassVar[float | None] = None  # the headline's value when nothing leaks (a constant)
 
     def __init__(self, params: Any) -> None:
         self.params = params
 
     @classmethod
+    def chance_level(cls) -> float | None:
+        """The declared ``chance``; an AUC headline's chance level is 0.5 by definition."""
+        if cls.chance is not None:
+            return cls.chance
+        return 0.5 if cls.headline == "auc" else None
+
+    @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
-        """Model states (``epoch:N``) to snapshot during training besides ``init`` and ``final``."""
+        """Model states to snapshot during training besides ``init`` and ``final``: ``epoch:N`` or
+        ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``resolve_states``)."""
         return set()
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""The threat model shared by the gradient-inversion attacks ``ig`` and ``rgap`` (registers nothing).
+"""The threat model shared by the gradient attacks: ``ig`` and ``rgap`` (reconstruction) and ``grad-mia``
+(membership); registers nothing.
 
 What the attacker gets: the architecture and the weights of the attacked state, all public
 defense metadata, and the ``SharedGradient`` that the defense's own ``release`` path produces for a
@@ -7,17 +8,26 @@ never handed to the attack.
 
 Choices where the papers are silent (also in docs/gradient-inversion.md):
 
-* Target: ``attack.batch_size`` distinct examples of the private pool, drawn without replacement from
-  the run's ``attack/gradient`` ``targets`` stream; ``ig`` and ``rgap`` in one run attack the same
-  examples. The observed release draws its noise from the attack's own ``release`` stream.
+* Targets: ``attack.targets`` (T) independent target batches of ``attack.batch_size`` (B) examples, T·B
+  distinct examples of the private pool drawn without replacement from the run's ``attack/gradient``
+  ``targets`` stream; ``ig`` and ``rgap`` in one run attack the same examples, and every attacked state
+  sees the same examples. Each batch is released on its own (one observed step per batch), its noise
+  drawn from the attack's stream ``attack/<name>/<state>/release/<t>``.
 * ``attack.at``: ``init`` = weights before training with the defense as at epoch 0; ``epoch:N`` =
   weights at the start of epoch N with the defense as then; ``final`` = weights after training with the
-  defense as in the last epoch (``begin_epoch(epochs - 1)``) and its final public state.
-  ``begin_epoch`` runs first, then the snapshot of the defense's public state from training (if the
-  defense has ``load_state_dict``) overrides whatever the schedule re-drew (e.g. the RS mask).
+  defense as in the last epoch (``begin_epoch(epochs - 1)``) and its final public state;
+  ``trajectory[:k]`` (reconstruction attacks; the default) = k states evenly spaced over training and
+  ending at ``final`` (``attacks.base.resolve_states``), the stretch where schedules such as RS's
+  gradual cooling are active. ``begin_epoch`` runs first, then the snapshot of the defense's public
+  state from training (if the defense has ``load_state_dict``) overrides whatever the schedule re-drew.
 * The release is ``release(attack.batch_size)``: the attacker observes one logical step whose batch is
   the target batch (the usual federated / gradient-sharing threat model), so DP-SGD noise has std
   σ·C/B on it.
+* Several states: every state's scores are reported under ``leakage.<attack>.<state>.<metric>``; the
+  plain ``leakage.<attack>.<metric>`` keys are those of the worst state — the one with the highest mean
+  PSNR — named by ``leakage.<attack>.state`` (all of them from that one state, not a per-metric max).
+* Verdict: ``attacks/verdict.py`` (sign test of per-target PSNR gains over the best data-free guess,
+  Bonferroni over the states).
 * Recovered labels: for one example, the row of the last layer's ``[∂W | ∂b]`` whose (released)
   coordinates disagree in sign with all other rows (iDLG; with a bias this reduces to ``argmin ∂b``);
   for a batch, a bias-gradient count (classes with a negative bias gradient first, then repeated
@@ -25,25 +35,30 @@ Choices where the papers are silent (also in docs/gradient-inversion.md):
   recovered and true labels divided by B (order-free).
 * On CPU the whole attack runs with one intra-op thread (``single_cpu_thread``): faster for these
   small per-example problems and independent of the core count.
-* Beside the issue's metrics each attack reports ``state``, ``epoch``, ``density`` and ``noise_std`` of
-  the attacked release, ``defense_rate`` when the release declares a ``rate`` (RS, random freeze),
-  and the PSNR of two data-free guesses (``baseline_psnr_noise``, ``baseline_psnr_mean``).
+* Beside the scores each reconstruction attack reports ``state``, ``epoch``, ``density`` and
+  ``noise_std`` of the worst state's release, ``defense_rate`` when the release declares a ``rate`` (RS,
+  random freeze), the PSNR of the data-free guesses (``baseline_psnr_noise``, ``baseline_psnr_mean``,
+  ``baseline_psnr_public``) and of the best of them per image (``baseline_psnr``), ``verdict`` and its
+  ``p_value``. Per target and state numbers go to ``<attack>-scores.json``, the pictures' pixels to
+  ``<attack>-images.npz`` (the report's grid), the picture to ``<attack>-reconstruction.png``.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import logging
 import re
-import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
-from attacks import image_metrics
-from attacks.base import AttackContext, AttackParams, AttackResult
+from attacks import image_metrics, verdict
+from attacks.base import STATE_PATTERN, AttackContext, AttackParams, AttackResult, resolve_states
 from defenses.base import SharedGradient
 from harness.core.errors import ConfigError
 from harness.core.params import param
@@ -51,6 +66,7 @@ from harness.core.runtime import single_cpu_thread
 from harness.core.streams import Streams
 from harness.engine.release import observe_release
 
+log = logging.getLogger("dpeval")
 AT_PATTERN = re.compile(r"^(init|final|epoch:(\d+))$")
 LABEL_MODES = ("known", "recovered")
 
@@ -71,8 +87,33 @@ class GradientThreatParams(AttackParams):
             raise ConfigError(f"attack.at: must be init, final or epoch:N (N an integer >= 0), got {self.at!r}")
 
 
+@dataclass
+class ReconstructionParams(GradientThreatParams):
+    """``ig`` and ``rgap``: several attacked states and several independent targets."""
+
+    at: str | list[str] = param("trajectory", "attacked model state(s): `init`, `final`, `epoch:N`, "
+                                              "`trajectory[:k]` (k states evenly spaced over training, "
+                                              "ending at `final`; k = 3 when omitted), or a list of them")
+    targets: int = param(6, "independent target batches, each released on its own and attacked at every "
+                            "state: the sample of the verdict's sign test", low=1)
+
+    @property
+    def states(self) -> list[str]:
+        return [self.at] if isinstance(self.at, str) else list(self.at)
+
+    def validate(self) -> None:
+        if not self.states:
+            raise ConfigError("attack.at: must name at least one model state")
+        for state in self.states:
+            match = STATE_PATTERN.match(state)
+            if match is None or (match.group(3) is not None and int(match.group(3)) < 1):
+                raise ConfigError(f"attack.at: must be init, final, epoch:N, trajectory or trajectory:k "
+                                  f"(N >= 0, k >= 1), or a list of them, got {state!r}")
+
+
 def wanted_states(params: GradientThreatParams) -> set[str]:
-    return {params.at} if params.at.startswith("epoch:") else set()
+    names = [params.at] if isinstance(params.at, str) else params.at
+    return {n for n in names if n not in ("init", "final")}
 
 
 def attacked_epoch(at: str, epochs: int) -> int:
@@ -100,6 +141,18 @@ def select_targets(task: Any, batch_size: int, gen: torch.Generator) -> tuple[to
         raise ConfigError(f"attack.batch_size: must be <= the private pool size ({n}), got {batch_size}")
     idx = torch.randperm(n, generator=gen)[:batch_size]
     return task.train.x[idx].clone(), task.train.y[idx].clone(), idx
+
+
+def draw_targets(context: AttackContext, params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, y, indices) of the T target batches, shaped ``[T, B, ...]``: T·B distinct private examples (the
+    first batch is what a single-target attack with the same seed attacks)."""
+    need, pool = params.targets * params.batch_size, len(context.task.train)
+    if need > pool:
+        raise ConfigError(f"attack.targets: {params.targets} targets of attack.batch_size {params.batch_size} "
+                          f"need {need} distinct private examples; the pool has {pool}")
+    x, y, idx = select_targets(context.task, need, target_streams(context).generator("targets"))
+    shape = (params.targets, params.batch_size)
+    return x.view(*shape, *x.shape[1:]), y.view(shape), idx.view(shape)
 
 
 def attacked_model(context: AttackContext, at: str) -> nn.Module:
@@ -224,36 +277,140 @@ def attack_labels(params: GradientThreatParams, model: nn.Module, shared: Shared
 # The shared attack flow
 
 
-def run_gradient_attack(name: str, params: GradientThreatParams, context: AttackContext,
-                        reconstruct: Callable[..., tuple[torch.Tensor, dict[str, Any], dict[str, str]]]) -> AttackResult:
-    """The part ``ig`` and ``rgap`` share: target, release, labels, reconstruction, scores, picture."""
+@dataclass
+class Reconstruction:
+    """What ``reconstruct`` returns for the T target batches of one state."""
+
+    pixels: torch.Tensor                                      # [T, B, C, H, W] in [0, 1]
+    details: dict[str, list] = field(default_factory=dict)    # per-target diagnostics (scores JSON)
+    metrics: dict[str, Any] = field(default_factory=dict)     # flat diagnostics, reported for the worst state
+    artefacts: dict[str, str] = field(default_factory=dict)
+
+
+# reconstruct(params, context, model, releases, masks, labels [T, B], streams) -> Reconstruction
+Reconstruct = Callable[..., Reconstruction]
+
+
+@dataclass
+class StateOutcome:
+    state: str
+    report: dict[str, Any]         # epoch, density, noise_std, defense_rate of the state's releases
+    pixels: torch.Tensor           # [T, B, C, H, W], matched: pixels[t, i] is the guess of original (t, i)
+    scores: dict[str, np.ndarray]  # psnr / mse / ssim, [T, B]
+    label_accuracy: np.ndarray     # [T]
+    gains: np.ndarray              # [T]: mean PSNR gain over the best data-free guess, per target batch
+    test: verdict.SignTest
+    rec: Reconstruction
+
+    def mean(self, metric: str) -> float:
+        return float(np.mean(self.scores[metric]))
+
+
+def run_gradient_attack(name: str, params: ReconstructionParams, context: AttackContext,
+                        reconstruct: Reconstruct) -> AttackResult:
+    """The part ``ig`` and ``rgap`` share: targets, releases at every state, labels, reconstruction,
+    scores, verdict, pictures."""
     with single_cpu_thread(context.device):
         return _run_gradient_attack(name, params, context, reconstruct)
 
 
-def _run_gradient_attack(name: str, params: GradientThreatParams, context: AttackContext,
-                         reconstruct: Callable[..., tuple[torch.Tensor, dict[str, Any], dict[str, str]]]) -> AttackResult:
-    start = time.perf_counter()
+def _run_gradient_attack(name: str, params: ReconstructionParams, context: AttackContext,
+                         reconstruct: Reconstruct) -> AttackResult:
     own = context.streams.scope("attack", name)
-    x, y, idx = select_targets(context.task, params.batch_size, target_streams(context).generator("targets"))
-    model = attacked_model(context, params.at)
-    shared, report = release_for(context, model, x, y, params.at, own)
-    mask = matching_mask(shared, params.mask_aware)
-    labels, label_acc = attack_labels(params, model, shared, mask, y)
-    recon, extra_metrics, artefacts = reconstruct(params, context, model, shared, mask, labels)
-    recon = recon.detach().cpu().float()
-    scores, perm = image_metrics.score(x, recon)
-    metrics: dict[str, Any] = {**scores, "label_accuracy": label_acc, **report,
-                               "mask_aware": params.mask_aware, "labels": params.labels,
-                               "batch_size": params.batch_size, "target_index": ",".join(map(str, idx.tolist()))}
-    metrics.update(image_metrics.baselines(x, context.task.mean, own.generator("baseline")))
-    metrics.update(extra_metrics)
-    metrics["time_s"] = time.perf_counter() - start
-    rate = f", rate {report['defense_rate']:.2f}" if "defense_rate" in report else ""
-    title = (f"{name} vs {context.spec.defense_name} at {params.at}{rate}\nPSNR {scores['psnr']:.1f} dB, "
-             f"SSIM {scores['ssim']:.2f}, MSE {scores['mse']:.4f}")
-    per = image_metrics.per_image(x, recon[torch.as_tensor(perm)])
-    captions = [f"{p:.1f} dB" for p in per["psnr"]]
-    png = image_metrics.save_grid(x, recon[torch.as_tensor(perm)], context.out_dir / f"{name}-reconstruction.png",
-                                  title, captions)
-    return AttackResult(metrics=metrics, artefacts={"png": str(png), **artefacts})
+    x, y, idx = draw_targets(context, params)
+    flat = x.reshape(-1, *x.shape[2:])
+    public = context.task.public.x if len(context.task.public) else None
+    guesses = image_metrics.guesses(flat, context.task.mean, own.generator("baseline"), public)
+    base = {g: np.array([image_metrics.matched_psnr(x[t], pixels.view_as(x)[t]) for t in range(len(x))])
+            for g, pixels in guesses.items()}
+    best_guess = np.max(np.stack(list(base.values())), axis=0)  # [T, B]: the better guess per image
+    states = resolve_states(params.states, int(context.spec.train.epochs))
+    if params.targets < verdict.min_targets(len(states)):
+        log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
+                    "at least %d); set attack.targets", name, params.targets, len(states),
+                    verdict.min_targets(len(states)))
+    outcomes = [_attack_state(params, context, reconstruct, state, x, y, best_guess, own) for state in states]
+    decision, p_value = verdict.decide([o.test for o in outcomes])
+    worst = max(outcomes, key=lambda o: o.mean("psnr"))
+
+    metrics: dict[str, Any] = {}
+    for o in outcomes:
+        per_state = {k: v for k, v in _state_metrics(o).items() if k not in ("state", "epoch")}
+        per_state.update(wins=o.test.wins, p_value=o.test.p_value)
+        metrics.update({f"{o.state}.{k}": v for k, v in per_state.items()})
+    metrics.update(_state_metrics(worst))
+    metrics.update(worst.rec.metrics)
+    metrics.update({f"baseline_psnr_{g}": float(v.mean()) for g, v in base.items()})
+    metrics["baseline_psnr"] = float(best_guess.mean())
+    metrics["verdict"], metrics["p_value"] = decision, p_value
+
+    out = context.out_dir
+    scores = {
+        "rule": {"margin_db": verdict.MARGIN_DB, "alpha": verdict.ALPHA, "states": len(outcomes),
+                 "targets": params.targets, "min_targets": verdict.min_targets(len(outcomes)),
+                 "p_value": p_value, "verdict": decision, "worst_state": worst.state},
+        "target_index": idx.tolist(), "labels": y.tolist(),
+        "baseline_psnr": {g: v.tolist() for g, v in base.items()}, "best_guess_psnr": best_guess.tolist(),
+        "states": [{**o.report, **{k: v.tolist() for k, v in o.scores.items()}, "gain_db": o.gains.tolist(),
+                    "wins": o.test.wins, "p_value": o.test.p_value, "label_accuracy": o.label_accuracy.tolist(),
+                    **o.rec.details} for o in outcomes],
+    }
+    (out / f"{name}-scores.json").write_text(json.dumps(scores, indent=1, default=float))
+    np.savez_compressed(out / f"{name}-images.npz", originals=_bytes(x), states=np.array(states),
+                        reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
+                        psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess)
+    png = _picture(name, context, x, outcomes, worst, decision, metrics["baseline_psnr"], out / f"{name}-reconstruction.png")
+    artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
+    for o in outcomes:
+        artefacts.update(o.rec.artefacts)
+    return AttackResult(metrics=metrics, artefacts=artefacts)
+
+
+def _attack_state(params: ReconstructionParams, context: AttackContext, reconstruct: Reconstruct, state: str,
+                  x: torch.Tensor, y: torch.Tensor, best_guess: np.ndarray, own: Streams) -> StateOutcome:
+    model = attacked_model(context, state)
+    releases, masks, labels, label_acc, reports = [], [], [], [], []
+    for t in range(len(x)):
+        shared, report = release_for(context, model, x[t], y[t], state, own.scope(state, "release", t))
+        mask = matching_mask(shared, params.mask_aware)
+        used, acc = attack_labels(params, model, shared, mask, y[t])
+        releases.append(shared)
+        masks.append(mask)
+        labels.append(used)
+        label_acc.append(acc)
+        reports.append(report)
+    rec = reconstruct(params, context, model, releases, masks, torch.stack(labels), own.scope(state))
+    pixels = rec.pixels.detach().cpu().float().view_as(x)
+    matched = torch.stack([pixels[t][torch.as_tensor(image_metrics.match(x[t], pixels[t]))] for t in range(len(x))])
+    per = [image_metrics.per_image(x[t], matched[t]) for t in range(len(x))]
+    scores = {k: np.array([p[k] for p in per]) for k in ("psnr", "mse", "ssim")}
+    gains = (scores["psnr"] - best_guess).mean(axis=1)
+    report = dict(reports[0], density=float(np.mean([r["density"] for r in reports])))
+    return StateOutcome(state, report, matched, scores, np.array(label_acc), gains, verdict.sign_test(gains), rec)
+
+
+def _state_metrics(o: StateOutcome) -> dict[str, Any]:
+    return {"psnr": o.mean("psnr"), "mse": o.mean("mse"), "ssim": o.mean("ssim"),
+            "label_accuracy": float(o.label_accuracy.mean()), **o.report}
+
+
+def _bytes(images: torch.Tensor) -> np.ndarray:
+    """Pixels in [0, 1] as uint8 (what a picture shows; keeps the arrays small)."""
+    return (images.detach().cpu().float().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+
+
+def _picture(name: str, context: AttackContext, x: torch.Tensor, outcomes: list[StateOutcome],
+             worst: StateOutcome, decision: str, baseline: float, path: Any) -> Any:
+    """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
+    flat = x.reshape(-1, *x.shape[2:])
+    rows, captions, labels = [], [], []
+    for o in outcomes:
+        rows.append(o.pixels.reshape(-1, *x.shape[2:]))
+        captions.append([f"{p:.1f} dB" for p in o.scores["psnr"].reshape(-1)])
+        rate = o.report.get("defense_rate")
+        labels.append(o.state + (f"\nrate {rate:.2f}" if rate is not None else ""))
+    rate = worst.report.get("defense_rate")
+    title = (f"{name} vs {context.spec.defense_name}: {decision} (worst state {worst.state}"
+             f"{f', rate {rate:.2f}' if rate is not None else ''})\nPSNR {worst.mean('psnr'):.1f} dB vs best "
+             f"data-free guess {baseline:.1f} dB; SSIM {worst.mean('ssim'):.2f}")
+    return image_metrics.save_grid(flat, rows, path, title, captions, labels)

@@ -31,12 +31,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad, vmap
 
 from attacks import gradient_common as gc
 from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
+from harness.core.streams import Streams
 
 OBJECTIVES = ("cosine", "l2")
 OPTIMIZERS = ("auto", "adam", "lbfgs")
@@ -44,7 +46,7 @@ LBFGS_INNER = 20  # function evaluations per L-BFGS step (torch's default max_it
 
 
 @dataclass
-class IGParams(gc.GradientThreatParams):
+class IGParams(gc.ReconstructionParams):
     ig_objective: str = param("cosine", "`cosine` (Inverting Gradients) or `l2` (DLG)", choices=OBJECTIVES)
     ig_optimizer: str = param("auto", "`auto` (cosine → adam, l2 → lbfgs), `adam` or `lbfgs`", choices=OPTIMIZERS)
     ig_iterations: int = param(1000, "optimisation steps per restart (the full recipe: 24000)", low=1)
@@ -69,118 +71,180 @@ def total_variation(x: torch.Tensor) -> torch.Tensor:
 
 
 class GradientMatcher:
-    """Matching loss between the gradient of candidate images and a released gradient."""
+    """Matching losses between the gradients of T candidate batches and T released gradients, one per
+    target batch (T independent problems solved side by side: ``vmap`` over the problems, each problem's
+    gradient the mean cross-entropy gradient of its own B candidates)."""
 
-    def __init__(self, model: nn.Module, target: dict[str, torch.Tensor], mask: dict[str, torch.Tensor] | None,
-                 labels: torch.Tensor, objective: str) -> None:
-        self.model = model
-        self.params = dict(model.named_parameters())
-        self.names = [n for n in target if n in self.params]
-        missing = set(target) - set(self.names)
+    def __init__(self, model: nn.Module, targets: list[dict[str, torch.Tensor]],
+                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, objective: str) -> None:
+        params = dict(model.named_parameters())
+        self.names = [n for n in targets[0] if n in params]
+        missing = set(targets[0]) - set(self.names)
         if missing:
             raise ValueError(f"released gradient names unknown to the model: {sorted(missing)}")
-        self.labels = labels
+        self.labels = labels  # [T, B]
         self.objective = objective
-        dtype = next(iter(self.params.values())).dtype
-        self.mask = [None if mask is None else mask[n].to(self.params[n].device, dtype) for n in self.names]
-        self.target = [target[n].detach().to(self.params[n].device, dtype) for n in self.names]
-        if mask is not None:
-            self.target = [t * m for t, m in zip(self.target, self.mask)]
-        self.target_norm = torch.sqrt(sum((t * t).sum() for t in self.target))
+        self.released = {n: params[n].detach() for n in self.names}
+        fixed = {n: p.detach() for n, p in params.items() if n not in self.released}
+        fixed.update({n: b.detach() for n, b in model.named_buffers()})
+        device, dtype = params[self.names[0]].device, params[self.names[0]].dtype
 
-    def __call__(self, x: torch.Tensor, create_graph: bool = True) -> torch.Tensor:
-        loss = F.cross_entropy(self.model(x), self.labels)
-        grads = torch.autograd.grad(loss, [self.params[n] for n in self.names], create_graph=create_graph)
-        if self.mask[0] is not None:
-            grads = [g * m for g, m in zip(grads, self.mask)]
+        def flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.cat([tensors[n].detach().reshape(-1).to(device, dtype) for n in self.names])
+
+        self.mask = None if masks[0] is None else torch.stack([flat(m) for m in masks])  # [T, P]
+        self.target = torch.stack([flat(t) for t in targets])
+        if self.mask is not None:
+            self.target = self.target * self.mask
+        self.target_norm = self.target.norm(dim=1)
+
+        def loss(released: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(functional_call(model, {**released, **fixed}, (x,)), y)
+
+        def gradient(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            g = grad(loss)(self.released, x, y)
+            return torch.cat([g[n].reshape(-1) for n in self.names])
+
+        def gradient_autograd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            released = {n: t.clone().requires_grad_(True) for n, t in self.released.items()}
+            with torch.enable_grad():
+                g = torch.autograd.grad(loss(released, x, y), list(released.values()), create_graph=True)
+            return torch.cat([gi.reshape(-1) for gi in g])
+
+        if all(getattr(m, "func_transforms", True) for m in model.modules()):
+            self._gradients = vmap(gradient)
+        else:  # a front end torch.func cannot trace (kymatio's scattering): autograd, one problem at a time
+            self._gradients = lambda x, y: torch.stack([gradient_autograd(xi, yi) for xi, yi in zip(x, y)])
+
+    def __call__(self, x: torch.Tensor, problems: slice = slice(None)) -> torch.Tensor:
+        """Matching loss of each problem (``[T]``) for candidates ``x`` (``[T, B, C, H, W]``), or of the
+        problems selected by ``problems``."""
+        g = self._gradients(x, self.labels[problems])
+        target = self.target[problems]
+        if self.mask is not None:
+            g = g * self.mask[problems]
         if self.objective == "l2":
-            return sum(((g - t) ** 2).sum() for g, t in zip(grads, self.target))
-        dot = sum((g * t).sum() for g, t in zip(grads, self.target))
-        norm = torch.sqrt(sum((g * g).sum() for g in grads))
-        return 1.0 - dot / (norm * self.target_norm + 1e-12)
+            return ((g - target) ** 2).sum(dim=1)
+        dot = (g * target).sum(dim=1)
+        return 1.0 - dot / (g.norm(dim=1) * self.target_norm[problems] + 1e-12)
 
 
 @dataclass
 class Trial:
-    pixels: torch.Tensor   # best iterate, B x C x H x W in [0, 1]
-    objective: float       # matching + TV at the best iterate
-    matching: float        # matching loss alone (restart score)
+    pixels: torch.Tensor   # best iterate of each problem, T x B x C x H x W in [0, 1]
+    objective: torch.Tensor  # [T] matching + TV at the best iterate
+    matching: torch.Tensor   # [T] matching loss alone (restart score)
 
 
-def invert(model: nn.Module, target: dict[str, torch.Tensor], mask: dict[str, torch.Tensor] | None,
+def invert(model: nn.Module, targets: list[dict[str, torch.Tensor]], masks: list[dict[str, torch.Tensor] | None],
            labels: torch.Tensor, shape: tuple[int, int, int], mean: tuple[float, ...], std: tuple[float, ...],
            params: IGParams, generator: torch.Generator, device: torch.device) -> tuple[Trial, list[Trial]]:
-    """Run ``params.ig_restarts`` trials; returns (winning trial, all trials)."""
+    """Invert T released gradients (``targets[t]`` for the candidates of ``labels[t]``, ``[T, B]``); run
+    ``params.ig_restarts`` trials and keep, per problem, the trial with the lowest matching loss. Returns
+    (the best of every problem, all trials)."""
     labels = labels.to(device)
-    matcher = GradientMatcher(model, target, mask, labels, params.ig_objective)
-    m = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=device).view(1, -1, 1, 1)
+    matcher = GradientMatcher(model, targets, masks, labels, params.ig_objective)
+    m = torch.tensor(mean, device=device).view(1, 1, -1, 1, 1)
+    s = torch.tensor(std, device=device).view(1, 1, -1, 1, 1)
     lo, hi = (0.0 - m) / s, (1.0 - m) / s  # the pixel box [0, 1] in normalised space
-    batch = (labels.shape[0], *shape)
+    batch = (*labels.shape, *shape)
     trials = []
     with single_cpu_thread(device):
         for _ in range(params.ig_restarts):
             z0 = torch.randn(batch, generator=generator).to(device)  # drawn on CPU: same init on any device
-            trials.append(_trial(matcher, torch.max(torch.min(z0, hi), lo), m, s, lo, hi, params))
-    best = min(trials, key=lambda t: t.matching if math.isfinite(t.matching) else math.inf)
+            z0 = torch.max(torch.min(z0, hi), lo)
+            if params.optimizer == "adam":
+                trials.append(_adam(matcher, z0, m, s, lo, hi, params))
+            else:  # L-BFGS's line search couples whatever it optimises: one problem at a time
+                parts = [_lbfgs(matcher, z0[t:t + 1], slice(t, t + 1), m, s, lo, hi, params) for t in range(len(z0))]
+                trials.append(Trial(*(torch.cat([getattr(p, f) for p in parts]) for f in ("pixels", "objective", "matching"))))
+    matching = torch.stack([torch.where(torch.isfinite(t.matching), t.matching, torch.inf) for t in trials])
+    pick = matching.argmin(dim=0)  # [T]: the winning trial of each problem
+    rows = torch.arange(len(pick))
+    best = Trial(torch.stack([t.pixels for t in trials])[pick, rows],
+                 torch.stack([t.objective for t in trials])[pick, rows], matching[pick, rows])
     return best, trials
 
 
-def _trial(matcher: GradientMatcher, z0: torch.Tensor, m: torch.Tensor, s: torch.Tensor, lo: torch.Tensor,
-           hi: torch.Tensor, params: IGParams) -> Trial:
-    z = z0.clone().requires_grad_(True)
-    best_obj, best_z = math.inf, z0.clone()
-    n = params.ig_iterations
+def _tv(x: torch.Tensor) -> torch.Tensor:
+    """``total_variation`` of each problem of ``x`` (``[T, B, C, H, W]``), as a ``[T]`` tensor."""
+    dims = tuple(range(1, x.dim()))
+    dx = (x[..., :, 1:] - x[..., :, :-1]).abs().mean(dim=dims) if x.shape[-1] > 1 else x.new_zeros(len(x))
+    dy = (x[..., 1:, :] - x[..., :-1, :]).abs().mean(dim=dims) if x.shape[-2] > 1 else x.new_zeros(len(x))
+    return dx + dy
 
-    def objective() -> torch.Tensor:
-        x = z * s + m
-        return matcher(x) + params.ig_tv * total_variation(x) if params.ig_tv > 0 else matcher(x)
 
-    if params.optimizer == "adam":
-        opt = torch.optim.Adam([z], lr=params.ig_lr)
-        marks = sorted({int(n * f) for f in (3 / 8, 5 / 8, 7 / 8)} - {0}) if params.ig_decay else []
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=marks, gamma=0.1)
-        for _ in range(n):
-            obj = objective()
-            (grad,) = torch.autograd.grad(obj, [z])
-            value = float(obj.detach())
-            if value < best_obj:  # the objective of the iterate before this step
-                best_obj, best_z = value, z.detach().clone()
-            z.grad = grad.sign() if params.ig_signed else grad
-            opt.step()
-            sched.step()
-            with torch.no_grad():
-                z.copy_(torch.max(torch.min(z, hi), lo))
-        value = float(objective().detach())  # the iterate after the last step
-        if value < best_obj:
-            best_obj, best_z = value, z.detach().clone()
-    else:
-        opt = torch.optim.LBFGS([z], lr=1.0, max_iter=LBFGS_INNER, line_search_fn="strong_wolfe")
+def _objective(matcher: GradientMatcher, z: torch.Tensor, problems: slice, m: torch.Tensor, s: torch.Tensor,
+               params: IGParams) -> torch.Tensor:
+    x = z * s + m
+    value = matcher(x, problems)
+    return value + params.ig_tv * _tv(x) if params.ig_tv > 0 else value
 
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            obj = objective()
-            (z.grad,) = torch.autograd.grad(obj, [z])
-            return obj.detach()
 
-        for _ in range(max(1, math.ceil(n / LBFGS_INNER))):
-            opt.step(closure)
-            with torch.no_grad():
-                z.copy_(torch.max(torch.min(z, hi), lo))
-            value = float(objective().detach())
-            if value < best_obj:
-                best_obj, best_z = value, z.detach().clone()
-    if not math.isfinite(best_obj):  # a diverged trial: fall back to its (boxed) start
-        best_z = z0.clone()
+def _finish(matcher: GradientMatcher, z0: torch.Tensor, best_z: torch.Tensor, best_obj: torch.Tensor,
+            problems: slice, m: torch.Tensor, s: torch.Tensor) -> Trial:
+    diverged = ~torch.isfinite(best_obj)  # a diverged problem falls back to its (boxed) start
+    best_z = torch.where(diverged.view(-1, 1, 1, 1, 1), z0, best_z)
     x = (best_z * s + m).clamp(0.0, 1.0)
-    matching = float(matcher(x, create_graph=False).detach())
+    matching = matcher(x, problems).detach()
     return Trial(pixels=x.detach(), objective=best_obj, matching=matching)
+
+
+def _adam(matcher: GradientMatcher, z0: torch.Tensor, m: torch.Tensor, s: torch.Tensor, lo: torch.Tensor,
+          hi: torch.Tensor, params: IGParams) -> Trial:
+    """Signed Adam on every problem at once: Adam and the sign act coordinate-wise and each problem's
+    objective depends on its own candidates only, so this is T separate optimisations."""
+    z = z0.clone().requires_grad_(True)
+    best_obj, best_z = torch.full((len(z0),), math.inf, device=z0.device), z0.clone()
+    n = params.ig_iterations
+    opt = torch.optim.Adam([z], lr=params.ig_lr)
+    marks = sorted({int(n * f) for f in (3 / 8, 5 / 8, 7 / 8)} - {0}) if params.ig_decay else []
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=marks, gamma=0.1)
+
+    def keep_best(value: torch.Tensor) -> None:
+        better = value < best_obj
+        best_obj[better] = value[better]
+        best_z[better] = z.detach()[better]
+
+    for _ in range(n):
+        obj = _objective(matcher, z, slice(None), m, s, params)
+        (grad_z,) = torch.autograd.grad(obj.sum(), [z])
+        keep_best(obj.detach())  # the objective of the iterate before this step
+        z.grad = grad_z.sign() if params.ig_signed else grad_z
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            z.copy_(torch.max(torch.min(z, hi), lo))
+    keep_best(_objective(matcher, z, slice(None), m, s, params).detach())  # the iterate after the last step
+    return _finish(matcher, z0, best_z, best_obj, slice(None), m, s)
+
+
+def _lbfgs(matcher: GradientMatcher, z0: torch.Tensor, problem: slice, m: torch.Tensor, s: torch.Tensor,
+           lo: torch.Tensor, hi: torch.Tensor, params: IGParams) -> Trial:
+    z = z0.clone().requires_grad_(True)
+    best_obj, best_z = torch.full((1,), math.inf, device=z0.device), z0.clone()
+    opt = torch.optim.LBFGS([z], lr=1.0, max_iter=LBFGS_INNER, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        obj = _objective(matcher, z, problem, m, s, params).sum()
+        (z.grad,) = torch.autograd.grad(obj, [z])
+        return obj.detach()
+
+    for _ in range(max(1, math.ceil(params.ig_iterations / LBFGS_INNER))):
+        opt.step(closure)
+        with torch.no_grad():
+            z.copy_(torch.max(torch.min(z, hi), lo))
+        value = _objective(matcher, z, problem, m, s, params).detach()
+        if bool(value[0] < best_obj[0]):
+            best_obj, best_z = value, z.detach().clone()
+    return _finish(matcher, z0, best_z, best_obj, problem, m, s)
 
 
 @ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, signed Adam (DLG/L-BFGS variant)")
 class InvertingGradients(Attack):
     Params = IGParams
-    headline, higher_leaks, headline_label = "psnr", True, "IG PSNR (dB)"
+    headline, higher_leaks, headline_label, baseline = "psnr", True, "IG PSNR (dB)", "baseline_psnr"
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
@@ -190,12 +254,9 @@ class InvertingGradients(Attack):
         return gc.run_gradient_attack("ig", self.params, context, _reconstruct)
 
 
-def _reconstruct(params: IGParams, context: AttackContext, model: nn.Module, shared: Any,
-                 mask: dict[str, torch.Tensor] | None, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+def _reconstruct(params: IGParams, context: AttackContext, model: nn.Module, releases: list[Any],
+                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, streams: Streams) -> gc.Reconstruction:
     task = context.task
-    gen = context.streams.scope("attack", "ig").generator("restarts")
-    best, trials = invert(model, shared.grads, mask, labels, task.shape, task.mean, task.std, params, gen,
-                          context.device)
-    metrics = {"matching_loss": best.matching, "restarts": len(trials), "iterations": params.ig_iterations,
-               "objective": params.ig_objective, "optimizer": params.optimizer}
-    return best.pixels, metrics, {}
+    best, _ = invert(model, [r.grads for r in releases], masks, labels, task.shape, task.mean, task.std, params,
+                     streams.generator("restarts"), context.device)
+    return gc.Reconstruction(best.pixels, details={"matching_loss": best.matching.tolist()})

@@ -90,46 +90,72 @@ def score(originals: torch.Tensor, reconstructions: torch.Tensor) -> tuple[dict[
     return {k: float(np.mean(v)) for k, v in scores.items()}, perm
 
 
-def baselines(originals: torch.Tensor, mean: Sequence[float], generator: torch.Generator) -> dict[str, float]:
-    """PSNR of two guesses made without any gradient: uniform noise, and a constant image at the
-    per-channel dataset mean (public: it is the model's Normalize layer). An attack whose PSNR is
-    near these learnt nothing about the target."""
-    noise = torch.rand(originals.shape, generator=generator, dtype=torch.float32)
-    flat = torch.tensor(list(mean), dtype=torch.float32).view(1, -1, 1, 1).expand_as(originals)
-    return {
-        "baseline_psnr_noise": score(originals, noise)[0]["psnr"],
-        "baseline_psnr_mean": score(originals, flat.contiguous())[0]["psnr"],
+def guesses(originals: torch.Tensor, mean: Sequence[float], generator: torch.Generator,
+            public: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Data-free guesses of ``originals`` (same shape), made without any gradient: ``noise`` (uniform),
+    ``mean`` (a constant image at the per-channel dataset mean, public: it is the model's Normalize
+    layer) and, given public images, ``public`` (their per-pixel mean: the best constant guess in MSE)."""
+    out = {
+        "noise": torch.rand(originals.shape, generator=generator, dtype=torch.float32),
+        "mean": torch.tensor(list(mean), dtype=torch.float32).view(1, -1, 1, 1).expand_as(originals).contiguous(),
     }
+    if public is not None and len(public):
+        out["public"] = public.float().mean(dim=0, keepdim=True).expand_as(originals).contiguous()
+    return out
 
 
-def save_grid(originals: torch.Tensor, reconstructions: torch.Tensor, path: str | Path, title: str = "",
-              captions: Sequence[str] | None = None) -> Path:
-    """PNG with the originals (top row) over their matched reconstructions (bottom row).
+def matched_psnr(originals: torch.Tensor, reconstructions: torch.Tensor) -> list[float]:
+    """Per-image PSNR of ``originals[i]`` against its Hungarian-matched reconstruction."""
+    perm = match(originals, reconstructions)
+    return per_image(originals, reconstructions[torch.as_tensor(perm)])["psnr"]
+
+
+def baselines(originals: torch.Tensor, mean: Sequence[float], generator: torch.Generator,
+              public: torch.Tensor | None = None) -> dict[str, float]:
+    """Mean PSNR of each data-free guess (``baseline_psnr_<guess>``, see ``guesses``). An attack whose
+    PSNR is near these learnt nothing about the target."""
+    return {f"baseline_psnr_{name}": float(np.mean(matched_psnr(originals, guess)))
+            for name, guess in guesses(originals, mean, generator, public).items()}
+
+
+def save_grid(originals: torch.Tensor, reconstructions: torch.Tensor | Sequence[torch.Tensor], path: str | Path,
+              title: str = "", captions: Sequence[str] | Sequence[Sequence[str]] | None = None,
+              row_labels: Sequence[str] | None = None) -> Path:
+    """PNG with the originals (top row) over rows of matched reconstructions (one tensor per row, e.g.
+    one per attacked state, each ``B x C x H x W``), ``captions`` under each reconstruction (one list per
+    row, or a flat list for a single row) and ``row_labels`` naming the reconstruction rows.
 
     Uses matplotlib's object API with the Agg canvas (no pyplot global state, no display needed).
-    At most ``MAX_GRID_COLUMNS`` pairs are drawn.
+    At most ``MAX_GRID_COLUMNS`` columns are drawn.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    a, b = _as_numpy(originals), _as_numpy(reconstructions)
+    rows = [reconstructions] if isinstance(reconstructions, torch.Tensor) else list(reconstructions)
+    if captions is not None and captions and isinstance(captions[0], str):
+        captions = [captions]
+    labels = list(row_labels) if row_labels is not None else ["reconstructed"] * len(rows)
+    a = _as_numpy(originals)
     n = min(a.shape[0], MAX_GRID_COLUMNS)
-    fig = Figure(figsize=(max(1.3 * n + 0.6, 3.6), 3.4))
+    fig = Figure(figsize=(max(1.15 * n + 1.0, 3.6), 1.3 * (len(rows) + 1) + 0.7))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, n, squeeze=False)
-    for i in range(n):
-        for row, img in ((0, a[i]), (1, b[i])):
+    axes = fig.subplots(len(rows) + 1, n, squeeze=False)
+    images = [a] + [_as_numpy(r) for r in rows]
+    for row, block in enumerate(images):
+        for i in range(n):
             ax = axes[row][i]
+            img = block[i]
             if img.shape[0] == 1:
                 ax.imshow(img[0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
             else:
                 ax.imshow(np.transpose(img, (1, 2, 0)), interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-        if captions is not None and i < len(captions):
-            axes[1][i].set_xlabel(captions[i], fontsize=7)
+            if row and captions is not None and row - 1 < len(captions) and i < len(captions[row - 1]):
+                ax.set_xlabel(captions[row - 1][i], fontsize=7)
     axes[0][0].set_ylabel("original", fontsize=8)
-    axes[1][0].set_ylabel("reconstructed", fontsize=8)
+    for row, label in enumerate(labels[:len(rows)], start=1):
+        axes[row][0].set_ylabel(label, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=8)
     path = Path(path)

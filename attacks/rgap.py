@@ -35,12 +35,12 @@ Choices (documented in docs/gradient-inversion.md):
   then re-computed by a forward pass from the recovered input and the layer solved once more.
 
 Per layer the attack reports ``layer<k>_rank``, ``layer<k>_unknowns`` and ``layer<k>_cond`` (k = 1 at the
-input), and writes all numbers (constraints kept, singular values, residuals) to ``rgap-layers.json``.
+input; over several targets the smallest rank and the largest condition number), and writes all numbers
+(constraints kept, singular values, residuals) of every target and state to ``rgap-scores.json``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +65,7 @@ SCALE_GRID = torch.logspace(-4, 4, 801, dtype=torch.float64)
 
 
 @dataclass
-class RGAPParams(gc.GradientThreatParams):
+class RGAPParams(gc.ReconstructionParams):
     rgap_tikhonov: float = param(0.0, "Tikhonov λ relative to the largest eigenvalue of each layer's normal "
                                       "matrix", low=0)
 
@@ -396,7 +396,7 @@ def _transpose(blk: Block, w: torch.Tensor, delta: torch.Tensor, in_shape: tuple
 @ATTACKS.register("rgap", "R-GAP closed-form recursive attack (Conv2d/Linear stacks, invertible activations)")
 class RGAP(Attack):
     Params = RGAPParams
-    headline, higher_leaks, headline_label = "psnr", True, "R-GAP PSNR (dB)"
+    headline, higher_leaks, headline_label, baseline = "psnr", True, "R-GAP PSNR (dB)", "baseline_psnr"
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
@@ -411,21 +411,27 @@ class RGAP(Attack):
         return gc.run_gradient_attack("rgap", self.params, context, _reconstruct)
 
 
-def _reconstruct(params: RGAPParams, context: AttackContext, model: nn.Module, shared: Any,
-                 mask: dict[str, torch.Tensor] | None, labels: torch.Tensor
-                 ) -> tuple[torch.Tensor, dict[str, Any], dict[str, str]]:
-    pixels, layers = reconstruct_one(model, shared.grads, mask, int(labels[0]), context.task.shape,
-                                     params.rgap_tikhonov)
+def _reconstruct(params: RGAPParams, context: AttackContext, model: nn.Module, releases: list[Any],
+                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, streams: Any) -> gc.Reconstruction:
+    """One closed-form inversion per target; the rank metrics reported are the worst over the targets
+    (smallest rank, largest condition number), every layer report of every target goes to the JSON."""
+    pixels, layers = [], []
+    for shared, mask, label in zip(releases, masks, labels):
+        rec, reports = reconstruct_one(model, shared.grads, mask, int(label[0]), context.task.shape,
+                                       params.rgap_tikhonov)
+        pixels.append(rec.float())
+        layers.append(reports)
     metrics: dict[str, Any] = {}
-    for rep in layers:
-        if "rank" in rep:
-            k = rep["layer"]
-            metrics[f"layer{k}_rank"] = rep["rank"]
-            metrics[f"layer{k}_unknowns"] = rep["unknowns"]
-            metrics[f"layer{k}_cond"] = rep["cond"] if math.isfinite(rep["cond"]) else 1e300
-    full = [r for r in layers if "rank" in r]
-    metrics["rank_deficit"] = sum(r["unknowns"] - r["rank"] for r in full)
-    metrics["max_cond"] = max((min(r["cond"], 1e300) for r in full), default=1.0)
-    path = context.out_dir / "rgap-layers.json"
-    path.write_text(json.dumps(layers, indent=2, default=float))
-    return pixels.float(), metrics, {"layers_json": str(path)}
+    solved = [[r for r in reports if "rank" in r] for reports in layers]
+    for per_layer in zip(*solved):
+        k = per_layer[0]["layer"]
+        metrics[f"layer{k}_rank"] = min(r["rank"] for r in per_layer)
+        metrics[f"layer{k}_unknowns"] = per_layer[0]["unknowns"]
+        metrics[f"layer{k}_cond"] = max(_finite_cond(r["cond"]) for r in per_layer)
+    metrics["rank_deficit"] = max(sum(r["unknowns"] - r["rank"] for r in full) for full in solved)
+    metrics["max_cond"] = max((_finite_cond(r["cond"]) for full in solved for r in full), default=1.0)
+    return gc.Reconstruction(torch.stack(pixels), details={"layers": layers}, metrics=metrics)
+
+
+def _finite_cond(cond: float) -> float:
+    return cond if math.isfinite(cond) else 1e300

@@ -190,7 +190,9 @@ def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...])
     return raw
 
 
-def format_run(m: dict[str, Any]) -> str:
+def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
+    """The run's summary: accuracy, privacy, communication, time, then one headline line per attack
+    (``format_attack``); artefact paths are shown under ``results`` (the results folder)."""
     def num(v: Any, fmt: str = ".4f") -> str:
         return "inf" if v == math.inf else format(v, fmt)
 
@@ -204,10 +206,43 @@ def format_run(m: dict[str, Any]) -> str:
         f"{m['comm.bytes_dense']:.0f} B dense per step",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
-    leak = {k: v for k, v in m.items() if k.startswith("leakage.")}
-    for key, value in sorted(leak.items()):
-        lines.append(f"  {key:<40} {num(value) if isinstance(value, float) else value}")
+    from harness.headlines import attacks_in
+
+    for attack in attacks_in(m):
+        lines += format_attack(m, attack, results)
     return "\n".join(lines)
+
+
+def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) -> list[str]:
+    """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
+    per-state table of an attack over several model states, and its other metrics. Configuration
+    echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
+    from harness.headlines import fmt, read, states_of
+
+    head = read(m, attack)
+    lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
+    pictures = sorted(v for k, v in m.items() if k.startswith(f"artefacts.{attack}.") and str(v).endswith(".png"))
+    for picture in pictures[:1]:
+        lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
+    prefix = f"leakage.{attack}."
+    states = states_of(m, attack)
+    shown = {f"{prefix}{k}" for k in ("verdict", "state", "p_value", "defense_rate")} | ({head.column} if head else set())
+    if states:
+        metric = head.column.rsplit(".", 1)[1] if head else "psnr"
+        columns = [c for c in ("defense_rate", metric, "ssim", "wins", "p_value")
+                   if any(f"{prefix}{s}.{c}" in m for s in states)]
+        names = {"defense_rate": "rate", "wins": "targets beating guess", "p_value": "p (state)"}
+        table = [["state", *(names.get(c, c) for c in columns)]]
+        table += [[s, *(fmt(m.get(f"{prefix}{s}.{c}"), 4) for c in columns)] for s in states]
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        lines += [f"  {'':<15} " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
+        shown |= {k for k in m if k.startswith(prefix) and k.count(".") >= 3}
+        shown |= {f"{prefix}{c}" for c in (*columns, "epoch")}  # the worst state's row says them
+    rest = [f"{k[len(prefix):]} {fmt(v)}" for k, v in sorted(m.items())
+            if k.startswith(prefix) and k not in shown and not isinstance(v, (list, dict))]
+    for start in range(0, len(rest), 4):
+        lines.append(f"  {'':<15} " + "   ".join(rest[start:start + 4]))
+    return lines
 
 
 @main.command()
@@ -246,7 +281,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     setup_logging()
     metrics = execute(spec, store, progress=not quiet)
-    emit(metrics, as_json, format_run(metrics))
+    emit(metrics, as_json, format_run(metrics, results))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -503,7 +538,7 @@ def report(results: str, out: str, as_json: bool) -> None:
     store.check(create=False)
     rows = store.rows()
     with writing("--out"):
-        written = write_report(rows, Path(out))
+        written = write_report(rows, Path(out), results)
     emit(written, as_json, f"wrote {written['out']} ({written['runs']} runs, {len(written['plots'])} plots, "
                            f"{written['pictures']} pictures)")
 

@@ -1,8 +1,16 @@
 """Leaderboard rows from the results store: one row per ``done`` run with the result keys of docs/results.md.
 
 ``group_seeds`` aggregates runs that differ only in their seed: metric columns (utility, leakage, comm,
-time) become the mean, with ``<column>.sem`` (standard error of the mean, sample std / √n) beside them,
-plus ``n`` and ``seeds``; configuration columns keep their common value.
+time) become the mean, with ``<column>.sem`` (standard error of the mean, sample std / √n) beside those
+whose values vary, plus ``n`` and ``seeds``; configuration columns keep their common value; verdicts
+become ``leaks`` / ``no-leak-detected`` when every seed agrees and ``mixed (k/n leak)`` otherwise. Runs
+with the same run key (the same configuration and seed, run again) count once: the latest is kept.
+
+``pareto.<attack>`` marks the utility–leakage Pareto front under the attack's declared headline, and only
+where the point beats the attack's data-free baseline (its verdict is ``leaks``; without a verdict, its
+headline beats the declared baseline or chance level): configurations with no detected leakage all tie
+at "no leakage" — they can dominate a leaking configuration (as accurate, less leakage) but are not
+ranked among themselves by differences that lie within the baseline's noise.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any, TextIO
+
+from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
 
 LEADING = [
     "run_id", "run_key", "status", "dataset", "model", "defense", "attack", "seed",
@@ -59,25 +69,38 @@ def group_key(row: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def latest_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run key, the last one (rows come in start order): a configuration run again at the
+    same seed is one observation, not two."""
+    return list({row["run_key"]: row for row in rows}.values())
+
+
+def merge_verdicts(values: list[Any]) -> str:
+    leaks = sum(v == "leaks" for v in values)
+    if len({str(v) for v in values}) == 1:
+        return str(values[0])
+    return f"mixed ({leaks}/{len(values)} leak)"
 
 
 def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
+    for row in latest_per_key(rows):
         groups.setdefault(group_key(row), []).append(flat_row(row))
     out = []
     for key, members in groups.items():
+        members.sort(key=lambda m: (str(type(m.get("seed"))), m.get("seed")))
         agg: dict[str, Any] = {"group_key": key, "n": len(members),
                                "seeds": " ".join(str(m.get("seed")) for m in members)}
         columns = {c for m in members for c in m}
         for col in sorted(columns - {"run_id", "run_key", "seed"}):
             values = [m.get(col) for m in members]
             if col.startswith(METRIC_PREFIXES) and all(is_number(v) for v in values):
-                agg[col] = statistics.fmean(values) if all(math.isfinite(v) for v in values) else values[0]
                 finite = [v for v in values if math.isfinite(v)]
-                agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) > 1 else 0.0
+                agg[col] = statistics.fmean(values) if len(finite) == len(values) else values[0]
+                if len(finite) > 1 and len(set(finite)) > 1:  # a spread only where the values vary
+                    agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite))
+            elif col.startswith("leakage.") and col.endswith(".verdict"):
+                agg[col] = merge_verdicts(values)
             else:
                 distinct = {str(v) for v in values}
                 agg[col] = values[0] if len(distinct) == 1 else "|".join(sorted(distinct))
@@ -108,48 +131,26 @@ def write_csv(records: list[dict[str, Any]], handle: TextIO) -> None:
         writer.writerow([_cell(record.get(c)) for c in columns])
 
 
-def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
-    """The attack's declared headline column (``Attack.headline``) and whether higher means more leakage;
-    None when the attack is not registered or its records lack the column."""
-    from attacks import ATTACKS
-
-    if attack not in ATTACKS:
-        return None
-    cls = ATTACKS.get(attack)
-    column = f"leakage.{attack}.{cls.headline}"
-    return (column, cls.higher_leaks) if cls.headline and column in record_keys else None
-
-
-def headline_label(attack: str) -> str:
-    """The human name of an attack's headline metric with its direction, for axes and legends."""
-    from attacks import ATTACKS
-
-    cls = ATTACKS.get(attack)
-    label = cls.headline_label or f"leakage.{attack}.{cls.headline}"
-    return f"{label}, {'higher' if cls.higher_leaks else 'lower'} = more leakage"
-
-
-def attacks_in(records: list[dict[str, Any]]) -> list[str]:
-    return sorted({c.split(".")[1] for r in records for c in r if c.startswith("leakage.") and c.count(".") >= 2})
-
-
 def mark_pareto(records: list[dict[str, Any]]) -> None:
-    """Set ``pareto.<attack>``: True when no other configuration has test accuracy ≥ and leakage ≤ (one
-    of them strictly) under that attack's headline metric; records without the metric are left out."""
+    """Set ``pareto.<attack>``: True when the record beats the attack's data-free baseline and no other
+    configuration has test accuracy ≥ and leakage ≤ (one of them strictly) under that attack's headline
+    metric, every configuration without detected leakage counting as "no leakage" (see the module
+    docstring); records without the metric are left out."""
     keys = {c for r in records for c in r}
     for attack in attacks_in(records):
-        found = headline(keys, attack)
-        if found is None:
+        if headline(keys, attack) is None:
             continue
-        metric, higher_leaks = found
         points = []
         for r in records:
-            acc, leak = r.get("utility.test_accuracy"), r.get(metric)
-            if is_number(acc) and is_number(leak):
-                points.append((r, acc, leak if higher_leaks else -leak))
-        for r, acc, leak in points:
-            dominated = any(a >= acc and l <= leak and (a > acc or l < leak) for _, a, l in points)
-            r[f"pareto.{attack}"] = not dominated
+            acc, h = r.get("utility.test_accuracy"), read(r, attack)
+            if not (is_number(acc) and h is not None and is_number(h.value)):
+                continue
+            beats = h.leaks is not False
+            leak = (h.value if h.higher_leaks else -h.value) if beats else -math.inf
+            points.append((r, acc, leak, beats))
+        for r, acc, leak, beats in points:
+            dominated = any(a >= acc and l <= leak and (a > acc or l < leak) for _, a, l, _ in points)
+            r[f"pareto.{attack}"] = beats and not dominated
 
 
 def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -> list[dict[str, Any]]:
@@ -165,14 +166,20 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
     return ordered + missing  # rows without the column go last either way
 
 
+def varying_settings(records: list[dict[str, Any]]) -> list[str]:
+    """``defense.*`` and ``attack.*`` settings whose value differs between the records: what was swept."""
+    keys = {c for r in records for c in r if c.startswith(("defense.", "attack.")) and not c.endswith(".sem")}
+    return sorted(c for c in keys if len({repr(r.get(c)) for r in records}) > 1)
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "(no finished runs)"
     grouped = "n" in records[0]
     keys = {c for r in records for c in r}
-    varying = sorted(c for c in keys if c.startswith("defense.") and not c.endswith(".sem")
-                     and len({repr(r.get(c)) for r in records}) > 1)
-    leak = [h[0] for a in attacks_in(records) if (h := headline(keys, a))]
+    varying = varying_settings(records)
+    leak = [c for a in attacks_in(records) if (h := headline(keys, a))
+            for c in (h[0], f"leakage.{a}.verdict") if c in keys]
     pareto = sorted(c for c in keys if c.startswith("pareto."))
     base = [c for c in TERMINAL if c != "seed" and c in keys | set(TERMINAL)]
     if grouped:

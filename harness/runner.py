@@ -22,7 +22,7 @@ import yaml
 from torch import nn
 
 from attacks import ATTACKS
-from attacks.base import AttackContext
+from attacks.base import AttackContext, resolve_states
 from defenses import DEFENSES
 from defenses.base import Defense
 from harness import __version__
@@ -93,7 +93,9 @@ def check_attacks(spec: RunSpec, model: nn.Module, shape: tuple[int, int, int]) 
         check = getattr(type(attack), "check_model", None)
         if check is not None:
             check(model, shape)
-        for state in type(attack).wanted_states(attack.params):
+        for state in resolve_states(type(attack).wanted_states(attack.params), spec.train.epochs):
+            if not state.startswith("epoch:"):
+                continue
             epoch = int(state.split(":", 1)[1])
             if epoch >= spec.train.epochs:
                 raise ConfigError(f"attack.at: {state} does not exist in a run of {spec.train.epochs} epoch(s); "
@@ -150,6 +152,9 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
         "device": str(prep.device),
     }
     row.update({f"defense.{k}": v for k, v in dataclasses.asdict(spec.defense).items()})
+    for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
+        row.update({f"attack.{name}.{k}": ", ".join(map(str, v)) if isinstance(v, list) else v
+                    for k, v in dataclasses.asdict(spec.attack[name]).items()})
     pp = prep.privacy
     row.update({
         "privacy.epsilon": pp.epsilon,
@@ -172,8 +177,21 @@ def attacks_of(spec: RunSpec) -> list:
     return [(name, ATTACKS.get(name, field="attack")(spec.attack[name])) for name in spec.attacks]
 
 
+def artefact_path(path: str | Path, run_id: str, run_dir: Path) -> str:
+    """An artefact's path as stored: relative to the results folder (``runs/<run_id>/…``, the store's
+    layout), so that a moved or copied results folder still finds it; a file written outside the run's
+    folder keeps the path it was given."""
+    try:
+        inside = Path(path).resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return str(path)
+    return (ResultStore(".").run_dir(run_id) / inside).as_posix()
+
+
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                trained_defense: Defense, out_dir: Path) -> dict[str, Any]:
+                trained_defense: Defense, out_dir: Path, run_id: str = "") -> dict[str, Any]:
+    """Run every attack; artefact paths are stored with ``artefact_path`` (given the run's id) and each
+    attack's wall-clock time as ``time.<attack>_s``."""
     metrics: dict[str, Any] = {}
     for name, attack in attacks_of(prep.spec):
         context = AttackContext(
@@ -184,9 +202,12 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
         )
         context.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
+        start = time.perf_counter()
         result = attack.run(context)
+        metrics[f"time.{name}_s"] = time.perf_counter() - start
         metrics.update({f"leakage.{name}.{k}": v for k, v in result.metrics.items()})
-        metrics.update({f"artefacts.{name}.{k}": str(v) for k, v in result.artefacts.items()})
+        metrics.update({f"artefacts.{name}.{k}": artefact_path(v, run_id, out_dir) if run_id else str(v)
+                        for k, v in result.artefacts.items()})
     return metrics
 
 
@@ -206,7 +227,8 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         log.info("run %s: %s", run_id, json_line(metrics))
         warn_sampling(prep.privacy)
         seed_globals(prep.streams)
-        wanted = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
+        asked = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
+        wanted = set(resolve_states(asked, spec.train.epochs))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
         defense_states: dict[str, Any] = {}
 
@@ -234,7 +256,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
             "train.engine_used": result.engine,
         })
         attack_start = time.perf_counter()
-        metrics.update(run_attacks(prep, states, defense_states, defense, run_dir))
+        metrics.update(run_attacks(prep, states, defense_states, defense, run_dir, run_id))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
         metrics["status"] = "done"
         return metrics
@@ -291,7 +313,8 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
-    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments).
+    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments; reconstruction
+    attacks need ``at: init`` or ``final`` here: no epoch is recorded).
 
     Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is

@@ -38,9 +38,13 @@ def coefficients_per_channel(j: int = SCATTER_J, angles: int = SCATTER_L) -> int
 class FixedFeatures(nn.Module):
     """Marker base of a fixed (non-trainable, data-independent, sample-wise) feature map."""
 
+    func_transforms = True  # False when torch.func (vmap, grad) cannot trace the forward: callers use autograd
+
 
 class Scattering(FixedFeatures):
     """``(B, C, H, W) -> (B, C·81, H//4, W//4)``: kymatio's 2-D scattering, J = 2, L = 8, order 2."""
+
+    func_transforms = False  # kymatio's torch backend works in place and uses old-style autograd.Functions
 
     def __init__(self, in_shape: tuple[int, int, int], j: int = SCATTER_J, angles: int = SCATTER_L) -> None:
         super().__init__()

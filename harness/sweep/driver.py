@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from harness.config import RunSpec
 from harness.core.errors import RunFailure
+from harness.headlines import attacks_in, read
 from harness.store import ResultStore
 from harness.sweep.executors import Executor
 from harness.sweep.grid import describe, swept_fields
@@ -93,7 +94,8 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
                 store.finish(run_id, metrics)
                 summary.done += 1
                 acc, eps = metrics["utility.test_accuracy"], metrics["privacy.epsilon"]
-                bar.write(f"done    {run_id}  {label}  acc={acc:.3f} ε={eps:.3g}", file=sys.stderr)
+                leakage = "  ".join(h.short() for a in attacks_in(metrics) if (h := read(metrics, a)))
+                bar.write(f"done    {run_id}  {label}  acc={acc:.3f} ε={eps:.3g}  {leakage}".rstrip(), file=sys.stderr)
             else:
                 store.fail(run_id, error or "unknown error")
                 summary.failed += 1

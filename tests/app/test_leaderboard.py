@@ -97,3 +97,66 @@ def test_failed_runs_are_not_on_the_board():
     failed = row("x", 0, 0.1)
     failed["status"] = "failed"
     assert [r["run_id"] for r in lb.leaderboard([row("a", 0, 0.5), failed])] == ["a"]
+
+
+def test_identical_run_keys_count_once_when_grouping():
+    """The same configuration and seed run twice is one observation: n = 2 for seeds 0 and 1, not 3."""
+    rows = [row("a", 0, 0.8), row("b", 1, 0.9), row("c", 0, 0.6)]
+    rows[2]["run_key"] = rows[0]["run_key"] = "same"
+    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    assert group["n"] == 2 and group["seeds"] == "0 1"
+    assert group["utility.test_accuracy"] == pytest.approx((0.6 + 0.9) / 2)  # the later run of the two counts
+
+
+def test_sem_only_where_values_vary():
+    rows = [row("a", 0, 0.8, psnr=10.0), row("b", 1, 0.9, psnr=10.0)]
+    rows[0]["metrics"]["leakage.ig.defense_rate"] = rows[1]["metrics"]["leakage.ig.defense_rate"] = 0.9
+    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    assert "utility.test_accuracy.sem" in group
+    assert "leakage.ig.psnr.sem" not in group and "leakage.ig.defense_rate.sem" not in group
+    (single,) = lb.leaderboard(rows[:1], seeds_grouped=True)
+    assert not any(c.endswith(".sem") for c in single)
+
+
+def test_grouped_verdicts_say_how_many_seeds_leak():
+    rows = [row(r, s, 0.9, psnr=20.0) for r, s in (("a", 0), ("b", 1), ("c", 2))]
+    for r, verdict in zip(rows, ("leaks", "no-leak-detected", "no-leak-detected")):
+        r["metrics"]["leakage.ig.verdict"] = verdict
+    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    assert group["leakage.ig.verdict"] == "mixed (1/3 leak)"
+    (agreed,) = lb.leaderboard(rows[1:], seeds_grouped=True)
+    assert agreed["leakage.ig.verdict"] == "no-leak-detected"
+
+
+def test_no_pareto_mark_inside_the_baseline_noise():
+    """Configurations at the data-free baseline tie at "no leakage": none is marked for a PSNR difference
+    that lies in the noise, and the most accurate of them still dominates leaking configurations."""
+    rows = [row("quiet-a", 0, 0.90, psnr=8.0), row("quiet-b", 0, 0.85, psnr=7.0),
+            row("leaky", 0, 0.88, psnr=30.0), row("leaky-best", 0, 0.95, psnr=40.0)]
+    verdicts = {"quiet-a": "no-leak-detected", "quiet-b": "no-leak-detected", "leaky": "leaks", "leaky-best": "leaks"}
+    for r in rows:
+        r["metrics"]["leakage.ig.verdict"] = verdicts[r["run_id"]]
+        r["metrics"]["leakage.ig.baseline_psnr"] = 9.0
+    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(rows)}
+    # quiet-b has less PSNR than quiet-a but is inside the noise: neither is marked; leaky is dominated by
+    # quiet-a (more accurate, no detected leakage); leaky-best buys accuracy with leakage: on the front.
+    assert marks == {"quiet-a": False, "quiet-b": False, "leaky": False, "leaky-best": True}
+
+
+def test_without_a_verdict_the_declared_baseline_decides():
+    rows = [row("below", 0, 0.95, psnr=8.0), row("above", 0, 0.90, psnr=20.0)]
+    for r in rows:
+        r["metrics"]["leakage.ig.baseline_psnr"] = 9.0
+    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(rows)}
+    assert marks == {"below": False, "above": False}  # "above" is dominated by a more accurate, non-leaking run
+    auc = [row("chance", 0, 0.9, auc=0.49), row("better", 0, 0.95, auc=0.7)]
+    marks = {r["run_id"]: r["pareto.lira"] for r in lb.leaderboard(auc)}
+    assert marks == {"chance": False, "better": True}  # AUC's chance level 0.5 (declared by its headline)
+
+
+def test_terminal_table_shows_verdicts_and_swept_attack_settings():
+    rows = [row("a", 0, 0.9, psnr=20.0), row("b", 0, 0.8, psnr=10.0)]
+    rows[0]["metrics"].update({"leakage.ig.verdict": "leaks", "attack.ig.targets": 6})
+    rows[1]["metrics"].update({"leakage.ig.verdict": "no-leak-detected", "attack.ig.targets": 12})
+    text = lb.format_table(lb.leaderboard(rows))
+    assert "leakage.ig.verdict" in text and "no-leak-detected" in text and "attack.ig.targets" in text

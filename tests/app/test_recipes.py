@@ -143,7 +143,7 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
     assert columns[columns.index("utility.test_accuracy") + 1:][:2] == ["utility.best_test_accuracy",
                                                                        "paper.test_accuracy"]
     assert "0.7 ± 0.0011" in text[1]
-    assert "<th>paper.test_accuracy</th>" in table(grouped)
+    assert '<th title="paper.test_accuracy">paper.test_accuracy</th>' in table(grouped)[1]
     # without a paper number nothing moves
     plain = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if not k.startswith("paper.")}} for r in rows]
     assert "paper.test_accuracy" not in lb.format_table(lb.leaderboard(plain))

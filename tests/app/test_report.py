@@ -1,4 +1,5 @@
-"""The HTML report: sections, embedded images, PNGs beside it, and a real headless browser rendering it."""
+"""The HTML report: sections, labelled figures with baselines, the reconstruction grid, vector files beside the
+page, portable (moved) results folders, missing pictures, and a real headless browser rendering it."""
 
 import base64
 import io
@@ -15,50 +16,141 @@ from PIL import Image
 from harness.cli import main
 from harness.store import ResultStore
 
+STATES = ["epoch:7", "epoch:13", "final"]
 
-def fake_results(root):
-    """A store with two defenses × rates × seeds, a gradient attack (psnr + picture) and a membership
-    attack (auc + ROC file), written through the store's own API."""
+
+def fake_results(root, defenses=("rs", "random-freeze"), rates=(0.0, 0.5, 0.9), seeds=(0, 1)):
+    """A store like a sweep's, written through the store's own API: a gradient attack over three states
+    (per-state keys, verdict, baseline, image arrays and a picture) and a membership attack (auc + ROC
+    file), artefact paths relative to the results folder as the runner stores them."""
     store = ResultStore(root)
-    root.mkdir(parents=True)
-    picture = root / "grid.png"
-    Image.fromarray((np.random.default_rng(0).random((16, 32)) * 255).astype("uint8")).save(picture)
-    roc = root / "roc.json"
-    roc.write_text(json.dumps({"fpr": [0.0, 0.001, 0.01, 0.1, 1.0], "tpr": [0.0, 0.01, 0.05, 0.3, 1.0]}))
-    for defense in ("rs", "random-freeze"):
-        for rate in (0.0, 0.5, 0.9):
-            for seed in (0, 1):
+    rng = np.random.default_rng(0)
+    for defense in defenses:
+        for rate in rates:
+            for seed in seeds:
                 config = {"defense": {"name": defense, "final_rate": rate}, "seed": seed}
                 run_id = store.begin(f"{defense}{rate}{seed}".ljust(16, "x"), config)
-                store.finish(run_id, {
+                folder = store.run_dir(run_id)
+                (folder / "ig").mkdir(parents=True)
+                (folder / "lira").mkdir()
+                originals = rng.integers(0, 256, (6, 1, 1, 8, 8), dtype=np.uint8)
+                recon = rng.integers(0, 256, (3, 6, 1, 1, 8, 8), dtype=np.uint8)
+                psnr = 30 - 10 * rate + seed
+                np.savez_compressed(folder / "ig" / "ig-images.npz", originals=originals, reconstructions=recon,
+                                    states=np.array(STATES), psnr=np.full((3, 6, 1), psnr),
+                                    best_guess_psnr=np.full((6, 1), 12.0))
+                Image.fromarray(originals[0, 0, 0]).save(folder / "ig" / "ig-reconstruction.png")
+                (folder / "lira" / "roc.json").write_text(json.dumps({"fpr": [0.0, 0.001, 0.01, 0.1, 1.0],
+                                                                      "tpr": [0.0, 0.01, 0.05, 0.3, 1.0]}))
+                leaks = rate < 0.7
+                metrics = {
                     "dataset": "digits", "model": "cnn3", "defense": defense, "attack": "ig+lira", "seed": seed,
-                    "defense.final_rate": rate, "privacy.epsilon": 3.0, "utility.test_accuracy": 0.9 - 0.1 * rate + 0.01 * seed,
-                    "leakage.ig.psnr": 30 - 10 * rate + seed, "leakage.lira.auc": 0.6 - 0.05 * rate,
-                    "artefacts.ig.grid": str(picture), "artefacts.lira.roc": str(roc),
-                })
+                    "defense.final_rate": rate, "privacy.epsilon": 3.0,
+                    "utility.test_accuracy": 0.9 - 0.1 * rate + 0.01 * seed,
+                    "leakage.ig.psnr": psnr, "leakage.ig.baseline_psnr": 12.0, "leakage.ig.state": "final",
+                    "leakage.ig.verdict": "leaks" if leaks else "no-leak-detected",
+                    "leakage.ig.p_value": 0.047 if leaks else 1.0, "leakage.ig.defense_rate": rate,
+                    "leakage.lira.auc": 0.6 - 0.05 * rate,
+                    "artefacts.ig.png": f"runs/{run_id}/ig/ig-reconstruction.png",
+                    "artefacts.ig.images": f"runs/{run_id}/ig/ig-images.npz",
+                    "artefacts.lira.roc": f"runs/{run_id}/lira/roc.json",
+                }
+                for i, state in enumerate(STATES):
+                    metrics[f"leakage.ig.{state}.psnr"] = psnr - 2 + i
+                    metrics[f"leakage.ig.{state}.defense_rate"] = rate * (i + 1) / 3
+                store.finish(run_id, metrics)
     return store
+
+
+def report(results, out, *extra):
+    result = CliRunner().invoke(main, ["report", "--results", str(results), "--out", str(out), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
 
 
 def test_report_sections_and_files(tmp_path):
     fake_results(tmp_path / "r")
     out = tmp_path / "out" / "report.html"
-    result = CliRunner().invoke(main, ["report", "--results", str(tmp_path / "r"), "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    written = json.loads(result.stdout)
-    assert written["runs"] == 12 and written["configurations"] == 6 and written["pictures"] == 12
+    written = report(tmp_path / "r", out)
+    assert written["runs"] == 12 and written["configurations"] == 6 and written["missing"] == []
     page = out.read_text()
     for heading in ("Leaderboard", "Utility vs leakage (ig)", "Utility vs leakage (lira)",
-                    "Accuracy and leakage vs defense.final_rate", "ROC curves (lira)", "Reconstructions"):
+                    "Leakage over training (ig)", "Accuracy and leakage vs defense.final_rate", "ROC curves (lira)",
+                    "Reconstructions (ig)"):
         assert heading in page, heading
-    for name in ("utility_vs_ig", "utility_vs_lira", "trend_final_rate", "roc_lira"):
+    names = ("utility_vs_ig", "utility_vs_lira", "trajectory_ig", "trend_final_rate", "roc_lira", "reconstructions_ig")
+    for name in names:
         assert (out.parent / f"report_{name}.png").is_file(), name
-    # Self-contained: every image is embedded and decodes.
+        assert (out.parent / f"report_{name}.svg").is_file(), name  # every figure also as a vector file
+    # Self-contained: every image is embedded and decodes; the 12 runs' pictures are one grid, not 12 images.
     sources = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
-    assert len(sources) == 4 + 12
+    assert len(sources) == len(names)
     for src in sources:
         assert src.startswith("data:image/png;base64,")
         Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
     assert "± " in page and "✓" in page  # seed SEMs and Pareto marks in the table
+    assert 'title="leakage.ig.psnr"' in page and "IG PSNR (dB)" in page  # human headers, raw keys on hover
+    assert "All runs: dataset digits, model cnn3" in page  # constant columns leave the table
+
+
+def test_figures_label_points_name_axes_and_draw_baselines(tmp_path):
+    fake_results(tmp_path / "r")
+    out = tmp_path / "report.html"
+    report(tmp_path / "r", out)
+    utility = (tmp_path / "report_utility_vs_ig.svg").read_text()
+    for rate in ("0", "0.5", "0.9"):  # every point carries its swept value
+        assert f"final_rate={rate}</text>" in utility, rate
+    assert "IG PSNR (dB), higher = more leakage" in utility and "test accuracy, higher = better" in utility
+    assert "best data-free guess (12 dB)" in utility  # the baseline line
+    assert "worst state final" in utility  # the attacked state in the legend
+    assert "rs: leaks" in utility and "rs: no leak detected" in utility
+    assert "chance (0.5)" in (tmp_path / "report_utility_vs_lira.svg").read_text()
+    trajectory = (tmp_path / "report_trajectory_ig.svg").read_text()
+    assert all(f"{state}</text>" in trajectory for state in STATES)
+    trend = (tmp_path / "report_trend_final_rate.svg").read_text()
+    assert "defense.final_rate" in trend and "fraction of coordinates zeroed" in trend  # the setting's meaning
+    grid = (tmp_path / "report_reconstructions_ig.svg").read_text()
+    assert "seed 0: 30.0 dB @final" in grid and "seed 1: 22.0 dB @final" in grid
+    assert "defense=random-freeze," in grid and "final_rate=0.5" in grid  # rows: swept values (wrapped)
+
+
+def test_pareto_marks_only_for_configurations_that_leak(tmp_path):
+    fake_results(tmp_path / "r")
+    board = CliRunner().invoke(main, ["leaderboard", "--results", str(tmp_path / "r"), "--group-seeds", "--json"])
+    groups = json.loads(board.stdout)
+    for g in groups:
+        if g["leakage.ig.verdict"] == "no-leak-detected":
+            assert g["pareto.ig"] is False
+    assert any(g["pareto.ig"] for g in groups)
+
+
+def test_a_moved_results_folder_still_reports_its_pictures(tmp_path):
+    fake_results(tmp_path / "r")
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(tmp_path / "r", moved)
+    shutil.rmtree(tmp_path / "r")
+    written = report(moved, tmp_path / "report.html")
+    assert written["missing"] == [] and "Reconstructions (ig)" in (tmp_path / "report.html").read_text()
+
+
+def test_absolute_paths_of_older_runs_are_found_after_a_move(tmp_path):
+    store = fake_results(tmp_path / "r", defenses=("rs",), rates=(0.5,), seeds=(0,))
+    (row,) = store.rows()
+    absolute = {k: str(tmp_path / "r" / v) if k.startswith("artefacts.") else v for k, v in row["metrics"].items()}
+    store.finish(row["run_id"], absolute)  # as versions that stored absolute paths wrote them
+    shutil.move(tmp_path / "r", tmp_path / "moved")
+    assert report(tmp_path / "moved", tmp_path / "report.html")["missing"] == []
+
+
+def test_a_report_that_cannot_find_a_picture_says_so(tmp_path):
+    store = fake_results(tmp_path / "r", defenses=("rs",), rates=(0.5,), seeds=(0, 1))
+    gone = store.rows()[0]
+    (tmp_path / "r" / gone["metrics"]["artefacts.ig.images"]).unlink()
+    written = report(tmp_path / "r", tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()
+    assert len(written["missing"]) == 1 and gone["run_id"] in written["missing"][0]
+    assert "Missing pictures" in page and "artefacts.ig.images" in page
+    assert "Reconstructions (ig)" in page  # the other run is still shown
 
 
 def test_report_on_a_store_without_finished_runs(tmp_path):
@@ -98,4 +190,4 @@ def test_report_renders_in_a_headless_browser(tmp_path):
     assert pixels.std() > 10  # not a blank page: text, tables and plots were drawn
     assert "Uncaught" not in proc.stderr and "Failed to load resource" not in proc.stderr
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count("<img") == 16 and "Reconstructions" in dom and "<table>" in dom
+    assert dom.count("<img") == 6 and "Reconstructions (ig)" in dom and "<table>" in dom

@@ -200,3 +200,23 @@ def test_kill_minus_9_then_resume(tmp_path):
 def test_expand_rejects_lock_free_misuse():
     with pytest.raises(ConfigError, match="seeds"):
         sw.expand({"seeds": "0"})
+
+
+def test_attacked_states_follow_the_union_field_convention():
+    """``attack.at`` (a state or a list of states) is swept like ``defense.groups``: a list is an axis,
+    an element that is itself a list is one value (one run attacking every state in it)."""
+    axis = sw.expand({"attacks": ["ig"], "attack": {"at": ["init", "final"]}})
+    assert [p["attack"]["at"] for p in axis] == ["init", "final"]
+    one = sw.expand({"attacks": ["ig"], "attack": {"at": [["init", "trajectory:2"]]}})
+    assert [p["attack"]["at"] for p in one] == [["init", "trajectory:2"]]
+
+
+def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
+    path = write(tmp_path, {"defense": {"name": "rs", "final_rate": 0.5}, "attacks": ["ig"], "train": QUICK_TRAIN,
+                            "attack": {"ig_iterations": 5, "targets": 2}})
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("done")]
+    (row,) = ResultStore(tmp_path / "r").rows()
+    m = row["metrics"]
+    assert f"ig {m['leakage.ig.psnr']:.4g} {m['leakage.ig.verdict']} @{m['leakage.ig.state']}" in line

@@ -177,15 +177,15 @@ def test_ig_optimises_pixels_through_the_scattering():
     model = hcnn((1, 8, 8))
     x, y = torch.rand(1, 1, 8, 8), torch.tensor([4])
     target = {n: g[0] for n, g in PerSampleGradients(model)(x, y).items()}
-    matcher = GradientMatcher(model, target, None, y, "cosine")
-    z = torch.rand(1, 1, 8, 8, requires_grad=True)
+    matcher = GradientMatcher(model, [target], [None], y[None], "cosine")  # one problem of one image
+    z = torch.rand(1, 1, 1, 8, 8, requires_grad=True)
     opt = torch.optim.Adam([z], lr=0.05)
     with single_cpu_thread("cpu"):  # as the attack runs
-        start = float(matcher(z, create_graph=False).detach())
+        start = float(matcher(z)[0].detach())
         for _ in range(15):
-            (z.grad,) = torch.autograd.grad(matcher(z), [z])
+            (z.grad,) = torch.autograd.grad(matcher(z).sum(), [z])
             opt.step()
-        end = float(matcher(z, create_graph=False).detach())
+        end = float(matcher(z)[0].detach())
     assert end < start - 0.05  # the matching loss falls: gradients reach the pixels through the scattering
 
 

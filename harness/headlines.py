@@ -1,0 +1,155 @@
+"""An attack's result as a reader takes it in: the declared headline metric and its direction, what it is
+compared with (a data-free baseline or a chance level), the verdict, the worst attacked state.
+
+Everything comes from the attack's declaration (``Attack.headline``, ``higher_leaks``, ``headline_label``,
+``baseline``, ``chance_level()``) and the flat result keys, so a plug-in attack needs no edit here; an
+attack that reports no ``verdict`` yet reads as "no verdict". Shared by ``dpeval run``, the sweep's status
+lines, the leaderboard and the report.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from attacks.base import STATE_PATTERN, VERDICTS
+
+
+def attack_class(attack: str) -> Any:
+    """The registered class of ``attack``, or None (a result of an attack that is no longer installed)."""
+    from attacks import ATTACKS
+
+    return ATTACKS.get(attack) if attack in ATTACKS else None
+
+
+def attacks_in(records: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
+    """Attacks with ``leakage.<attack>.*`` keys in a record or a list of records."""
+    rows = [records] if isinstance(records, dict) else records
+    return sorted({c.split(".")[1] for r in rows for c in r if c.startswith("leakage.") and c.count(".") >= 2})
+
+
+def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
+    """The attack's declared headline column (``Attack.headline``) and whether higher means more leakage;
+    None when the attack is not registered or its records lack the column."""
+    cls = attack_class(attack)
+    if cls is None or not cls.headline:
+        return None
+    column = f"leakage.{attack}.{cls.headline}"
+    return (column, cls.higher_leaks) if column in record_keys else None
+
+
+def metric_label(attack: str) -> str:
+    """The human name of an attack's headline metric, e.g. "IG PSNR (dB)"."""
+    cls = attack_class(attack)
+    return (cls.headline_label or f"leakage.{attack}.{cls.headline}") if cls else f"leakage.{attack}"
+
+
+def headline_label(attack: str) -> str:
+    """The headline's name with its direction, for axes and legends."""
+    cls = attack_class(attack)
+    direction = "higher" if cls is None or cls.higher_leaks else "lower"
+    return f"{metric_label(attack)}, {direction} = more leakage"
+
+
+def unit_of(label: str) -> str:
+    """The unit a label names in trailing parentheses ("IG PSNR (dB)" -> "dB"), else ""."""
+    found = re.search(r"\(([^()]*)\)\s*$", label)
+    return found.group(1) if found else ""
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if not is_number(value):
+        return "" if value is None else str(value)
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}g}"
+
+
+def states_of(record: dict[str, Any], attack: str) -> list[str]:
+    """The model states with per-state keys ``leakage.<attack>.<state>.<metric>``, in training order."""
+    prefix = f"leakage.{attack}."
+    found = {k[len(prefix):].rsplit(".", 1)[0] for k in record if k.startswith(prefix) and k.count(".") >= 3}
+    found = {s for s in found if STATE_PATTERN.match(s)}
+
+    def order(state: str) -> tuple[int, int]:
+        return (0, 0) if state == "init" else (2, 0) if state == "final" else (1, int(state.split(":", 1)[1]))
+
+    return sorted(found, key=order)
+
+
+@dataclass
+class Headline:
+    attack: str
+    column: str                 # leakage.<attack>.<headline>
+    label: str                  # "IG PSNR (dB)"
+    value: Any
+    higher_leaks: bool
+    verdict: str | None         # "leaks" / "no-leak-detected"; None when the attack reports none
+    reference: float | None     # the data-free baseline or chance level
+    reference_name: str         # "best data-free guess" / "chance"
+    state: str | None           # the worst attacked state
+    rate: float | None          # the defense's rate there
+    p_value: float | None
+    interval: tuple[float, float] | None = None  # a confidence interval of the headline, when reported
+
+    @property
+    def leaks(self) -> bool | None:
+        """True / False from the verdict; without one, whether the headline beats its reference (None
+        when there is nothing to compare with)."""
+        if self.verdict in VERDICTS:
+            return self.verdict == VERDICTS[0]
+        if self.verdict:  # an aggregated verdict of several seeds ("mixed"): some of them leak
+            return True
+        if not is_number(self.value) or self.reference is None:
+            return None
+        return self.value > self.reference if self.higher_leaks else self.value < self.reference
+
+    def sentence(self) -> str:
+        """e.g. "no-leak-detected: IG PSNR 7.62 dB at final (rate 0.90) vs best data-free guess 12.1 dB, p = 1"."""
+        unit = unit_of(self.label)
+        name = self.label[: self.label.rfind("(")].strip() if unit else self.label
+        text = f"{self.verdict or 'no verdict'}: {name} {fmt(self.value)}{f' {unit}' if unit else ''}"
+        if self.state:
+            text += f" at {self.state}"
+            if self.rate is not None:
+                text += f" (rate {self.rate:.2f})"
+        if self.interval is not None:
+            text += f" (95% CI {fmt(self.interval[0], 3)}–{fmt(self.interval[1], 3)})"
+        if self.reference is not None:
+            text += f" vs {self.reference_name} {fmt(self.reference)}{f' {unit}' if unit else ''}"
+        if self.p_value is not None:
+            text += f", p = {fmt(self.p_value, 2)}"
+        return text
+
+    def short(self) -> str:
+        """e.g. "ig 7.62 no-leak-detected @final" (sweep status lines)."""
+        state = f" @{self.state}" if self.state else ""
+        return f"{self.attack} {fmt(self.value)} {self.verdict or 'no-verdict'}{state}"
+
+
+def read(record: dict[str, Any], attack: str) -> Headline | None:
+    """The headline of ``attack`` in a flat record (a run's result or a leaderboard row)."""
+    cls = attack_class(attack)
+    if cls is None or not cls.headline:
+        return None
+    key = f"leakage.{attack}."
+    reference, name = None, ""
+    if cls.baseline and is_number(record.get(key + cls.baseline)):
+        reference, name = float(record[key + cls.baseline]), "best data-free guess"
+    elif cls.chance_level() is not None:
+        reference, name = cls.chance_level(), "chance"
+    rate = record.get(key + "defense_rate")
+    p_value = record.get(key + "p_value")
+    state = record.get(key + "state")
+    low, high = record.get(f"{key}{cls.headline}_ci_low"), record.get(f"{key}{cls.headline}_ci_high")
+    return Headline(attack, key + cls.headline, metric_label(attack), record.get(key + cls.headline),
+                    cls.higher_leaks, record.get(key + "verdict"), reference, name,
+                    state if isinstance(state, str) else None, rate if is_number(rate) else None,
+                    p_value if is_number(p_value) else None,
+                    (low, high) if is_number(low) and is_number(high) else None)
