@@ -4,8 +4,9 @@ and a DP-SGD (ε = 1) victim, on the default digits victim and the overfit recip
 
 Each (recipe, defense, seed) trains one victim and one pool of K shadow models (the default game,
 ``attack.mia_target: victim``); the online and offline variants score the same shadows (the pool is kept
-in memory between the two runs, which differ only in attack parameters). CPU-heavy: about 5 minutes per
-(recipe, defense, seed) with 16 shadows on 2 cores.
+in memory between the two runs, which differ only in attack parameters). ``--game shadows`` scores the
+leave-one-model-out game instead (LOSS still attacks the victim). CPU-heavy: 5–10 minutes per
+(recipe, defense, seed) with 16 shadows on 2 busy cores.
 
     PYTHONPATH=. .venv/bin/python bench/membership.py --seeds 0 1 2 --shadows 16
 """
@@ -36,13 +37,13 @@ ROWS = [("LOSS", "loss", None), ("LiRA online", "lira", True), ("LiRA offline", 
 METRICS = [("AUC", "auc"), ("TPR@1%FPR", "tpr_at_1pct_fpr"), ("TPR@10%FPR", "tpr_at_10pct_fpr")]
 
 
-def one(recipe: dict, defense: dict, seed: int, shadows: int, results: Path) -> dict[tuple[str, str], float]:
+def one(recipe: dict, defense: dict, seed: int, shadows: int, game: str, results: Path) -> dict[tuple[str, str], float]:
     """Metrics of every row of ROWS for one victim: an online run (loss, lira, rmia) and an offline one."""
     out = {}
     for online in (True, False):
         attacks = ["lira", "rmia"] + (["loss"] if online else [])
         raw = {**recipe, **defense, "seed": seed, "attacks": attacks,
-               "attack": {"shadows": shadows, "online": online}}
+               "attack": {"shadows": shadows, "online": online, "mia_target": game}}
         metrics = execute(build_spec(raw), ResultStore(results), progress=False)
         for label, attack, row_online in ROWS:
             if attack in attacks and row_online in (None, online):
@@ -50,6 +51,8 @@ def one(recipe: dict, defense: dict, seed: int, shadows: int, results: Path) -> 
                     out[label, key] = metrics[f"leakage.{attack}.{key}"]
         out["test accuracy", "acc"] = metrics["utility.test_accuracy"]
         out["epsilon", "eps"] = metrics["privacy.epsilon"]
+    print("  seed", seed, defense["defense"]["name"], " ".join(f"{label} {out[label, 'auc']:.3f}" for label, *_ in ROWS),
+          flush=True)
     return out
 
 
@@ -66,17 +69,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--shadows", type=int, default=16)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--game", default="victim", choices=("victim", "shadows"),
+                        help="attack.mia_target of the shadow attacks (LOSS always attacks the victim)")
     args = parser.parse_args()
-    print(f"digits membership benchmark: {args.shadows} shadows (game: victim), seeds {args.seeds}; "
-          f"mean ± SEM over seeds")
+    print(f"digits membership benchmark: {args.shadows} shadows (game: {args.game}), seeds {args.seeds}; "
+          f"mean ± SEM over seeds", flush=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in args.recipes:
             table = {}
             for name, defense in DEFENSES.items():
-                runs = [one(RECIPES[recipe], defense, seed, args.shadows, Path(tmp)) for seed in args.seeds]
+                runs = [one(RECIPES[recipe], defense, seed, args.shadows, args.game, Path(tmp)) for seed in args.seeds]
                 table[name] = {key: [r[key] for r in runs] for key in runs[0]}
-            print(f"\n### {recipe} recipe")
+            print(f"\n### {recipe} recipe", flush=True)
             header = "| attack | " + " | ".join(f"{m} ({d})" for d in DEFENSES for m, _ in METRICS) + " |"
             print(header)
             print("|" + "---|" * (1 + len(DEFENSES) * len(METRICS)))
@@ -86,7 +91,7 @@ def main() -> None:
             for d in DEFENSES:
                 print(f"{d}: test accuracy {mean_sem(table[d]['test accuracy', 'acc'])}, "
                       f"accounted ε {table[d]['epsilon', 'eps'][0]:.3g}")
-    print(f"\n{time.perf_counter() - start:.0f} s")
+    print(f"\n{time.perf_counter() - start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
