@@ -143,6 +143,11 @@ class Attack(ABC):
         ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``resolve_states``)."""
         return set()
 
+    @classmethod
+    def check_task(cls, params: Any, task: Any) -> None:
+        """Raise ConfigError when the data cannot serve the attack (too few examples for its game);
+        called before training."""
+
     @abstractmethod
     def run(self, context: AttackContext) -> AttackResult:
         """Attack what the defense releases; never read raw per-sample gradients or private labels

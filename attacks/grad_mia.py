@@ -4,8 +4,10 @@ model). No shadow models.
 The defense releases the gradients of ``attack.batches`` batches of ``attack.batch_size`` private
 examples at the attacked state (``attack.at``), each through its own release path. For a release r and a
 candidate set (whose inputs and labels the attacker holds): the batch's members plus as many held-out
-test examples (non-members, assigned round robin). Gradients are restricted to the released coordinates
-when ``attack.mask_aware`` (the default). Statistics (``attack.statistic``):
+test examples (non-members, assigned round robin; ``check_task`` refuses a run whose test split has
+fewer than ``batches × batch_size``, so every release gets exactly ``batch_size`` of each). Gradients are
+restricted to the released coordinates when ``attack.mask_aware`` (the default). Statistics
+(``attack.statistic``):
 - ``nnls`` (default): explain r jointly as Σ_c w_c·g_c with w ≥ 0 (non-negative least squares over the
   candidate set); score = ‖w_c·g_c‖, the size of c's fitted contribution (≈ C/B for a clipped member,
   ≈ 0 for a non-member; exact recovery for an undefended release).
@@ -20,6 +22,7 @@ example is in exactly one batch, and the attacker sees the whole batch: sample r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,13 +102,19 @@ class GradientMIA(Attack):
     def wanted_states(cls, params: GradMiaParams) -> set[str]:
         return wanted_states(params)
 
+    @classmethod
+    def check_task(cls, params: GradMiaParams, task: Any) -> None:
+        """Every release needs ``batch_size`` members and as many held-out non-members, none reused."""
+        need = params.batches * params.batch_size
+        for role, have in (("private pool", len(task.train)), ("held-out test split", len(task.test))):
+            if need > have:
+                raise ConfigError(f"attack.batches: {params.batches} batches × attack.batch_size {params.batch_size} "
+                                  f"need {need} examples of the {role}, which has {have}")
+
     def run(self, context: AttackContext) -> AttackResult:
         p, task = self.params, context.task
+        self.check_task(p, task)
         need = p.batches * p.batch_size
-        if need > len(task.train):
-            raise ConfigError(f"attack.batches: {p.batches} batches of {p.batch_size} exceed the private pool ({len(task.train)})")
-        if len(task.test) == 0:
-            raise ConfigError("attack: grad-mia needs held-out examples; set data.test_fraction > 0")
         own = context.streams.scope("attack", "grad-mia")
         gen = own.generator("candidates")
         members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)

@@ -1,18 +1,25 @@
-"""``lira``: the likelihood-ratio attack (Carlini et al., S&P 2022) on the trained model.
+"""``lira``: the likelihood-ratio attack (Carlini et al., S&P 2022) on the target of the game
+(``attack.mia_target``, ``attacks/membership_common.py``).
 
 Per example x, fit Gaussians to the references' logit-scaled confidences φ: IN references (trained on x)
-and OUT references. μ is the median over references (as the reference code), σ per example or global.
+and OUT references, with μ the mean over the example's references (the paper's Algorithm 1; the
+reference code's median is less efficient with the 2–4 OUT references per example of the ``victim`` game,
+measured in docs/membership.md).
 - online (``attack.online: true``, default): score = log N(φ_t; μ_in, σ_in²) − log N(φ_t; μ_out, σ_out²).
 - offline: OUT references only. ``attack.offline_test: one-sided`` (default, the paper's test):
   score = log Pr[Z ≤ φ_t], Z ~ N(μ_out, σ_out²). ``two-sided`` is the reference code's variant:
   score = −log N(φ_t; μ_out, σ_out²) (large for φ far from μ_out on either side).
 - ``attack.variance: global`` (default; the reference code's advice below ~64 models): one σ for IN and
-  one for OUT, the std of the residuals φ − μ pooled over examples and references; ``per-example``: the
-  std over each example's references.
+  one for OUT, the pooled within-example variance Σ_x Σ_r (φ_rx − μ_x)² / Σ_x (n_x − 1), unbiased
+  whatever the number n_x of references per example (residuals about a 3-reference median or mean
+  divided by n_x would underestimate σ_OUT when OUT references are few, as in the ``victim`` game, and
+  skew the online ratio); ``per-example``: each example's own sample std (n_x − 1 denominator), the
+  global σ where an example has fewer than two references.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,15 +43,16 @@ class LiraParams(ShadowParams):
 
 
 def _fit(phi: np.ndarray, member: np.ndarray, variance: str) -> tuple[np.ndarray, np.ndarray]:
-    """Median and std of φ over the references selected by ``member`` ([R, N] bool), per example."""
-    masked = np.where(member, phi, np.nan)
-    mu = np.nanmedian(masked, axis=0)
-    if variance == "global":
-        residuals = (masked - mu)[member]
-        std = np.full_like(mu, max(float(np.std(residuals)) if residuals.size else 1.0, MIN_STD))
-    else:
-        std = np.maximum(np.nan_to_num(np.nanstd(masked, axis=0), nan=1.0), MIN_STD)
-    return mu, std
+    """Mean and std of φ over the references selected by ``member`` ([R, N] bool), per example."""
+    count = member.sum(axis=0)
+    mu = np.divide(np.where(member, phi, 0.0).sum(axis=0), count, out=np.zeros(phi.shape[1]), where=count > 0)
+    squares = np.where(member, (phi - mu) ** 2, 0.0).sum(axis=0)
+    dof = np.maximum(count - 1, 0)
+    pooled = math.sqrt(squares.sum() / dof.sum()) if dof.sum() else 1.0
+    std = np.full_like(mu, pooled)
+    if variance == "per-example":
+        std = np.sqrt(np.divide(squares, dof, out=std ** 2, where=dof > 0))
+    return mu, np.maximum(std, MIN_STD)
 
 
 def lira_scores(view: View, params: LiraParams) -> np.ndarray:

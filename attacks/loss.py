@@ -1,11 +1,14 @@
 """``loss``: the LOSS / threshold attack (Yeom et al. 2018) on the trained victim — no shadow models.
 
 Score = −cross-entropy of the victim on each example (members tend to have lower loss). Members: the
-victim's private pool; non-members: the held-out test set. Besides the threshold-free metrics, reports
-``yeom_accuracy``: balanced accuracy of Yeom's rule "member iff loss < the mean training loss".
+victim's private pool; non-members: the held-out test set (the ``victim`` game of docs/membership.md).
+Besides the threshold-free metrics, reports ``yeom_accuracy``: balanced accuracy of Yeom's rule "member
+iff loss < the mean training loss".
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +18,7 @@ from attacks.base import Attack, AttackContext, AttackResult
 from attacks.membership_common import out_dir
 from attacks.membership_metrics import membership_metrics, save_roc
 from attacks.registry import ATTACKS
+from harness.core.errors import ConfigError
 
 
 @torch.no_grad()
@@ -31,8 +35,15 @@ class LossAttack(Attack):
     headline, higher_leaks, headline_label = "auc", True, "LOSS AUC"
     description = "Membership by low loss on the trained victim (Yeom et al. 2018)."
 
+    @classmethod
+    def check_task(cls, params: Any, task: Any) -> None:
+        if len(task.test) == 0:
+            raise ConfigError("data.test_fraction: the loss attack needs held-out examples (non-members); set "
+                              "data.test_fraction > 0")
+
     def run(self, context: AttackContext) -> AttackResult:
         task = context.task
+        self.check_task(self.params, task)
         context.model.load_state_dict(context.states["final"])
         member_loss = losses(context.model, task.train.x, task.train.y, context.device)
         other_loss = losses(context.model, task.test.x, task.test.y, context.device)

@@ -1,19 +1,32 @@
-"""What the shadow-model membership attacks (``lira``, ``rmia``) share: parameters, the shadow pool of a
-run, and the target/reference views of it.
+"""What the shadow-model membership attacks (``lira``, ``rmia``) share: parameters, the membership game,
+the shadow pool of a run, and the target/reference views of it.
 
-Protocols (``attack.mia_target``):
-- ``victim`` (default): the trained victim is the target; members are its private pool, non-members the
-  held-out test set; all K shadows are references (each example is IN for exactly K/2 of them).
-- ``shadows``: leave-one-model-out — each shadow in turn is the target, the other K − 1 are references,
-  and the scores of all K targets are pooled (K·N scores, balanced members/non-members).
-Both report ``n_members`` / ``n_nonmembers``.
+Games (``attack.mia_target``); in both, every model is trained by the victim's recipe (architecture,
+defense and its parameters, σ, optimizer, schedule, epochs, sampling), each shadow i from its own
+random streams ``shadow/i``:
 
-The pool is trained once per run and process, and shared by every shadow attack of the run; signals are
-cached on disk under ``<run>/signals/`` keyed by a hash of weights and data indices.
+- ``victim`` (default): the trained victim is the target. Population: its private pool (n) ∪ the held-out
+  test set (m). Each of the K shadows trains on exactly n examples of the population, so its sample rate
+  q = B/n and its number of steps equal the victim's; the OUT slots are spread evenly, so every example
+  is OUT for about K·m/(n + m) shadows (``shadow_signals.fixed_size_membership``; at least one, so K must
+  be at least ⌈(n + m)/m⌉, and at least one IN, so K ≥ ⌈(n + m)/n⌉). Members: the n; non-members: the m.
+- ``shadows``: leave one model out. The population (trimmed by one random example when its size is odd)
+  is cut into complementary halves of h examples (K even, at least 4); every example is IN for exactly
+  K/2 models. Each model in turn is the target; its references are the K − 2 models other than itself
+  and its complementary partner (see ``views``), and the K·2h scores are pooled. The models train with batch size B' = round(q·h), so their sample rate and number of steps
+  match the victim's (up to the rounding of B'); ``target_sample_rate``, ``target_steps`` and
+  ``target_epsilon`` (their accounted ε at the victim's σ) are reported.
+
+The shadows of a game are trained once per process and shared by every shadow attack using that game
+(keyed by everything that determines them: seed, data, model, defense, privacy, training, K, game); the
+models' signals are cached on disk under ``<run>/signals/`` keyed by a hash of weights and data indices.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from attacks import shadow_signals as sig
 from attacks.base import Attack, AttackContext, AttackParams, AttackResult
 from attacks.membership_metrics import membership_metrics, save_roc
-from attacks import shadow_signals as sig
+from harness.core.accounting import epsilon_for
 from harness.core.errors import ConfigError
 from harness.core.params import param
+from harness.core.settings import TrainConfig
 from harness.engine.shadow_training import train_shadows
 
 TARGETS = ("victim", "shadows")
@@ -33,94 +48,153 @@ TARGETS = ("victim", "shadows")
 
 @dataclass
 class ShadowParams(AttackParams):
-    shadows: int = param(16, "K shadow models (even: complementary pairs)", low=2)
-    mia_target: str = param("victim", "`victim`: the trained victim is the target; `shadows`: "
-                                      "leave-one-model-out over the shadows", choices=TARGETS)
+    shadows: int = param(16, "K shadow models (`victim` game: at least ⌈N/m⌉ and ⌈N/n⌉ for a population "
+                             "of N = n members + m held-out; `shadows` game: even, at least 4)", low=2)
+    mia_target: str = param("victim", "`victim`: the trained victim is the target, shadows train on pools of "
+                                      "its size; `shadows`: leave-one-model-out over shadows trained on "
+                                      "halves of the population", choices=TARGETS)
     online: bool = param(True, "online: IN and OUT references; offline: OUT references only")
 
     def validate(self) -> None:
-        if self.shadows % 2:
-            raise ConfigError(f"attack.shadows: must be even (complementary pairs), got {self.shadows}")
-        if self.mia_target == "shadows" and self.shadows < 4:
-            raise ConfigError("attack.shadows: leave-one-model-out needs at least 4 shadow models")
+        if self.mia_target == "shadows" and (self.shadows % 2 or self.shadows < 4):
+            raise ConfigError(f"attack.shadows: the leave-one-model-out game (attack.mia_target: shadows) needs an "
+                              f"even number of at least 4 shadow models (complementary halves), got {self.shadows}")
+
+
+def check_game(params: ShadowParams, task: Any) -> None:
+    """Refuse a game the task cannot serve (before training where the runner calls ``check_task``)."""
+    n, m = len(task.train), len(task.test)
+    if m == 0:
+        raise ConfigError("data.test_fraction: shadow-model attacks need held-out examples (non-members); "
+                          "set data.test_fraction > 0")
+    if params.mia_target == "victim":
+        need = max(math.ceil((n + m) / m), math.ceil((n + m) / n))
+        if params.shadows < need:
+            raise ConfigError(f"attack.shadows: the victim game on {n} members + {m} held-out examples needs at "
+                              f"least {need} shadow models (every example IN and OUT for one of them), got "
+                              f"{params.shadows}")
+
+
+@dataclass
+class Game:
+    """Who trains on what: the population, the shadows' membership, their training recipe, and (``victim``
+    game) which population examples the victim trained on."""
+
+    target: str
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor        # [N] rows of the population (victim pool ∪ test) this game uses
+    membership: torch.Tensor   # [K, N] bool
+    in_victim: np.ndarray      # [N] bool
+    train: TrainConfig         # the shadows' training settings
+
+
+def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> Game:
+    """The game's population, membership matrix (drawn from ``gen``) and the shadows' training settings."""
+    pop = sig.population(task)
+    n = len(task.train)
+    if target == "victim":
+        membership = sig.fixed_size_membership(k, len(pop.y), n, gen)
+        index, recipe = torch.arange(len(pop.y)), train
+    else:
+        index = torch.randperm(len(pop.y), generator=gen)[: len(pop.y) // 2 * 2].sort().values
+        half = len(index) // 2
+        membership = sig.membership_matrix(k, len(index), gen)
+        recipe = dataclasses.replace(train, batch_size=min(half, max(1, round(train.batch_size / n * half))))
+    return Game(target, pop.x[index], pop.y[index], index, membership, pop.in_victim[index].numpy(), recipe)
 
 
 @dataclass
 class ShadowPool:
-    membership: np.ndarray     # [K, N] bool
+    game: Game
     phi: np.ndarray            # [K, N] shadows' φ on the population
     prob: np.ndarray           # [K, N] shadows' probability of the true label
-    victim_phi: np.ndarray     # [N]
-    victim_prob: np.ndarray    # [N]
-    in_victim: np.ndarray      # [N] bool
-    public_prob: np.ndarray    # [K, Z] shadows on the public set (RMIA's population z)
-    victim_public_prob: np.ndarray  # [Z]
 
 
 @dataclass
 class View:
-    """One target against its references: what every shadow attack scores."""
+    """One target against its references on the population: what every shadow attack scores."""
 
     target_phi: np.ndarray     # [N]
     target_prob: np.ndarray    # [N]
-    target_public_prob: np.ndarray  # [Z]
     ref_phi: np.ndarray        # [R, N]
     ref_prob: np.ndarray       # [R, N]
     ref_in: np.ndarray         # [R, N] bool: reference trained on the example
-    ref_public_prob: np.ndarray  # [R, Z]
     labels: np.ndarray         # [N] bool: the target trained on the example
 
 
-_POOLS: dict[tuple, ShadowPool] = {}
+_POOLS: dict[str, ShadowPool] = {}
 
 
-def shadow_pool(context: AttackContext, k: int) -> ShadowPool:
-    key = (context.spec.run_key, k, id(context.trained_defense))
+def pool_key(context: AttackContext, k: int, target: str) -> str:
+    """Everything that determines a game's shadows (not the attacks' own parameters)."""
+    spec = {key: v for key, v in context.spec.canonical().items() if key not in ("attacks", "attack")}
+    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(context.device)}, sort_keys=True,
+                      default=str)
+
+
+def shadow_pool(context: AttackContext, k: int, target: str) -> ShadowPool:
+    """Train (or reuse) the K shadows of the game and read their signals on its population."""
+    key = pool_key(context, k, target)
     if key in _POOLS:
         return _POOLS[key]
-    task, spec, device = context.task, context.spec, context.device
-    pop = sig.population(task)
-    membership = sig.membership_matrix(k, len(pop.y), context.streams.scope("shadows").generator("membership"))
-    pools = [torch.nonzero(row).flatten() for row in membership]
+    game = plan_game(context.task, context.spec.train, k, target,
+                     context.streams.scope("shadows").generator("membership"))
+    pools = [torch.nonzero(row).flatten() for row in game.membership]
     scopes = [context.streams.scope("shadow", i) for i in range(k)]
-    states = train_shadows(context.build_model, pop.x, pop.y, pools,
-                           lambda i, model: context.make_defense(scopes[i], model), spec.train, scopes, device)
-    cache = context.out_dir.parent / "signals"
-    model = context.build_model()
-    pop_idx = torch.arange(len(pop.y))
-    pub_idx = -1 - torch.arange(len(task.public))  # distinct keys for the public set
-    outputs = [sig.cached_outputs(model, s, pop.x, pop.y, pop_idx, cache, device) for s in states]
-    public = [sig.cached_outputs(model, s, task.public.x, task.public.y, pub_idx, cache, device)[1] for s in states]
-    victim_state = context.states["final"]
-    victim_phi, victim_prob = sig.cached_outputs(model, victim_state, pop.x, pop.y, pop_idx, cache, device)
-    _, victim_public = sig.cached_outputs(model, victim_state, task.public.x, task.public.y, pub_idx, cache, device)
-    pool = ShadowPool(
-        membership=membership.numpy(), phi=np.stack([o[0] for o in outputs]), prob=np.stack([o[1] for o in outputs]),
-        victim_phi=victim_phi, victim_prob=victim_prob, in_victim=pop.in_victim.numpy(),
-        public_prob=np.stack(public) if public and len(task.public) else np.zeros((k, 0)),
-        victim_public_prob=victim_public,
-    )
-    _POOLS.clear()  # keep one run's pool in memory at a time
+    states = train_shadows(context.build_model, game.x, game.y, pools,
+                           lambda i, model: context.make_defense(scopes[i], model), game.train, scopes, context.device)
+    model = fresh_model(context)
+    outputs = [outputs_of(model, context, state, game) for state in states]
+    pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
+    _POOLS.clear()  # keep one game's pool in memory at a time
     _POOLS[key] = pool
     return pool
 
 
-def views(pool: ShadowPool, target: str) -> list[View]:
-    if target == "victim":
-        return [View(pool.victim_phi, pool.victim_prob, pool.victim_public_prob, pool.phi, pool.prob,
-                     pool.membership, pool.public_prob, pool.in_victim)]
+def fresh_model(context: AttackContext) -> torch.nn.Module:
+    """A model of the victim's architecture to load weights into; its construction leaves torch's global
+    generator untouched."""
+    with torch.random.fork_rng(devices=[]):
+        return context.build_model()
+
+
+def outputs_of(model: torch.nn.Module, context: AttackContext, state: dict[str, torch.Tensor],
+               game: Game) -> tuple[np.ndarray, np.ndarray]:
+    """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
+    cache."""
+    return sig.cached_outputs(model, state, game.x, game.y, game.index, context.out_dir.parent / "signals",
+                              context.device)
+
+
+def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[View]:
+    """The victim against all shadows (``victim`` game; ``victim`` = its (φ, prob)), or each shadow
+    against the K − 2 others that are not its complementary partner (``shadows`` game).
+
+    Leaving the partner out keeps every example at exactly K/2 − 1 IN and K/2 − 1 OUT references whatever
+    the target's membership. With the partner in, a member of the target would have one IN reference fewer
+    than a non-member: the reference counts would reveal the label, and scores that depend on them would
+    be biased (online LiRA against members, RMIA's online Pr(x) towards them)."""
+    membership = pool.game.membership.numpy()
+    if pool.game.target == "victim":
+        assert victim is not None
+        return [View(victim[0], victim[1], pool.phi, pool.prob, membership, pool.game.in_victim)]
     out = []
     for t in range(pool.phi.shape[0]):
-        refs = np.arange(pool.phi.shape[0]) != t
-        out.append(View(pool.phi[t], pool.prob[t], pool.public_prob[t], pool.phi[refs], pool.prob[refs],
-                        pool.membership[refs], pool.public_prob[refs], pool.membership[t]))
+        refs = np.arange(pool.phi.shape[0]) // 2 != t // 2  # neither the target nor its complement
+        out.append(View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs],
+                        membership[t]))
     return out
 
 
-def score_all(pool: ShadowPool, target: str, score_view: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the scores and labels of every view of the chosen protocol."""
-    scores, labels = zip(*[(score_view(v), v.labels) for v in views(pool, target)])
-    return np.concatenate(scores), np.concatenate(labels)
+def target_privacy(context: AttackContext, game: Game) -> dict[str, float]:
+    """Sample rate, steps and accounted ε of the ``shadows`` game's target models (the victim's σ)."""
+    q = game.train.batch_size / (len(game.index) // 2)
+    steps = game.train.epochs * ((len(game.index) // 2) // game.train.batch_size)
+    sigma = context.accounted.accounted_noise_multiplier
+    eps = (epsilon_for(sigma, q, steps, context.accounted.delta, context.accounted.accountant)
+           if math.isfinite(context.accounted.epsilon) and sigma > 0 else math.inf)
+    return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": eps}
 
 
 def out_dir(context: AttackContext) -> Path:
@@ -129,8 +203,8 @@ def out_dir(context: AttackContext) -> Path:
 
 
 class ShadowAttack(Attack):
-    """A membership attack scoring a target against shadow references: subclasses give ``score(view)``
-    and ``title()``; the pool, protocol, metrics and ROC artefacts are common."""
+    """A membership attack scoring a target against shadow references: subclasses give ``score(view)``,
+    ``title()`` and optionally ``extra_metrics()``; the game, pool, metrics and ROC artefacts are common."""
 
     def score(self, view: View) -> np.ndarray:
         raise NotImplementedError
@@ -138,9 +212,24 @@ class ShadowAttack(Attack):
     def title(self) -> str:
         raise NotImplementedError
 
+    def extra_metrics(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def check_task(cls, params: ShadowParams, task: Any) -> None:
+        check_game(params, task)
+
     def run(self, context: AttackContext) -> AttackResult:
-        pool = shadow_pool(context, self.params.shadows)
-        scores, labels = score_all(pool, self.params.mia_target, self.score)
+        p = self.params
+        self.check_task(p, context.task)
+        pool = shadow_pool(context, p.shadows, p.mia_target)
+        victim = (outputs_of(fresh_model(context), context, context.states["final"], pool.game)
+                  if p.mia_target == "victim" else None)
+        scores, labels = zip(*[(self.score(v), v.labels) for v in views(pool, victim)])
+        scores, labels = np.concatenate(scores), np.concatenate(labels)
         metrics = membership_metrics(scores, labels, context.accounted.delta,
                                      context.streams.scope("attack", self.name).numpy("threshold"))
+        if p.mia_target == "shadows":
+            metrics.update(target_privacy(context, pool.game))
+        metrics.update(self.extra_metrics())
         return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))

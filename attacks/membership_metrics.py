@@ -1,60 +1,97 @@
-"""Metrics of a membership test from scores (higher = "member"): ROC, AUC, balanced accuracy,
-TPR at fixed FPR, and an empirical ε lower bound.
+"""Metrics of a membership test from scores (higher = "member"): ROC, AUC with its confidence interval,
+balanced accuracy, TPR at fixed FPR, an empirical ε lower bound, and the verdict.
 
-The ε lower bound is ``harness.core.statistics.epsilon_lower_bound`` (95% confidence, threshold chosen
-on one half of the scored examples, judged on the other) at the run's δ.
+- **AUC interval** (``auc_ci_low``, ``auc_ci_high``): DeLong's 95% interval
+  (``harness.core.statistics.auc_delong``), which treats the scored examples as independent.
+- **TPR at a fixed FPR** X is reported only when there are at least ⌈1/X⌉ non-members: with fewer, the
+  smallest non-zero FPR the data can show is above X, and "TPR at X" would be TPR at zero false positives.
+  Otherwise the value is null and ``<key>_note`` says why.
+- **ε lower bound**: ``harness.core.statistics.epsilon_lower_bound`` (95% confidence, threshold chosen on
+  one random half of the scored examples, judged on the other) at the run's δ. What it bounds depends on
+  the game the scores come from (docs/membership.md).
+- **Verdict**: ``leaks`` when the ε lower bound is > 0 or the AUC interval lies entirely above 0.5 (both
+  tests only claim on the leaking side: members scoring higher); otherwise ``no-leak-detected``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.metrics import roc_curve
 
-from harness.core.statistics import epsilon_lower_bound
+from harness.core.statistics import auc_delong, epsilon_lower_bound
 
 FPR_POINTS = {"tpr_at_0.1pct_fpr": 0.001, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1}
+LEAKS, NO_LEAK = "leaks", "no-leak-detected"
+
+
+def nonmembers_needed(fpr: float) -> int:
+    """The fewest non-members at which an FPR of ``fpr`` is resolvable: one false positive is ≤ ``fpr``."""
+    return math.ceil(1 / fpr - 1e-9)
+
+
+def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    """The best TPR of the ROC among thresholds whose FPR is at most ``target``."""
+    return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
+
+
+def verdict(epsilon_lb: float, auc_ci_low: float) -> str:
+    return LEAKS if epsilon_lb > 0 or auc_ci_low > 0.5 else NO_LEAK
 
 
 def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
-                       rng: np.random.Generator) -> dict[str, float]:
+                       rng: np.random.Generator) -> dict[str, Any]:
     """ROC metrics of ``scores`` (higher = member) against boolean ``labels``; ``rng`` draws the half on
     which the ε lower bound's threshold is chosen."""
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     if labels.all() or not labels.any():
         raise ValueError("membership metrics need both members and non-members")
     fpr, tpr, _ = roc_curve(labels, scores)
-    metrics = {
-        "auc": float(roc_auc_score(labels, scores)),
+    auc, low, high = auc_delong(scores, labels)
+    n_nonmembers = int((~labels).sum())
+    metrics: dict[str, Any] = {
+        "auc": auc, "auc_ci_low": low, "auc_ci_high": high,
         "balanced_accuracy": float(np.max(1 - (fpr + (1 - tpr)) / 2)),
     }
     for name, target in FPR_POINTS.items():
-        metrics[name] = float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
+        need = nonmembers_needed(target)
+        if n_nonmembers >= need:
+            metrics[name] = tpr_at(fpr, tpr, target)
+        else:
+            metrics[name] = None
+            metrics[f"{name}_note"] = (f"not resolvable: {n_nonmembers} non-members, an FPR of {target:g} "
+                                       f"needs at least {need}")
     metrics["epsilon_lower_bound"] = epsilon_lower_bound(scores, labels, delta, rng)
     metrics["n_members"] = int(labels.sum())
-    metrics["n_nonmembers"] = int((~labels).sum())
+    metrics["n_nonmembers"] = n_nonmembers
+    metrics["verdict"] = verdict(metrics["epsilon_lower_bound"], low)
     return metrics
 
 
 def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) -> dict[str, str]:
-    """ROC points as JSON (for the report) and a log-log PNG; returns the artefact paths."""
+    """ROC points as JSON (for the report) and a log-log PNG whose axes stop at 1/(number of non-members),
+    the smallest non-zero FPR the data can show; returns the artefact paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fpr, tpr, _ = roc_curve(np.asarray(labels, dtype=bool), np.asarray(scores, dtype=float))
+    labels = np.asarray(labels, dtype=bool)
+    fpr, tpr, _ = roc_curve(labels, np.asarray(scores, dtype=float))
+    floor = 1 / int((~labels).sum())
     out_dir.mkdir(parents=True, exist_ok=True)
     roc_json = out_dir / "roc.json"
-    roc_json.write_text(json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist()}))
+    roc_json.write_text(json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist(), "fpr_floor": floor}))
     fig, ax = plt.subplots(figsize=(4.5, 4.2))
-    ax.loglog(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label="attack")
-    ax.plot([1e-5, 1], [1e-5, 1], "k:", lw=1, label="chance")
-    ax.set_xlim(1e-5, 1)
-    ax.set_ylim(1e-5, 1)
-    ax.set_xlabel("false positive rate")
+    ax.loglog(np.maximum(fpr, floor), np.maximum(tpr, floor), label="attack")
+    ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
+    ax.set_xlim(floor, 1)
+    ax.set_ylim(floor, 1)
+    ax.set_xlabel(f"false positive rate (≥ 1/{int((~labels).sum())} non-members)")
     ax.set_ylabel("true positive rate")
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -1,10 +1,19 @@
 """``rmia``: robust membership inference (Zarifzadeh, Liu & Shokri, ICML 2024).
 
-Signal Pr(x|θ): the probability of the true label. Pr(x) is the average over reference models:
-online, over all references; offline (OUT references only), Pr(x) = ½[(1 + a)·Pr_OUT(x) + (1 − a)], with
-``attack.offline_a`` = a. Population z: the public split (no model trained on it, so every reference is
-OUT for z and the same formulas apply). Score(x) = the fraction of z with
-[Pr(x|θ)/Pr(x)] / [Pr(z|θ)/Pr(z)] > γ (``attack.gamma``).
+Signal Pr(x|θ): the probability of the true label. Pr(x), the marginal over models trained like the
+target, from the references:
+- online (default): the mean of Pr(x|θ') over all references, IN and OUT for x alike;
+- offline (OUT references only): Pr(x) = ½[(1 + a)·Pr_OUT(x) + (1 − a)], from assuming
+  Pr_IN(x) ≈ a·Pr_OUT(x) + (1 − a). ``attack.offline_a``: a fixed a, or null (default) to fit it as the
+  paper does: each reference model in turn is the target of the offline attack against the other
+  references, and the a of the grid 0, 0.1, …, 1 with the best mean AUC is kept (ties: the smaller a).
+
+Population z: the game's population itself (the examples the models train on), so Pr(z) is computed
+exactly like Pr(x): in the online attack from a mixture of IN and OUT references for z, matching a target
+that trained on part of the population. Score(x) = the fraction of z with
+[Pr(x|θ)/Pr(x)] / [Pr(z|θ)/Pr(z)] > γ (``attack.gamma``, default 1). Comparing x with itself adds the same
+[1 > γ] to every score. Ties (the fraction takes at most |Z| + 1 values) are broken by the ratio
+r = Pr(x|θ)/Pr(x) itself: score = (count + r/(1 + r)) / |Z|, which orders examples by (count, r).
 """
 
 from __future__ import annotations
@@ -12,39 +21,74 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
 
 from attacks.membership_common import ShadowAttack, ShadowParams, View
 from attacks.registry import ATTACKS
-from harness.core.errors import ConfigError
 from harness.core.params import param
 
 EPS = 1e-30
+A_GRID = np.round(np.linspace(0, 1, 11), 10)
+BELOW_ONE = np.nextafter(1.0, 0.0)
 
 
 @dataclass
 class RmiaParams(ShadowParams):
-    offline_a: float = param(0.3, "offline: Pr(x) = ½[(1 + a)·Pr_OUT(x) + (1 − a)]", low=0, high=1)
-    gamma: float = param(2.0, "γ: a population sample z is dominated when the ratio exceeds γ", low=0,
+    offline_a: float | None = param(None, "offline: a in Pr(x) = ½[(1 + a)·Pr_OUT(x) + (1 − a)]; null = fitted "
+                                          "on the shadow models (grid 0, 0.1, …, 1)", low=0, high=1)
+    gamma: float = param(1.0, "γ: a population sample z is dominated when the ratio exceeds γ", low=0,
                          low_open=True)
 
 
-def _marginal(prob: np.ndarray, ref_in: np.ndarray | None, online: bool, a: float) -> np.ndarray:
-    """Pr(x) from references' probabilities [R, N]; ref_in None means all references are OUT."""
+def marginal(prob: np.ndarray, ref_in: np.ndarray, online: bool, a: float) -> np.ndarray:
+    """Pr(x) per example from references' probabilities [R, N] (NaN offline where no reference is OUT)."""
     if online:
         return prob.mean(axis=0)
-    out = prob if ref_in is None else np.where(~ref_in, prob, np.nan)
-    return 0.5 * ((1 + a) * np.nanmean(out, axis=0) + (1 - a))
+    out = np.where(~ref_in, prob, np.nan)
+    counts = (~ref_in).sum(axis=0)
+    mean_out = np.divide(np.nansum(out, axis=0), counts, out=np.full(prob.shape[1], np.nan), where=counts > 0)
+    return 0.5 * ((1 + a) * mean_out + (1 - a))
 
 
-def rmia_scores(view: View, params: RmiaParams) -> np.ndarray:
-    if view.ref_public_prob.shape[1] == 0:
-        raise ConfigError("attack: rmia needs a public split for its population z; set data.public_fraction > 0")
-    px = _marginal(view.ref_prob, view.ref_in, params.online, params.offline_a)
-    pz = _marginal(view.ref_public_prob, None, params.online, params.offline_a)
-    ratio_x = view.target_prob / np.maximum(px, EPS)
-    ratio_z = np.sort(view.target_public_prob / np.maximum(pz, EPS))
-    # fraction of z with ratio_x / ratio_z > γ  ⇔  ratio_z < ratio_x / γ
-    return np.searchsorted(ratio_z, ratio_x / params.gamma, side="left") / len(ratio_z)
+def pairwise_scores(target_prob: np.ndarray, px: np.ndarray, gamma: float) -> np.ndarray:
+    """Score(x) against the population z (every example with a defined Pr): NaN where Pr(x) is undefined."""
+    ratio = target_prob / np.maximum(px, EPS)
+    known = np.isfinite(ratio)
+    population = np.sort(ratio[known])
+    # fraction of z with ratio_x / ratio_z > γ  ⇔  ratio_z < ratio_x / γ; ties broken by ratio_x
+    count = np.searchsorted(population, ratio[known] / gamma, side="left")
+    tie_break = np.minimum(ratio[known] / (1 + ratio[known]), BELOW_ONE)
+    scores = np.full(len(ratio), np.nan)
+    scores[known] = (count + tie_break) / len(population)
+    return scores
+
+
+def fit_offline_a(ref_prob: np.ndarray, ref_in: np.ndarray, gamma: float) -> float:
+    """The a of ``A_GRID`` maximising the mean AUC of the offline attack on each reference model against
+    the others (examples without an OUT reference among the others are left out of that model's AUC)."""
+    best_a, best_auc = 0.0, -1.0
+    for a in A_GRID:
+        aucs = []
+        for r in range(ref_prob.shape[0]):
+            others = np.arange(ref_prob.shape[0]) != r
+            scores = pairwise_scores(ref_prob[r], marginal(ref_prob[others], ref_in[others], False, a), gamma)
+            known = np.isfinite(scores)
+            labels = ref_in[r, known]
+            if labels.all() or not labels.any():
+                continue
+            aucs.append(roc_auc_score(labels, scores[known]))
+        if aucs and np.mean(aucs) > best_auc:
+            best_a, best_auc = float(a), float(np.mean(aucs))
+    return best_a
+
+
+def rmia_scores(view: View, params: RmiaParams, a: float | None = None) -> np.ndarray:
+    """RMIA scores of the view's target; offline, ``a`` (default: ``params.offline_a``) must be set."""
+    a = params.offline_a if a is None else a
+    if not params.online and a is None:
+        raise ValueError("offline RMIA needs a (fit it with fit_offline_a)")
+    px = marginal(view.ref_prob, view.ref_in, params.online, 0.0 if a is None else a)
+    return pairwise_scores(view.target_prob, px, params.gamma)
 
 
 @ATTACKS.register("rmia", "RMIA: pairwise likelihood ratios against population samples, shadow references")
@@ -52,11 +96,25 @@ class RMIA(ShadowAttack):
     Params = RmiaParams
     headline, higher_leaks, headline_label = "auc", True, "RMIA AUC"
     description = ("Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by "
-                   "the same defense and the public split as population z.")
+                   "the same defense and the game's population as z.")
+
+    def __init__(self, params: RmiaParams) -> None:
+        super().__init__(params)
+        self.fitted_a: list[float] = []
 
     def score(self, view: View) -> np.ndarray:
-        return rmia_scores(view, self.params)
+        p = self.params
+        a = p.offline_a
+        if not p.online and a is None:
+            a = fit_offline_a(view.ref_prob, view.ref_in, p.gamma)
+            self.fitted_a.append(a)
+        return rmia_scores(view, p, a)
+
+    def extra_metrics(self) -> dict[str, float]:
+        """The fitted a (mean over targets in the leave-one-model-out game)."""
+        return {"offline_a": float(np.mean(self.fitted_a))} if self.fitted_a else {}
 
     def title(self) -> str:
         p = self.params
-        return f"RMIA ({'online' if p.online else f'offline, a={p.offline_a}'}, γ={p.gamma})"
+        a = "fitted" if p.offline_a is None else f"{p.offline_a}"
+        return f"RMIA ({'online' if p.online else f'offline, a={a}'}, γ={p.gamma})"

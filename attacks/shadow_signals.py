@@ -1,8 +1,11 @@
 """The population of a shadow-model membership attack, who trains on what, and the signals read off models.
 
-- **Population**: the victim's private pool ∪ the held-out test set. The membership matrix M (K × N,
-  bool) gives each shadow model a random half of it, built in complementary pairs (model 2j gets a random
-  half, model 2j+1 the other half), so every example is IN for exactly K/2 models.
+- **Population**: the victim's private pool ∪ the held-out test set. A membership matrix M (K × N, bool)
+  says which examples each shadow model trains on. Two designs:
+  - ``membership_matrix``: complementary halves (model 2j gets a random half, model 2j+1 the other half),
+    so every example is IN for exactly K/2 models;
+  - ``fixed_size_membership``: every model trains on exactly ``size`` examples (the victim's pool size),
+    and the OUT slots are spread evenly, so every example is OUT for ⌊K·(N−size)/N⌋ or one more models.
 - **Signals** (``phi``): logit-scaled confidence φ = log p_y − log Σ_{y'≠y} p_{y'} = z_y − logsumexp_{y'≠y} z_{y'},
   computed in float64 from logits. Cached per model under a key hashing the weights and the data indices,
   so a stale cache can never be read.
@@ -45,6 +48,34 @@ def membership_matrix(k: int, n: int, gen: torch.Generator) -> torch.Tensor:
         half[torch.randperm(n, generator=gen)[: n // 2]] = True
         rows += [half, ~half]
     return torch.stack(rows)
+
+
+def fixed_size_membership(k: int, n: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """K × N membership where every row has exactly ``size`` IN examples and the K·(N − size) OUT slots are
+    spread evenly over the examples (each OUT for ⌊K(N−size)/N⌋ or ⌊K(N−size)/N⌋ + 1 rows).
+
+    The OUT sets are consecutive stretches of N − size entries of a sequence of random permutations of
+    the N examples (laps). A stretch that crosses into a new lap draws that lap with the stretch's
+    examples from the old lap at its end, so no row repeats an example and every lap stays a permutation:
+    each example appears once per full lap, at most once in the last, partial one."""
+    if not 0 < size <= n:
+        raise ValueError(f"a pool of {size} examples cannot be drawn from {n}")
+    width = n - size
+    out = torch.zeros(k, n, dtype=torch.bool)
+    lap, pos = torch.randperm(n, generator=gen), 0
+    for row in range(k):
+        taken = lap[pos:pos + width]
+        pos += len(taken)
+        missing = width - len(taken)
+        if missing:
+            fresh = torch.ones(n, dtype=torch.bool)
+            fresh[taken] = False
+            others, repeats = torch.nonzero(fresh).flatten(), taken
+            lap = torch.cat([others[torch.randperm(len(others), generator=gen)],
+                             repeats[torch.randperm(len(repeats), generator=gen)]])
+            taken, pos = torch.cat([taken, lap[:missing]]), missing
+        out[row, taken] = True
+    return ~out
 
 
 def phi_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> np.ndarray:

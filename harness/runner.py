@@ -86,10 +86,13 @@ def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> P
     return PrivacyPlan(epsilon, delta, sigma, accounted, sample_rate, steps, p.accountant, t.sampling)
 
 
-def check_attacks(spec: RunSpec, model: nn.Module, shape: tuple[int, int, int]) -> None:
-    """Fail before training when an attack cannot work on this run: a model it does not support
-    (``Attack.check_model``) or a model state that training will never record."""
+def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
+    """Fail before training when an attack cannot work on this run: data its game cannot be played on
+    (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
+    training will never record."""
+    shape = task.shape
     for name, attack in attacks_of(spec):
+        type(attack).check_task(attack.params, task)
         check = getattr(type(attack), "check_model", None)
         if check is not None:
             check(model, shape)
@@ -118,7 +121,7 @@ def prepare(spec: RunSpec) -> Prepared:
 
     with victim.torch_global("init"):
         model = build()
-    check_attacks(spec, model, task.shape)
+    check_attacks(spec, model, task)
     defense_cls = DEFENSES.get(spec.defense_name, field="defense")
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)

@@ -1,6 +1,8 @@
-"""Membership inference: signals, membership matrix, cache, scoring, metrics, ε bound.
+"""Membership inference: signals, membership designs, cache, LiRA and RMIA scoring.
 
-Shadow training itself (vectorised vs sequential) is tested in tests/engine/test_shadow_training.py."""
+Metrics and the ε bound: test_membership_metrics.py; the games (who trains on what), parameter checks and
+end-to-end runs: test_membership_game.py. Shadow training itself (vectorised vs sequential) is tested in
+tests/engine/test_shadow_training.py."""
 
 import math
 
@@ -10,14 +12,11 @@ import torch
 from scipy import stats
 
 from attacks import shadow_signals as sh
-from attacks.lira import LiraParams, lira_scores
+from attacks.lira import LiraParams, _fit, lira_scores
 from attacks.membership_common import View
 from attacks.membership_metrics import membership_metrics
-from attacks.rmia import RmiaParams, rmia_scores
-from harness.core.errors import ConfigError
+from attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
 from harness.core.models import build_model
-from harness.core.params import from_dict
-from harness.core.statistics import clopper_pearson, epsilon_from_rates, epsilon_lower_bound
 
 
 def threshold_rng(seed=0):
@@ -54,6 +53,22 @@ def test_membership_matrix_is_balanced_and_complementary():
         sh.membership_matrix(3, 10, torch.Generator().manual_seed(0))
 
 
+@pytest.mark.parametrize("k,n,size", [(16, 1617, 1258), (5, 718, 359), (3, 559, 200), (7, 10, 9)])
+def test_fixed_size_membership_has_the_victim_pool_size_and_even_out_slots(k, n, size):
+    """Every model trains on exactly ``size`` examples; every example is OUT for ⌊K(N−size)/N⌋ or one more
+    models; rows are distinct even when N = 2·size (where cyclic windows would repeat)."""
+    m = sh.fixed_size_membership(k, n, size, torch.Generator().manual_seed(1))
+    assert m.shape == (k, n)
+    assert torch.all(m.sum(1) == size)
+    low = k * (n - size) // n
+    out = (~m).sum(0)
+    assert out.min() >= low and out.max() <= low + 1 and int(out.sum()) == k * (n - size)
+    assert len({tuple(row.tolist()) for row in m}) == k
+    assert torch.equal(m, sh.fixed_size_membership(k, n, size, torch.Generator().manual_seed(1)))
+    with pytest.raises(ValueError):
+        sh.fixed_size_membership(k, n, n + 1, torch.Generator())
+
+
 def test_signal_cache_is_keyed_by_weights_and_indices(tmp_path, monkeypatch):
     model = build_model("mlp", (1, 8, 8), 10, (0.5,), (0.5,))
     x, y, idx = torch.rand(20, 1, 8, 8), torch.randint(0, 10, (20,)), torch.arange(20)
@@ -83,8 +98,7 @@ def synthetic_view(n=400, refs=16, gap=2.0, seed=0):
     target_phi = rng.normal(0, 1, n) + gap * labels
     prob = 1 / (1 + np.exp(-ref_phi))
     target_prob = 1 / (1 + np.exp(-target_phi))
-    public = rng.random((refs, 50)) * 0.5
-    return View(target_phi, target_prob, rng.random(50) * 0.5, ref_phi, prob, ref_in, public, labels)
+    return View(target_phi, target_prob, ref_phi, prob, ref_in, labels)
 
 
 @pytest.mark.parametrize("params", [LiraParams(), LiraParams(online=False), LiraParams(variance="per-example"),
@@ -97,158 +111,113 @@ def test_lira_separates_a_synthetic_signal(params):
 
 
 def test_lira_scores_equal_the_formulas():
-    """Independent per-example loop: medians over IN/OUT references, pooled residual std (global)."""
+    """Independent per-example loop: means over IN/OUT references, pooled within-example variance
+    Σ(φ − μ)² / Σ(n − 1) (global) or each example's sample variance (per-example)."""
     view = synthetic_view(n=60)
-    mu_in, mu_out, res_in, res_out = [], [], [], []
+    view.ref_in[:, :20] = np.arange(16)[:, None] < 12  # unequal IN/OUT counts (12/4), as in the victim game
+    mu_in, mu_out, ss_in, ss_out, dof_in, dof_out, var_out = [], [], 0.0, 0.0, 0, 0, []
     for j in range(60):
         ins, outs = view.ref_phi[view.ref_in[:, j], j], view.ref_phi[~view.ref_in[:, j], j]
-        mu_in.append(np.median(ins))
-        mu_out.append(np.median(outs))
-        res_in += list(ins - mu_in[-1])
-        res_out += list(outs - mu_out[-1])
-    s_in, s_out, t = np.std(res_in), np.std(res_out), view.target_phi
+        mu_in.append(ins.mean())
+        mu_out.append(outs.mean())
+        ss_in += ((ins - ins.mean()) ** 2).sum()
+        ss_out += ((outs - outs.mean()) ** 2).sum()
+        dof_in, dof_out = dof_in + len(ins) - 1, dof_out + len(outs) - 1
+        var_out.append(np.var(outs, ddof=1))
+    s_in, s_out, t = math.sqrt(ss_in / dof_in), math.sqrt(ss_out / dof_out), view.target_phi
     online = stats.norm.logpdf(t, mu_in, s_in) - stats.norm.logpdf(t, mu_out, s_out)
     np.testing.assert_allclose(lira_scores(view, LiraParams()), online)
     np.testing.assert_allclose(lira_scores(view, LiraParams(online=False)), stats.norm.logcdf(t, mu_out, s_out))
     np.testing.assert_allclose(lira_scores(view, LiraParams(online=False, offline_test="two-sided")),
                                -stats.norm.logpdf(t, mu_out, s_out))
-    per_example = [np.std(view.ref_phi[~view.ref_in[:, j], j]) for j in range(60)]
     np.testing.assert_allclose(lira_scores(view, LiraParams(online=False, variance="per-example")),
-                               stats.norm.logcdf(t, mu_out, per_example))
+                               stats.norm.logcdf(t, mu_out, np.sqrt(var_out)))
+
+
+def test_lira_global_variance_is_unbiased_with_few_references():
+    """With 3 OUT references per example the pooled variance still estimates the true σ² = 4 (residuals
+    about each example's 3-sample median divided by 3 would give about 0.79 of it)."""
+    rng = np.random.default_rng(0)
+    phi = rng.normal(0, 2, (16, 5000)) + rng.normal(0, 5, 5000)
+    member = np.broadcast_to(np.arange(16)[:, None] >= 3, phi.shape)
+    _, std_out = _fit(phi, ~member, "global")
+    _, std_in = _fit(phi, member, "global")
+    assert std_out[0] ** 2 == pytest.approx(4, rel=0.03) and std_in[0] ** 2 == pytest.approx(4, rel=0.03)
 
 
 def test_rmia_scores_are_fractions_and_follow_the_signal():
     view = synthetic_view()
-    for params in (RmiaParams(), RmiaParams(online=False, offline_a=0.5, gamma=1.0)):
+    for params in (RmiaParams(), RmiaParams(online=False, offline_a=0.5, gamma=2.0)):
         scores = rmia_scores(view, params)
-        assert scores.min() >= 0 and scores.max() <= 1
+        assert scores.min() >= 0 and scores.max() <= 1 + 1e-12
         assert membership_metrics(scores, view.labels, 1e-5, threshold_rng())["auc"] > 0.7
+
+
+def reference_rmia(view, online, a, gamma):
+    """Per-example loop over the population z (the view's own examples): Pr(x) and Pr(z) by the same rule,
+    the fraction of z with LR(x, z) > γ, ties broken by r/(1 + r) of x's ratio r."""
+    n = len(view.labels)
+    marg = []
+    for j in range(n):
+        refs = view.ref_prob[:, j] if online else view.ref_prob[~view.ref_in[:, j], j]
+        marg.append(refs.mean() if online else 0.5 * ((1 + a) * refs.mean() + 1 - a))
+    ratio = view.target_prob / np.array(marg)
+    return np.array([(np.sum(ratio[j] / ratio > gamma) + ratio[j] / (1 + ratio[j])) / n for j in range(n)])
 
 
 def test_rmia_scores_equal_the_formula():
     view = synthetic_view(n=30)
-    a, gamma = 0.4, 1.5
-    for online in (True, False):
-        expected = []
-        pz = view.ref_public_prob.mean(0) if online else 0.5 * ((1 + a) * view.ref_public_prob.mean(0) + 1 - a)
-        for j in range(30):
-            refs = view.ref_prob[:, j] if online else view.ref_prob[~view.ref_in[:, j], j]
-            px = refs.mean() if online else 0.5 * ((1 + a) * refs.mean() + 1 - a)
-            ratios = (view.target_prob[j] / px) / (view.target_public_prob / pz)
-            expected.append(np.mean(ratios > gamma))
+    for online, a, gamma in ((True, None, 1.0), (True, None, 1.5), (False, 0.4, 1.0), (False, 0.0, 2.0)):
         got = rmia_scores(view, RmiaParams(online=online, offline_a=a, gamma=gamma))
-        np.testing.assert_allclose(got, expected)
+        np.testing.assert_allclose(got, reference_rmia(view, online, a, gamma), rtol=1e-12)
 
 
-def test_rmia_needs_a_public_population():
-    view = synthetic_view()
-    view.ref_public_prob = np.zeros((16, 0))
-    with pytest.raises(ConfigError, match="public"):
-        rmia_scores(view, RmiaParams())
+def test_rmia_online_population_mixes_in_and_out_references():
+    """Pr(z) for the population uses IN references too: changing only the IN references of z changes the
+    online scores (it would not if z's marginal came from OUT references only)."""
+    view = synthetic_view(n=50)
+    before = rmia_scores(view, RmiaParams())
+    view.ref_prob = np.where(view.ref_in, view.ref_prob * 0.5, view.ref_prob)
+    assert not np.allclose(before, rmia_scores(view, RmiaParams()))
 
 
-def test_clopper_pearson_matches_scipy():
-    for k, n in [(0, 10), (3, 10), (10, 10), (57, 200)]:
-        ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-        assert clopper_pearson(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
+def test_rmia_gamma_one_keeps_the_signal_resolved():
+    """γ = 1 with ties broken by the ratio: (almost) every example gets its own score, and the ranking of one
+    target's examples is that of the ratio Pr(x|θ)/Pr(x)."""
+    view = synthetic_view(n=400)
+    scores = rmia_scores(view, RmiaParams())
+    assert len(np.unique(scores)) == 400
+    ratio = view.target_prob / view.ref_prob.mean(0)
+    assert stats.spearmanr(scores, ratio).statistic == pytest.approx(1.0)
 
 
-def test_epsilon_from_rates_known_cases():
-    assert epsilon_from_rates(0.5, 0.5, 0.0) == 0.0
-    assert epsilon_from_rates(0.9, 0.1, 0.0) == pytest.approx(math.log(9))
-    assert epsilon_from_rates(0.1, 0.9, 0.0) == 0.0  # a worse-than-chance test claims nothing
-    assert epsilon_from_rates(0.3, 0.01, 0.2) == pytest.approx(math.log(10))  # δ is subtracted
+def test_fit_offline_a_maximises_the_mean_reference_auc():
+    """The fitted a is the grid value whose offline attack, each reference model against the others, has
+    the best mean AUC (independent loop over the grid)."""
+    rng = np.random.default_rng(3)
+    view = synthetic_view(n=300, refs=8, gap=1.0)
+    p_out = rng.uniform(0.05, 0.9, 300)
+    view.ref_prob = np.where(view.ref_in, 0.7 * p_out + 0.3, p_out) * rng.uniform(0.9, 1.0, (8, 300))
+    fitted = fit_offline_a(view.ref_prob, view.ref_in, 1.0)
+    means = {}
+    for a in np.linspace(0, 1, 11):
+        aucs = []
+        for r in range(8):
+            others = np.arange(8) != r
+            sub = View(view.target_phi, view.ref_prob[r], view.ref_phi[others], view.ref_prob[others],
+                       view.ref_in[others], view.ref_in[r])
+            scores = rmia_scores(sub, RmiaParams(online=False, offline_a=float(a)))
+            aucs.append(membership_metrics(scores, view.ref_in[r], 1e-5, threshold_rng())["auc"])
+        means[round(float(a), 1)] = np.mean(aucs)
+    assert fitted in means and means[fitted] == pytest.approx(max(means.values()))
+    assert means[fitted] > min(means.values())  # the choice matters on this data
 
 
-def test_perfect_separation_gives_the_clopper_pearson_limit():
-    n = 60
-    scores = np.concatenate([np.ones(n), np.zeros(n)])
-    labels = np.concatenate([np.ones(n, bool), np.zeros(n, bool)])
-    judge = np.random.default_rng(7).permutation(2 * n)[n:]
-    members, others = int(labels[judge].sum()), int((~labels[judge]).sum())
-    tpr_lo = 0.025 ** (1 / members)      # CP lower bound for members/members
-    fpr_hi = 1 - 0.025 ** (1 / others)   # CP upper bound for 0/others
-    expected = max(math.log(tpr_lo / fpr_hi), math.log((1 - fpr_hi) / (1 - tpr_lo)))
-    assert epsilon_lower_bound(scores, labels, 0.0, np.random.default_rng(7)) == pytest.approx(expected)
-
-
-def test_no_signal_claims_almost_nothing():
-    rng = np.random.default_rng(0)
-    bounds = [epsilon_lower_bound(rng.random(2000), rng.random(2000) < 0.5, 1e-5, np.random.default_rng(s))
-              for s in range(10)]
-    assert sum(b > 0 for b in bounds) <= 2 and max(bounds) < 0.3
-
-
-def test_metrics_keys_and_fpr_points():
-    rng = np.random.default_rng(1)
-    labels = rng.random(5000) < 0.5
-    scores = rng.normal(0, 1, 5000) + 1.5 * labels
-    m = membership_metrics(scores, labels, 1e-5, np.random.default_rng(2))
-    assert set(m) >= {"auc", "balanced_accuracy", "tpr_at_0.1pct_fpr", "tpr_at_1pct_fpr", "tpr_at_10pct_fpr",
-                      "epsilon_lower_bound", "n_members", "n_nonmembers"}
-    assert m["tpr_at_0.1pct_fpr"] <= m["tpr_at_1pct_fpr"] <= m["tpr_at_10pct_fpr"]
-    expected_auc = stats.norm.cdf(1.5 / math.sqrt(2))
-    assert m["auc"] == pytest.approx(expected_auc, abs=0.02)
-    with pytest.raises(ValueError):
-        membership_metrics(scores, np.ones(5000, bool), 1e-5, np.random.default_rng(2))
-
-
-@pytest.mark.parametrize("params,field", [(dict(shadows=3), "attack.shadows"), (dict(shadows=0), "attack.shadows"),
-                                          (dict(mia_target="all"), "attack.mia_target"),
-                                          (dict(variance="pooled"), "attack.variance"),
-                                          (dict(offline_test="x"), "attack.offline_test"),
-                                          (dict(mia_target="shadows", shadows=2), "attack.shadows")])
-def test_lira_validation(params, field):
-    with pytest.raises(ConfigError, match=f"{field}: "):
-        from_dict(LiraParams, params, "attack")
-
-
-def test_rmia_validation():
-    with pytest.raises(ConfigError, match="attack.gamma: "):
-        from_dict(RmiaParams, {"gamma": 0}, "attack")
-    with pytest.raises(ConfigError, match="attack.offline_a: "):
-        from_dict(RmiaParams, {"offline_a": 1.5}, "attack")
-    with pytest.raises(ConfigError, match="attack.shadows: "):  # the shadow-pool rules hold for rmia too
-        from_dict(RmiaParams, {"shadows": 3}, "attack")
-    assert from_dict(RmiaParams, {"gamma": 1.0, "offline_a": 1.0}, "attack").gamma == 1.0
-
-
-def _run(*args):
-    import json
-
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
-    result = CliRunner().invoke(main, ["run", *args, "--quiet", "--json"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
-
-def test_dp_victim_never_shows_more_leakage_than_accounted(tmp_path):
-    """An ε lower bound above the accounted ε would be a bug in the defense or in the bound."""
-    m = _run("--defense", "dpsgd", "--epsilon", "1", "--attack", "loss", "--attack", "lira", "--attack", "rmia",
-             "--attack", "grad-mia", "--epochs", "3", "--set", "attack.shadows=4", "--results", str(tmp_path))
-    for attack in ("loss", "lira", "rmia"):
-        assert 0 <= m[f"leakage.{attack}.epsilon_lower_bound"] <= m["privacy.epsilon"] <= 1.0
-        assert 0.4 < m[f"leakage.{attack}.auc"] < 0.6
-    assert m["leakage.grad-mia.epsilon_lower_bound"] <= m["leakage.grad-mia.accounted_epsilon"]
-    assert (tmp_path / "runs" / m["run_id"] / "lira" / "roc.json").is_file()
-    assert m["artefacts.lira.roc_png"].endswith("roc.png")
-
-
-def test_grad_mia_recovers_members_of_an_undefended_release(tmp_path):
-    m = _run("--defense", "none", "--attack", "grad-mia", "--epochs", "1", "--results", str(tmp_path))
-    assert m["leakage.grad-mia.auc"] >= 0.9
-    assert m["leakage.grad-mia.n_members"] == 64 and m["leakage.grad-mia.n_nonmembers"] == 64
-
-
-@pytest.mark.slow
-def test_overfit_victim_lira_beats_loss_at_low_fpr(tmp_path):
-    """Issue bar: non-private, overfit victim (200 examples, 60 epochs): LiRA AUC ≥ 0.6, TPR@1%FPR
-    clearly above 1%, LOSS weaker at low FPR. ~2 min on 2 quiet cores."""
-    m = _run("--defense", "none", "--attack", "loss", "--attack", "lira", "--set", "data.max_train=200",
-             "--epochs", "60", "--set", "train.batch_size=32", "--results", str(tmp_path))
-    assert m["leakage.lira.auc"] >= 0.6
-    assert m["leakage.lira.tpr_at_1pct_fpr"] >= 0.02
-    assert m["leakage.loss.tpr_at_1pct_fpr"] < m["leakage.lira.tpr_at_1pct_fpr"]
+def test_offline_rmia_fits_a_by_default():
+    view = synthetic_view(n=200)
+    attack = RMIA(RmiaParams(online=False))
+    scores = attack.score(view)
+    assert attack.extra_metrics()["offline_a"] in np.round(np.linspace(0, 1, 11), 10)
+    np.testing.assert_allclose(scores, rmia_scores(view, attack.params, attack.fitted_a[0]))
+    with pytest.raises(ValueError, match="offline RMIA needs a"):
+        rmia_scores(view, RmiaParams(online=False))
