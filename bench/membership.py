@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--shadows", type=int, default=16)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--defenses", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
     parser.add_argument("--game", default="victim", choices=("victim", "shadows"),
                         help="attack.mia_target of the shadow attacks (LOSS always attacks the victim)")
     args = parser.parse_args()
@@ -78,17 +79,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in args.recipes:
             table = {}
-            for name, defense in DEFENSES.items():
+            for name in args.defenses:
+                defense = DEFENSES[name]
                 runs = [one(RECIPES[recipe], defense, seed, args.shadows, args.game, Path(tmp)) for seed in args.seeds]
                 table[name] = {key: [r[key] for r in runs] for key in runs[0]}
             print(f"\n### {recipe} recipe", flush=True)
-            header = "| attack | " + " | ".join(f"{m} ({d})" for d in DEFENSES for m, _ in METRICS) + " |"
+            header = "| attack | " + " | ".join(f"{m} ({d})" for d in args.defenses for m, _ in METRICS) + " |"
             print(header)
-            print("|" + "---|" * (1 + len(DEFENSES) * len(METRICS)))
+            print("|" + "---|" * (1 + len(args.defenses) * len(METRICS)))
             for label, _, _ in ROWS:
-                cells = [mean_sem(table[d][label, key]) for d in DEFENSES for _, key in METRICS]
+                cells = [mean_sem(table[d][label, key]) for d in args.defenses for _, key in METRICS]
                 print(f"| {label} | " + " | ".join(cells) + " |")
-            for d in DEFENSES:
+            for d in args.defenses:
                 print(f"{d}: test accuracy {mean_sem(table[d]['test accuracy', 'acc'])}, "
                       f"accounted ε {table[d]['epsilon', 'eps'][0]:.3g}")
     print(f"\n{time.perf_counter() - start:.0f} s", flush=True)

@@ -219,12 +219,10 @@ class BookKeeping:
                             probes: torch.Tensor | None) -> torch.Tensor:
         """The statistic of a Linear / Conv2d weight under a shift, scale or probes: from the instantiated
         per-sample gradient, chunk by chunk (kept when smaller than what it replaces) — except a one-token
-        Linear under a scale alone, where ‖m ⊙ (ds_i a_iᵀ)‖² = (ds_i²)ᵀ (m²) (a_i²) needs no instantiation."""
+        Linear without probes, whose statistic has a closed form (``_one_token_linear``)."""
         w = module.weight
-        if isinstance(module, nn.Linear) and k.a[0].numel() == w.shape[1] and name not in plan.shift \
-                and name not in plan.probes:
-            square = plan.scale[name].pow(2)
-            return ((k.ds.pow(2) @ square) * k.a.pow(2)).sum(1)
+        if isinstance(module, nn.Linear) and k.a[0].numel() == w.shape[1] and name not in plan.probes:
+            return _one_token_linear(k.a, k.ds, plan.shift.get(name), plan.scale.get(name))
         b = k.a.shape[0]
         keep = w.numel() <= k.a[0].numel() + k.ds[0].numel()
         parts, stats = [], []
@@ -293,11 +291,31 @@ def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor 
     flat = g.reshape(g.shape[0], -1)
     for lo, hi, col, v in plan.probes.get(name, ()):
         probes[:, col:col + v.shape[1]] += flat[:, lo:hi] @ v
-    if name in plan.shift:
-        g = g - plan.shift[name]
-    if name in plan.scale:
-        g = g * plan.scale[name]
-    return g.reshape(g.shape[0], -1).pow(2).sum(1, dtype=torch.float64)
+    shift, scale = plan.shift.get(name), plan.scale.get(name)
+    if shift is None and scale is None:
+        return flat.pow(2).sum(1, dtype=torch.float64)
+    w = torch.sub(g, shift) if shift is not None else g * scale  # one fresh buffer, transformed in place
+    if shift is not None and scale is not None:
+        w.mul_(scale)
+    w = w.reshape(g.shape[0], -1)
+    return torch.einsum("bi,bi->b", w, w).double()  # a fused dot per row: no squared copy, no float64 cast
+
+
+def _one_token_linear(a: torch.Tensor, ds: torch.Tensor, shift: torch.Tensor | None,
+                      scale: torch.Tensor | None) -> torch.Tensor:
+    """‖(ds_i a_iᵀ − m) ⊙ s‖² per sample of a one-token Linear, without instantiating ds_i a_iᵀ:
+    Σ s²·ds²·a² − 2·ds_iᵀ (s²⊙m) a_i + ‖s⊙m‖² (expanded in float64, where the cancellation is harmless)."""
+    a, ds = a.double(), ds.double()
+    if scale is None:
+        square = torch.ones(ds.shape[1], a.shape[1], dtype=ds.dtype, device=ds.device)
+    else:
+        square = scale.double().pow(2)
+    total = ((ds.pow(2) @ square) * a.pow(2)).sum(1)
+    if shift is not None:
+        shift = shift.double()
+        weighted = square * shift
+        total = total - 2 * ((ds @ weighted) * a).sum(1) + (weighted * shift).sum()
+    return total
 
 
 def _weight_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:

@@ -218,3 +218,17 @@ def test_lean_on_hcnn_releases_what_func_releases():
             defense.clip_and_accumulate(PerSampleGradients(prep.model)(x, y))
         out.append(torch.cat([g.reshape(-1) for g in defense.release(12).grads.values()]))
     assert float((out[0] - out[1]).abs().max() / out[0].abs().max()) < 1e-4
+
+
+def test_cli_ig_attacks_hcnn_through_the_scattering(tmp_path):
+    """The trajectory IG (several target problems at once) runs on a model whose front torch.func cannot
+    trace: the matcher falls back to autograd, one problem at a time."""
+    out = CliRunner().invoke(main, [
+        "run", "--defense", "dpsgd", "--attack", "ig", "--dataset", "synthetic", "--model", "hcnn-small",
+        "--epochs", "1", "--set", "data.synthetic.shape=[1,28,28]", "--set", "data.synthetic.size=40",
+        "--set", "train.batch_size=14", "--set", "attack.ig.ig_iterations=3", "--set", "attack.ig.targets=2",
+        "--results", str(tmp_path), "--json", "--quiet"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    metrics = json.loads(out.stdout)
+    assert metrics["leakage.ig.verdict"] in ("leaks", "no-leak-detected")
+    assert 0 < metrics["leakage.ig.psnr"] < 60 and metrics["leakage.ig.state"]

@@ -218,3 +218,17 @@ def test_book_keeping_matches_the_torch_func_path_on_cuda(monkeypatch):
         for n in names:
             assert got[n].device.type == "cuda"
             assert float((ref[n] - got[n]).abs().max() / ref[n].abs().max().clamp(min=1e-12)) < 1e-4, (spec, n)
+
+
+@pytest.mark.parametrize("shifted,scaled", [(True, True), (True, False), (False, True)])
+def test_one_token_linear_statistic_equals_the_instantiated_one(shifted, scaled):
+    """‖(ds_i a_iᵀ − m) ⊙ s‖² in closed form (no per-sample gradient) equals the explicit computation."""
+    from harness.engine.book_keeping import _one_token_linear
+
+    gen = torch.Generator().manual_seed(0)
+    a, ds = torch.randn(7, 5, generator=gen), torch.randn(7, 3, generator=gen)
+    shift = torch.randn(3, 5, generator=gen) if shifted else None
+    scale = torch.rand(3, 5, generator=gen) + 0.5 if scaled else None
+    g = ds[:, :, None].double() * a[:, None, :].double()
+    w = (g - (shift.double() if shifted else 0)) * (scale.double() if scaled else 1)
+    torch.testing.assert_close(_one_token_linear(a, ds, shift, scale), w.pow(2).sum((1, 2)), rtol=1e-12, atol=1e-12)
