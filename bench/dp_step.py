@@ -14,6 +14,8 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
   its defaults: 200 bases in 3 groups, anchors recomputed every step from 200 public examples)
 - ``func-rs``, ``func-random-freeze``, ``func-adaclip``, ``func-gep``: the same on materialised
   per-sample gradients (``train.engine=func``), for the ratio
+- ``gep-anchors-reused``: ``gep`` with its anchors computed once and reused (``anchor_every`` huge): the
+  lean GEP step without the per-step anchor refresh
 
 Each (model, path, batch) is measured in fresh Python processes, one for time and one for memory, so
 nothing mixes. Peak memory, on CPU: the process's peak resident set during one step minus its resident set
@@ -41,8 +43,11 @@ import torch.nn.functional as F
 
 DEFENSE_PARAMS = {"none": {}, "rs": {"schedule": "constant"}, "random-freeze": {"ramp_epochs": 1}, "adaclip": {},
             "gep": {}}
+# (defense, parameters) of paths beyond the defaults: GEP with its anchors computed once (warm-up) and reused,
+# which separates the lean step's own cost from the anchor refresh Algorithm 2 makes every step
+VARIANTS = {"gep-anchors-reused": ("gep", {"anchor_every": 10**9})}
 PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param", *DEFENSE_PARAMS,
-         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"))
+         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"), *VARIANTS)
 GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
 PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example task's 10% public split)
 
@@ -87,7 +92,9 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
     streams = Streams(0).scope("bench")
     name = path.removeprefix("func-")
     if name in DEFENSE_PARAMS:
-        defense = defense_for(name, model, shapes, streams, x.device)
+        defense = defense_for(name, DEFENSE_PARAMS[name], model, shapes, streams, x.device)
+    elif name in VARIANTS:
+        defense = defense_for(*VARIANTS[name], model, shapes, streams, x.device)
     elif path in GROUPS:
         defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, streams,
                             x.device)
@@ -106,7 +113,7 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
     return step
 
 
-def defense_for(name: str, model: torch.nn.Module, shapes: dict, streams, device: torch.device):
+def defense_for(name: str, params: dict, model: torch.nn.Module, shapes: dict, streams, device: torch.device):
     """A registered defense at σ = 1 as training uses it, in its last epoch (rates at their final value),
     bound to the model and a public split of random images."""
     from types import SimpleNamespace
@@ -115,7 +122,7 @@ def defense_for(name: str, model: torch.nn.Module, shapes: dict, streams, device
     from harness.core.splits import Split
 
     cls = DEFENSES.get(name)
-    defense = cls(cls.Params(**DEFENSE_PARAMS[name]), shapes, 1.0, streams, device)
+    defense = cls(cls.Params(**params), shapes, 1.0, streams, device)
     gen = torch.Generator().manual_seed(1)
     public = Split(torch.rand(PUBLIC, 3, 32, 32, generator=gen), torch.randint(0, 10, (PUBLIC,), generator=gen),
                    torch.arange(PUBLIC))
