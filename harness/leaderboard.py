@@ -167,9 +167,10 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
 
 
 def varying_settings(records: list[dict[str, Any]]) -> list[str]:
-    """``defense.*`` and ``attack.*`` settings whose value differs between the records: what was swept."""
+    """``defense.*`` and ``attack.*`` settings whose value differs between the records that have them: what
+    was swept. A setting that only some records carry (another defense's or attack's) is not a sweep."""
     keys = {c for r in records for c in r if c.startswith(("defense.", "attack.")) and not c.endswith(".sem")}
-    return sorted(c for c in keys if len({repr(r.get(c)) for r in records}) > 1)
+    return sorted(c for c in keys if len({repr(r[c]) for r in records if c in r}) > 1)
 
 
 def format_table(records: list[dict[str, Any]]) -> str:

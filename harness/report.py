@@ -125,7 +125,7 @@ def axis_label(column: str, records: list[dict[str, Any]]) -> str:
 
 def point_label(record: dict[str, Any], swept: list[str]) -> str:
     """What distinguishes this configuration: its swept values (``final_rate=0.5``)."""
-    return ", ".join(f"{setting_name(c)}={_fmt(record.get(c))}" for c in swept) or str(record.get("defense"))
+    return ", ".join(f"{setting_name(c)}={_fmt(record.get(c))}" for c in swept if c in record) or str(record.get("defense"))
 
 
 def swept_columns(records: list[dict[str, Any]]) -> list[str]:
@@ -371,15 +371,20 @@ def roc_curves(rows: list[dict[str, Any]], root: Path | None, swept: list[str], 
                 path = resolve_artefact(value, root, row["run_id"])
                 if path is not None:
                     data = json.loads(path.read_text())
-                    curves[key.split(".")[1]].append((lb.flat_row(row), data["fpr"], data["tpr"]))
+                    n_out = row["metrics"].get(f"leakage.{key.split('.')[1]}.n_nonmembers")
+                    floor = data.get("fpr_floor") or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
+                    curves[key.split(".")[1]].append((lb.flat_row(row), data["fpr"], data["tpr"], floor))
     plots = []
     for attack, items in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
-        for record, fpr, tpr in sorted(items, key=lambda i: (_sort_key(i[0], swept), str(i[0].get("seed")))):
+        floor = min(i[3] for i in items)  # below 1/n_nonmembers no curve resolves a rate: the axes stop there
+        for record, fpr, tpr, _ in sorted(items, key=lambda i: (_sort_key(i[0], swept), str(i[0].get("seed")))):
             auc = record.get(f"leakage.{attack}.auc")
             label = f"{point_label(record, swept)}, seed {record.get('seed')}" + (f", AUC {auc:.3f}" if is_number(auc) else "")
-            ax.loglog([max(f, 1e-5) for f in fpr], [max(t, 1e-5) for t in tpr], label=label, lw=1)
-        ax.plot([1e-5, 1], [1e-5, 1], "k:", lw=1, label="chance")
+            ax.loglog([max(f, floor) for f in fpr], [max(t, floor) for t in tpr], label=label, lw=1)
+        ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
+        ax.set_xlim(floor, 1.05)
+        ax.set_ylim(floor, 1.05)
         ax.set_xlabel("false positive rate (log)")
         ax.set_ylabel("true positive rate (log)")
         ax.set_title(f"ROC (log-log): {attack}", fontsize=10)

@@ -160,3 +160,14 @@ def test_terminal_table_shows_verdicts_and_swept_attack_settings():
     rows[1]["metrics"].update({"leakage.ig.verdict": "no-leak-detected", "attack.ig.targets": 12})
     text = lb.format_table(lb.leaderboard(rows))
     assert "leakage.ig.verdict" in text and "no-leak-detected" in text and "attack.ig.targets" in text
+
+
+def test_a_setting_only_some_records_carry_is_not_a_sweep():
+    """A non-private run beside an RS sweep: RS's own settings are not 'varying' because the other run lacks
+    them; a value that differs among the runs that carry it is; an explicit null counts as a value."""
+    records = [{"defense": "none"},
+               {"defense": "rs", "defense.clip": 1.0, "defense.final_rate": 0.5, "attack.lira.shadows": 6},
+               {"defense": "rs", "defense.clip": 1.0, "defense.final_rate": 0.9, "attack.lira.shadows": 6},
+               {"defense": "rs", "defense.clip": None, "defense.final_rate": 0.9, "attack.lira.shadows": 6}]
+    assert lb.varying_settings(records) == ["defense.clip", "defense.final_rate"]
+    assert lb.varying_settings(records[:3]) == ["defense.final_rate"]

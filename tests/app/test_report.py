@@ -191,3 +191,27 @@ def test_report_renders_in_a_headless_browser(tmp_path):
     assert "Uncaught" not in proc.stderr and "Failed to load resource" not in proc.stderr
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<img") == 6 and "Reconstructions (ig)" in dom and "<table>" in dom
+
+
+def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
+    """No ROC curve resolves a rate below 1/n_nonmembers, so the report's axes stop there."""
+    from harness import report
+
+    run = tmp_path / "runs" / "r1" / "lira"
+    run.mkdir(parents=True)
+    (run / "roc.json").write_text(json.dumps({"fpr": [0.0, 0.01, 1.0], "tpr": [0.0, 0.2, 1.0], "fpr_floor": 1 / 250}))
+    row = {"run_id": "r1", "run_key": "k", "status": "done",
+           "metrics": {"artefacts.lira.roc": "runs/r1/lira/roc.json", "leakage.lira.auc": 0.6,
+                       "leakage.lira.n_nonmembers": 250, "seed": 0, "defense": "none"}}
+    axes = []
+    real = report.plt.subplots
+
+    def recording(*args, **kwargs):
+        fig, ax = real(*args, **kwargs)
+        axes.append(ax)
+        return fig, ax
+
+    monkeypatch.setattr(report.plt, "subplots", recording)
+    (title, path), = report.roc_curves([row], tmp_path, [], tmp_path, "report")
+    assert path.is_file() and title == "ROC curves (lira)"
+    assert axes[0].get_xlim()[0] == pytest.approx(1 / 250) and axes[0].get_ylim()[0] == pytest.approx(1 / 250)
