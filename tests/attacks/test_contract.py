@@ -40,3 +40,8 @@ def every_attack(tmp_path_factory):
 def test_headline_is_reported(every_attack, name):
     value = every_attack[f"leakage.{name}.{ATTACKS.get(name).headline}"]
     assert isinstance(value, float) and math.isfinite(value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_attack_reports_a_verdict(every_attack, name):
+    assert every_attack[f"leakage.{name}.verdict"] in ("leaks", "no-leak-detected")
