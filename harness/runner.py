@@ -90,12 +90,11 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
     training will never record."""
-    shape = task.shape
     for name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
         check = getattr(type(attack), "check_model", None)
         if check is not None:
-            check(model, shape)
+            check(model, task.shape)
         for state in resolve_states(type(attack).wanted_states(attack.params), spec.train.epochs):
             if not state.startswith("epoch:"):
                 continue
