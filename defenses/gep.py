@@ -180,8 +180,8 @@ class GEP(Defense):
         function giving its rows chunk by chunk. G_a is materialised once when m·d ≤ ``ANCHOR_BUDGET``
         elements; beyond that each pass over it recomputes the chunks (micro-batches of at most
         ``anchor_batch_size`` rows of ≤ ``ANCHOR_BUDGET`` elements), so memory stays bounded by the
-        budget and the bases V instead of the whole m × d matrix — at the cost of one more per-sample
-        gradient pass per power iteration."""
+        budget and the bases V instead of the whole m × d matrix — at the cost of recomputing the
+        per-sample gradients once per power iteration."""
         if self._psg is None:
             raise RuntimeError("gep: bind(model, task) must be called before the first step")
         if self.params.anchor_labels == "resample":
@@ -201,26 +201,19 @@ class GEP(Defense):
 
     def compute_bases(self, rows: Callable[[], Iterator[torch.Tensor]], m: int) -> list[torch.Tensor]:
         """Power iteration per group on the anchor gradients (Algorithm 1, lines 3–7): from a Gaussian
-        start L, ``power_iter`` rounds of L ← orthonormalise(G_aᵀ (G_a L)), each round two passes over the
-        rows of G_a (``rows()`` yields its m rows in chunks)."""
+        start L, ``power_iter`` rounds of L ← orthonormalise(G_aᵀ (G_a L)), each round one pass over the
+        rows of G_a (``rows()`` yields its m rows in chunks; the product is a sum over rows)."""
         ks = allocate_bases([hi - lo for lo, hi in self.bounds], self.params.num_bases, m)
         vs = [torch.randn(hi - lo, k, generator=self.anchor_generator, device=self.device)
               for (lo, hi), k in zip(self.bounds, ks)]
         if self.params.power_iter == 0:
             return [torch.linalg.qr(v).Q for v in vs]
         for _ in range(self.params.power_iter):
-            products = [[] for _ in vs]           # G_a L per group, chunk by chunk
+            ws = [torch.zeros_like(v) for v in vs]  # G_aᵀ (G_a L) = Σ_i g_i (g_iᵀ L): one pass, chunk by chunk
             for chunk in rows():
-                for (lo, hi), v, out in zip(self.bounds, vs, products):
-                    out.append(chunk[:, lo:hi] @ v)
-            projected = [torch.cat(p) for p in products]
-            ws = [torch.zeros_like(v) for v in vs]  # G_aᵀ (G_a L)
-            row = 0
-            for chunk in rows():
-                c = chunk.shape[0]
-                for (lo, hi), u, w in zip(self.bounds, projected, ws):
-                    w += chunk[:, lo:hi].T @ u[row:row + c]
-                row += c
+                for (lo, hi), v, w in zip(self.bounds, vs, ws):
+                    block = chunk[:, lo:hi]
+                    w += block.T @ (block @ v)
             vs = [torch.linalg.qr(w).Q for w in ws]  # orthonormal columns (QR = Gram–Schmidt up to signs)
         return vs
 
