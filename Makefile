@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: run test test-all browser clean
+.PHONY: run test test-all system-packages clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,19 +22,26 @@ $(DEVSTAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/dpeval run --defense rs --attack ig
 
-test: $(DEVSTAMP) browser
+test: $(DEVSTAMP) system-packages
 	$(BIN)/python -m pytest -m "not slow" -q
 
-test-all: $(DEVSTAMP) browser
+test-all: $(DEVSTAMP) system-packages
 	$(BIN)/python -m pytest -q
 
-# The report test renders the page in headless Chromium. Install Debian's package when that is cheap
-# (root with apt); otherwise that one test is skipped.
-browser:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; } ; } || \
-	  echo "chromium not installed: the report's browser test will be skipped"
+# Optional system packages, installed where that is cheap (root with apt): Debian's chromium renders the report
+# in its browser test, and dataset-fashion-mnist puts the real Fashion-MNIST files where dpeval finds them
+# (/usr/share/datasets/fashion-mnist/). Without them those tests are skipped, and this says so.
+
+system-packages:
+	@missing=""; command -v chromium >/dev/null 2>&1 || missing="chromium"; \
+	  [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing="$$missing dataset-fashion-mnist"; \
+	  if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1; }; \
+	  fi; \
+	  command -v chromium >/dev/null 2>&1 || echo "chromium not installed: the report's browser test will be skipped"; \
+	  [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || \
+	    echo "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): the real-data tests will be skipped"
 
 clean:
 	rm -rf $(VENV) dpeval-results .pytest_cache

@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from harness.core.settings import DataConfig, SyntheticConfig
-from harness.core.datasets import load_task
+from harness.core import datasets
+from harness.core.datasets import load_task, read_idx
 from harness.core.registry import DATASETS
 from harness.core.splits import Split, Task
 from harness.core.errors import ConfigError, RunFailure
-from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
+from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5, write_idx
+
+
+@pytest.fixture(autouse=True)
+def no_system_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests write their own files: a system copy (Debian's Fashion-MNIST) must not stand in for them."""
+    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {})
 
 
 def cfg_with(**overrides) -> DataConfig:
@@ -190,6 +197,81 @@ def test_mnist_like_from_idx_files(tmp_path: Path, name: str, folder: str) -> No
         expected_x = torch.from_numpy(arrays[f"{prefix}_x"][src]).float().div(255).unsqueeze(1)
         assert torch.equal(split.x, expected_x)
         assert split.y.tolist() == arrays[f"{prefix}_y"][src].tolist()
+
+
+def gzip_folder(folder: Path) -> None:
+    """Compress every idx file of ``folder`` in place, as Zalando and Debian ship them."""
+    import gzip
+
+    for path in list(folder.iterdir()):
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+
+
+def test_mnist_like_reads_gzip_idx_files_as_shipped(tmp_path: Path) -> None:
+    arrays = make_mnist_like(tmp_path, "FashionMNIST", n_train=30, n_test=10)
+    gzip_folder(tmp_path / "FashionMNIST" / "raw")
+    task = load_task(cfg_with(name="fashionmnist", root=str(tmp_path), public_fraction=0.0))
+    src = task.train.source_index.numpy()
+    assert torch.equal(task.train.x, torch.from_numpy(arrays["train_x"][src]).float().div(255).unsqueeze(1))
+    assert task.test.y.tolist() == arrays["test_y"][task.test.source_index.numpy()].tolist()
+
+
+def test_system_folder_is_searched_after_data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system = tmp_path / "system"
+    arrays = make_mnist_like(system, "FashionMNIST", n_train=30, n_test=10)
+    shipped = system / "FashionMNIST" / "raw"
+    gzip_folder(shipped)
+    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "absent", shipped)})
+    # Nothing under data.root: the system copy is read where it lies (no copy into data.root).
+    empty_root = tmp_path / "data"
+    task = load_task(cfg_with(name="fashionmnist", root=str(empty_root), public_fraction=0.0))
+    assert len(task.train) == 30 and len(task.test) == 10 and not empty_root.exists()
+    src = task.train.source_index.numpy()
+    assert task.train.y.tolist() == arrays["train_y"][src].tolist()
+    # A complete copy under data.root wins over the system one.
+    own = make_mnist_like(tmp_path / "own", "FashionMNIST", n_train=20, n_test=5)
+    task = load_task(cfg_with(name="fashionmnist", root=str(tmp_path / "own"), public_fraction=0.0))
+    assert len(task.train) == 20
+    assert torch.equal(task.test.x, torch.from_numpy(own["test_x"][task.test.source_index.numpy()]).float()
+                       .div(255).unsqueeze(1))
+
+
+def test_incomplete_data_root_is_refused_not_silently_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system = tmp_path / "system"
+    make_mnist_like(system, "FashionMNIST", n_train=30, n_test=10)
+    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (system / "FashionMNIST" / "raw",)})
+    own = tmp_path / "own"
+    make_mnist_like(own, "FashionMNIST", n_train=20, n_test=5)
+    (own / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(ConfigError, match="lacks t10k-labels-idx1-ubyte"):
+        load_task(cfg_with(name="fashionmnist", root=str(own)))
+
+
+def test_fashionmnist_nowhere_names_the_debian_package_and_download(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "usr-share",)})
+    with pytest.raises(ConfigError) as info:
+        load_task(cfg_with(name="fashionmnist", root=str(tmp_path / "data")))
+    message = str(info.value)
+    assert "apt-get install dataset-fashion-mnist" in message and "data.download=true" in message
+    assert str(tmp_path / "usr-share") in message and "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["type", "short", "long"])
+def test_read_idx_rejects_what_is_not_a_byte_idx_file(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "f-idx3-ubyte"
+    write_idx(path, np.zeros((3, 4, 5), dtype=np.uint8))
+    raw = bytearray(path.read_bytes())
+    if damage == "type":
+        raw[2] = 0x0D  # float32
+    elif damage == "short":
+        raw = raw[:-1]
+    else:
+        raw += b"\x00"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError):
+        read_idx(path)
 
 
 def test_cifar10_from_pickled_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

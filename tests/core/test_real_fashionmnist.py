@@ -1,0 +1,54 @@
+"""The real Fashion-MNIST files where Debian's package ``dataset-fashion-mnist`` installs them (``make test``
+installs it where it can, root with apt): read as shipped, gzip-compressed idx, with no data flag at all.
+Skipped, and said so, on a machine without the package."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness.core.datasets import SYSTEM_FOLDERS, load_task
+from harness.core.settings import DataConfig
+
+SYSTEM = SYSTEM_FOLDERS["FashionMNIST"][0]
+pytestmark = pytest.mark.skipif(not (SYSTEM / "train-images-idx3-ubyte.gz").is_file(),
+                                reason=f"Fashion-MNIST not in {SYSTEM} (apt-get install dataset-fashion-mnist)")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    # data.root names an empty folder: the files are found in the system location, never copied.
+    root = tmp_path_factory.mktemp("data")
+    return load_task(dataclasses.replace(DataConfig(), name="fashionmnist", root=str(root), public_fraction=0.0)), root
+
+
+def test_real_fashionmnist_has_its_published_sizes_and_balance(task) -> None:
+    task, root = task
+    assert not any(root.iterdir())
+    assert len(task.train) == 60_000 and len(task.test) == 10_000 and len(task.public) == 0
+    assert task.shape == (1, 28, 28) and task.num_classes == 10
+    # Zalando's splits are exactly balanced: 6,000 training and 1,000 test images per class.
+    assert torch.bincount(task.train.y, minlength=10).tolist() == [6_000] * 10
+    assert torch.bincount(task.test.y, minlength=10).tolist() == [1_000] * 10
+    x = task.train.x
+    assert x.dtype == torch.float32 and float(x.min()) == 0.0 and float(x.max()) == 1.0
+    # The mean intensity of Fashion-MNIST's training images is 0.2860 (72.94 / 255): real data, not noise.
+    assert abs(float(x.mean()) - 0.2860) < 1e-3
+
+
+def test_real_fashionmnist_trains_a_step_with_no_data_flags(tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    result = CliRunner().invoke(main, ["run", "--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense",
+                                       "rs", "--epochs", "1", "--set", "data.max_train=512", "--set",
+                                       "train.batch_size=256", "--results", str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    assert metrics["dataset"] == "fashionmnist" and metrics["privacy.steps"] == 2
+    assert metrics["utility.test_accuracy"] > 0.1  # one epoch of DP training on real images beats chance
