@@ -40,6 +40,7 @@ from attacks.membership_metrics import membership_metrics, save_roc
 from harness.core.accounting import epsilon_for
 from harness.core.errors import ConfigError
 from harness.core.params import param
+from harness.core.per_sample import fixed_front, front_features
 from harness.core.settings import TrainConfig
 from harness.engine.shadow_training import train_shadows
 
@@ -87,6 +88,7 @@ class Game:
     membership: torch.Tensor   # [K, N] bool
     in_victim: np.ndarray      # [N] bool
     train: TrainConfig         # the shadows' training settings
+    features: torch.Tensor | None = None  # x through the architecture's fixed front, once for every model
 
 
 def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> Game:
@@ -142,9 +144,11 @@ def shadow_pool(context: AttackContext, k: int, target: str) -> ShadowPool:
                      context.streams.scope("shadows").generator("membership"))
     pools = [torch.nonzero(row).flatten() for row in game.membership]
     scopes = [context.streams.scope("shadow", i) for i in range(k)]
-    states = train_shadows(context.build_model, game.x, game.y, pools,
-                           lambda i, model: context.make_defense(scopes[i], model), game.train, scopes, context.device)
     model = fresh_model(context)
+    game.features = front_features(fixed_front(model).front, game.x)
+    states = train_shadows(context.build_model, game.x, game.y, pools,
+                           lambda i, model: context.make_defense(scopes[i], model), game.train, scopes, context.device,
+                           features=game.features)
     outputs = [outputs_of(model, context, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
     _POOLS.clear()  # keep one game's pool in memory at a time
@@ -163,7 +167,7 @@ def outputs_of(model: torch.nn.Module, context: AttackContext, state: dict[str, 
                game: Game) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
     cache."""
-    return sig.cached_outputs(model, state, game.x, game.y, game.index, context.out_dir.parent / "signals",
+    return sig.cached_outputs(model, state, game.features, game.y, game.index, context.out_dir.parent / "signals",
                               context.device)
 
 

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from harness.core.per_sample import fixed_front
+
 
 @dataclass
 class Population:
@@ -96,26 +98,28 @@ def cache_key(state: dict[str, torch.Tensor], indices: torch.Tensor, kind: str) 
 
 
 @torch.no_grad()
-def model_outputs(model: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+def model_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: torch.Tensor, y: torch.Tensor,
                   device: torch.device, batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """(φ, probability of the true label) of one set of weights on (x, y)."""
+    """(φ, probability of the true label) of one set of weights on the examples whose fixed-front features
+    (``harness.core.per_sample.front_features``, computed once for all models of a game) are ``features``."""
     model.load_state_dict(state)
     model.to(device).eval()
-    logits = torch.cat([model(x[i:i + batch].to(device)).cpu() for i in range(0, len(x), batch)])
+    head = fixed_front(model).head
+    logits = torch.cat([head(features[i:i + batch].to(device)).cpu() for i in range(0, len(y), batch)])
     prob = torch.softmax(logits.double(), dim=1).gather(1, y.view(-1, 1)).squeeze(1).numpy()
     return phi_from_logits(logits, y), prob
 
 
-def cached_outputs(model: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+def cached_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: torch.Tensor, y: torch.Tensor,
                    indices: torch.Tensor, cache_dir: Path | None, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """``model_outputs`` through a disk cache keyed by a hash of the weights and the data indices."""
     if cache_dir is None:
-        return model_outputs(model, state, x, y, device)
+        return model_outputs(model, state, features, y, device)
     path = cache_dir / f"{cache_key(state, indices, 'phi+prob')}.npz"
     if path.is_file():
         data = np.load(path)
         return data["phi"], data["prob"]
-    phi, prob = model_outputs(model, state, x, y, device)
+    phi, prob = model_outputs(model, state, features, y, device)
     cache_dir.mkdir(parents=True, exist_ok=True)
     np.savez(path, phi=phi, prob=prob)
     return phi, prob

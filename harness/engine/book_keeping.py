@@ -94,7 +94,8 @@ class BookKeeping:
     Parameter names are those of ``model.named_parameters()``.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, features: bool = False) -> None:
+        """``features=True``: callers pass ``front_features`` of their inputs, not raw inputs."""
         self.model = model
         self.layers = trainable_layers(model)
         owner = {}
@@ -106,7 +107,7 @@ class BookKeeping:
         self.owner = owner  # full name -> (layer path, attribute)
         self.trainable = {path: {a for p, a in owner.values() if p == path} for path in self.layers}
         self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
-        self.split = fixed_front(model)
+        self.split = fixed_front(model).applied() if features else fixed_front(model)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
         if set(self.owner) != set(plan.names):
@@ -181,7 +182,7 @@ class BookKeeping:
         """No per-sample statistic: Σ_i g_i is the gradient of the summed loss (plain autograd)."""
         names = plan.names
         params = dict(self.model.named_parameters())
-        loss = F.cross_entropy(self.model(x), y, reduction="sum")
+        loss = F.cross_entropy(self.split.head(self.split.front(x)), y, reduction="sum")
         grads = torch.autograd.grad(loss, [params[n] for n in names])
         ones = torch.ones(x.shape[0], device=x.device)
         return LeanBatch(dict(zip(names, grads)), [ones] * len(plan.groups), None, x.shape[0])

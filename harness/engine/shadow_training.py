@@ -11,8 +11,8 @@ size, epochs, optimizer, schedule and sampling.
   then each model's real rows go through that model's own defense instance (``clip_and_accumulate`` /
   ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
   element, so stacking does not couple them). The models' common fixed front (``Normalize``, a fixed
-  scattering transform: ``harness.core.per_sample.fixed_front``) is applied once per micro-batch, outside the
-  vmaps; only the heads are stacked. Every model comes from the same ``build``, so their fronts are equal.
+  scattering transform: ``harness.core.per_sample.fixed_front``) is applied once to the whole population
+  (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step.
 - **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
@@ -32,7 +32,7 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm import tqdm
 
 from defenses.base import Defense
-from harness.core.per_sample import fixed_front
+from harness.core.per_sample import fixed_front, front_features
 from harness.core.settings import TrainConfig
 from harness.core.streams import Streams
 from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
@@ -76,11 +76,12 @@ class _Split:
 
 def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
                   make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
-                  device: torch.device, progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
+                  device: torch.device, progress: bool | None = None,
+                  features: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
     """Train the K shadow models together (see the module docstring); returns their state dicts.
     ``make_defense(i, model)`` builds model i's defense bound to its own module; for defenses that keep the
     model (``Defense.needs_model``, e.g. GEP's anchors) each module is given model i's current weights
-    before every step."""
+    before every step. ``features``: ``front_features`` of ``x`` when the caller has them already."""
     k = len(pools)
     models = [m.to(device) for m in fresh_models(build, scopes)]
     splits = [fixed_front(m) for m in models]
@@ -110,7 +111,9 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
     optimizer = make_optimizer(holder, cfg)
     steps_per_epoch = min(s.steps_per_epoch for s in samplers)
     schedule = make_schedule(optimizer, cfg, cfg.epochs * steps_per_epoch)
-    x_all, y_all = x.to(device), y.to(device)
+    # the fixed front once per data set, not every step
+    x_all = (front_features(front, x) if features is None else features).to(device)
+    y_all = y.to(device)
     bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=f"shadow models ×{k}", unit="step",
                disable=progress is False, leave=False)
     for epoch in range(cfg.epochs):
@@ -129,9 +132,7 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
                 padded = torch.stack([torch.cat([r, r.new_zeros(size - len(r))]) for r in rows]).to(device)
                 current = {n: leaf[n].detach() for n in names}
                 # contiguous: slicing vmap's strided output per model is otherwise very slow
-                unique, inverse = torch.unique(padded, return_inverse=True)  # shadow pools overlap
-                with torch.no_grad():
-                    features = front(x_all[unique])[inverse]
+                features = x_all[padded]
                 grads = {n: g.contiguous() for n, g in per_model(current, buffers, features, y_all[padded]).items()}
                 for i, r in enumerate(rows):
                     if len(r):

@@ -28,7 +28,7 @@ from harness.engine.book_keeping import BookKeeping, select_engine
 from harness.engine.release import apply_release
 from harness.core.settings import TrainConfig
 from harness.core.splits import Split
-from harness.core.per_sample import PerSampleGradients, micro_batches
+from harness.core.per_sample import PerSampleGradients, fixed_front, front_features, micro_batches
 
 log = logging.getLogger("dpeval")
 
@@ -73,14 +73,16 @@ class TrainResult:
     bytes_sparse: float = 0.0      # mean bytes per released gradient, sparse encoding
     bytes_dense: float = 0.0       # bytes per released gradient, dense float32
     engine: str = "func"           # the per-sample engine used (train.engine resolved)
+    front_s: float = 0.0           # of train_s: the fixed front of the train and test images, computed once
 
 
 def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """``feed(x, y)``: add one micro-batch to the defense's running sum with the chosen engine."""
+    """``feed(features, y)``: add one micro-batch, given as the model's ``front_features``, to the defense's
+    running sum with the chosen engine."""
     if engine == "lean":
-        book_keeping = BookKeeping(model)
+        book_keeping = BookKeeping(model, features=True)
         return lambda x, y: defense.accumulate_lean(book_keeping(x, y, defense.lean_plan()))
-    psg = PerSampleGradients(model)
+    psg = PerSampleGradients(model, features=True)
     return lambda x, y: defense.clip_and_accumulate(psg(x, y))
 
 
@@ -103,14 +105,20 @@ def make_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_step
 
 @torch.no_grad()
 def accuracy(model: nn.Module, split: Split, device: torch.device, batch: int = 1024) -> float:
-    if len(split) == 0:
+    return fraction_correct(model, split.x, split.y, device, batch)
+
+
+@torch.no_grad()
+def fraction_correct(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     device: torch.device, batch: int = 1024) -> float:
+    """Top-1 accuracy of ``forward`` on (x, y), NaN for no example."""
+    if len(y) == 0:
         return math.nan
     correct = 0
-    for start in range(0, len(split), batch):
-        x = split.x[start:start + batch].to(device)
-        y = split.y[start:start + batch].to(device)
-        correct += int((model(x).argmax(dim=1) == y).sum())
-    return correct / len(split)
+    for start in range(0, len(y), batch):
+        logits = forward(x[start:start + batch].to(device))
+        correct += int((logits.argmax(dim=1) == y[start:start + batch].to(device)).sum())
+    return correct / len(y)
 
 
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
@@ -128,10 +136,14 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     total_steps = cfg.epochs * sampler.steps_per_epoch
     schedule = make_schedule(optimizer, cfg, total_steps)
     params = dict(model.named_parameters())
-    x_all, y_all = train_split.x.to(device), train_split.y.to(device)
+    start = time.perf_counter()
+    # The fixed front (normalisation, H-CNN's scattering) is computed once per data set, not once per epoch.
+    cut = fixed_front(model)
+    x_all, y_all = front_features(cut.front, train_split.x.to(device)), train_split.y.to(device)
+    test_x = front_features(cut.front, test_split.x.to(device))
+    result.front_s = time.perf_counter() - start
     densities: list[float] = []
     sparse_bytes: list[int] = []
-    start = time.perf_counter()
     bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, leave=False)
     for epoch in range(cfg.epochs):
         defense.begin_epoch(epoch, cfg.epochs)
@@ -152,7 +164,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             result.bytes_dense = shared.bytes_dense()
             result.steps += 1
             bar.update(1)
-        test_acc = accuracy(model, test_split, device)
+        test_acc = fraction_correct(cut.head, test_x, test_split.y, device)
         result.history.append({"epoch": epoch, "test_accuracy": test_acc})
         bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_acc:.3f}")
         log.info("epoch %d/%d test accuracy %.4f", epoch + 1, cfg.epochs, test_acc)

@@ -17,6 +17,7 @@ from attacks.membership_common import View
 from attacks.membership_metrics import membership_metrics
 from attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
 from harness.core.models import build_model
+from harness.core.per_sample import fixed_front, front_features
 
 
 def threshold_rng(seed=0):
@@ -72,6 +73,7 @@ def test_fixed_size_membership_has_the_victim_pool_size_and_even_out_slots(k, n,
 def test_signal_cache_is_keyed_by_weights_and_indices(tmp_path, monkeypatch):
     model = build_model("mlp", (1, 8, 8), 10, (0.5,), (0.5,))
     x, y, idx = torch.rand(20, 1, 8, 8), torch.randint(0, 10, (20,)), torch.arange(20)
+    x = front_features(fixed_front(model).front, x)
     calls = []
     real = sh.model_outputs
     monkeypatch.setattr(sh, "model_outputs", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -21,7 +21,7 @@ from harness.cli import main
 from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.models import Normalize, build_model, num_params
-from harness.core.per_sample import PerSampleGradients, fixed_front
+from harness.core.per_sample import PerSampleGradients, fixed_front, front_features
 from harness.core.runtime import single_cpu_thread
 from harness.core.scatternet import Scattering, coefficients_per_channel
 from harness.engine.book_keeping import BookKeeping
@@ -232,3 +232,19 @@ def test_cli_ig_attacks_hcnn_through_the_scattering(tmp_path):
     metrics = json.loads(out.stdout)
     assert metrics["leakage.ig.verdict"] in ("leaks", "no-leak-detected")
     assert 0 < metrics["leakage.ig.psnr"] < 60 and metrics["leakage.ig.state"]
+
+
+@pytest.mark.parametrize("name,shape", [("hcnn-small", (1, 28, 28)), ("dpcnn-small", (1, 28, 28)), ("cnn3", (1, 8, 8))])
+def test_front_features_computed_once_equal_recomputation(name, shape):
+    """Training, shadow models and attacks compute the fixed front once per data set (``front_features``);
+    the head on those features must give what the whole model gives on the raw images, chunk size aside."""
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10, (0.3,) * shape[0], (0.3,) * shape[0])
+    x = torch.rand(37, *shape)
+    cut = fixed_front(model)
+    once = front_features(cut.front, x, chunk=16)
+    per_micro_batch = torch.cat([cut.front(x[i:i + 5]) for i in range(0, len(x), 5)])
+    torch.testing.assert_close(once, per_micro_batch, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(cut.head(once), model(x), rtol=1e-5, atol=1e-6)
+    assert front_features(cut.front, x[:0]).shape == (0, *once.shape[1:])
