@@ -175,7 +175,9 @@ def release_for(context: AttackContext, model: nn.Module, x: torch.Tensor, y: to
     training recorded then — and observes the batch through its own stages, exactly as training does."""
     epochs = int(context.spec.train.epochs)
     epoch = attacked_epoch(at, epochs)
-    defense = context.make_defense(streams)
+    # Bound to the attacked model (its weights at ``at``), never the victim's final weights: a defense that
+    # reads the model (GEP's anchors) must see what training saw at that state.
+    defense = context.make_defense(streams, bound_to=model)
     defense.begin_epoch(epoch, epochs)
     public_state = context.defense_states.get(at)
     if public_state:

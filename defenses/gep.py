@@ -357,7 +357,14 @@ class GEP(Defense):
 
     # -- public state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Anchors (V per group) and where they apply: public (computed from public data and weights)."""
+        """Anchors (V per group) and where they apply: public (computed from public data and weights).
+
+        The bases of the *coming* step are computed first when they are due (training would compute them at
+        that step's release anyway, from the same weights and anchor stream), so the state recorded at an
+        epoch's start is everything a replay of that step needs: a replay from other streams would otherwise
+        draw another power-iteration start and release through other anchors."""
+        if self._psg is not None:
+            self.current_bases()
         return {
             "step": self.step,
             "bases_step": self.bases_step,
