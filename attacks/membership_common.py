@@ -5,11 +5,15 @@ Games (``attack.mia_target``); in both, every model is trained by the victim's r
 defense and its parameters, σ, optimizer, schedule, epochs, sampling), each shadow i from its own
 random streams ``shadow/i``:
 
-- ``victim`` (default): the trained victim is the target. Population: its private pool (n) ∪ the held-out
-  test set (m). Each of the K shadows trains on exactly n examples of the population, so its sample rate
-  q = B/n and its number of steps equal the victim's; the OUT slots are spread evenly, so every example
-  is OUT for about K·m/(n + m) shadows (``shadow_signals.fixed_size_membership``; at least one, so K must
-  be at least ⌈(n + m)/m⌉, and at least one IN, so K ≥ ⌈(n + m)/n⌉). Members: the n; non-members: the m.
+- ``victim`` (default): the trained victim is the target. Population: its private pool (n) and held-out
+  examples — when the test set holds at least n, a random n of them (population 2n, the LiRA paper's design:
+  every example is IN for half the shadows, so online LiRA has as many OUT as IN references); otherwise all
+  m of them (digits: n = 1,258, m = 359, each example IN for ~78% of the shadows — ``game_in_fraction``
+  reports it and a warning says so). Each of the K shadows trains on exactly n examples of the population, so
+  its sample rate q = B/n and its number of steps equal the victim's; the OUT slots are spread evenly, so
+  every example is OUT for about K·m'/(n + m') shadows (m' the held-out examples used;
+  ``shadow_signals.fixed_size_membership``; at least one, so K ≥ ⌈(n + m')/m'⌉, and at least one IN, so
+  K ≥ ⌈(n + m')/n⌉). Members: the n; non-members: the m'.
 - ``shadows``: leave one model out. The population (trimmed by one random example when its size is odd)
   is cut into complementary halves of h examples (K even, at least 4); every example is IN for exactly
   K/2 models. Each model in turn is the target; its references are the K − 2 models other than itself
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,7 @@ from harness.core.settings import TrainConfig
 from harness.engine.shadow_training import train_shadows
 
 TARGETS = ("victim", "shadows")
+log = logging.getLogger("dpeval")
 
 
 @dataclass
@@ -62,9 +68,16 @@ class ShadowParams(AttackParams):
                               f"even number of at least 4 shadow models (complementary halves), got {self.shadows}")
 
 
+def victim_game_nonmembers(n: int, m: int) -> int:
+    """Held-out examples in the ``victim`` game: n when there are that many (population 2n), else all m."""
+    return min(n, m)
+
+
 def check_game(params: ShadowParams, task: Any) -> None:
     """Refuse a game the task cannot serve (before training where the runner calls ``check_task``)."""
     n, m = len(task.train), len(task.test)
+    if params.mia_target == "victim":
+        m = victim_game_nonmembers(n, m)
     if m == 0:
         raise ConfigError("data.test_fraction: shadow-model attacks need held-out examples (non-members); "
                           "set data.test_fraction > 0")
@@ -96,8 +109,15 @@ def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Gen
     pop = sig.population(task)
     n = len(task.train)
     if target == "victim":
-        membership = sig.fixed_size_membership(k, len(pop.y), n, gen)
-        index, recipe = torch.arange(len(pop.y)), train
+        held_out = len(pop.y) - n
+        chosen = (torch.randperm(held_out, generator=gen)[:n].sort().values if held_out > n
+                  else torch.arange(held_out))  # all of them: the draws below are as before
+        index, recipe = torch.cat([torch.arange(n), n + chosen]), train
+        if len(chosen) < n:
+            log.warning("attack: the victim game has %d held-out examples for %d members, so each example is IN "
+                        "for %.0f%% of the shadows (half with a population of 2n); online LiRA then has few OUT "
+                        "references", len(chosen), n, 100 * n / len(index))
+        membership = sig.fixed_size_membership(k, len(index), n, gen)
     else:
         index = torch.randperm(len(pop.y), generator=gen)[: len(pop.y) // 2 * 2].sort().values
         half = len(index) // 2
@@ -235,5 +255,6 @@ class ShadowAttack(Attack):
                                      context.streams.scope("attack", self.name).numpy("threshold"))
         if p.mia_target == "shadows":
             metrics.update(target_privacy(context, pool.game))
+        metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
         metrics.update(self.extra_metrics())
         return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))

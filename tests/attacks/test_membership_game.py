@@ -49,9 +49,9 @@ def recorded_shadow_training(monkeypatch):
     calls = []
     real = mc.train_shadows
 
-    def recording(build, x, y, pools, make_defense, cfg, scopes, device, progress=None):
+    def recording(build, x, y, pools, make_defense, cfg, scopes, device, progress=None, features=None):
         calls.append({"x": x, "pools": pools, "cfg": cfg, "scopes": scopes})
-        return real(build, x, y, pools, make_defense, cfg, scopes, device, progress=False)
+        return real(build, x, y, pools, make_defense, cfg, scopes, device, progress=False, features=features)
 
     monkeypatch.setattr(mc, "train_shadows", recording)
     mc._POOLS.clear()
@@ -258,3 +258,35 @@ def test_leave_one_model_out_references_do_not_reveal_the_targets_labels():
         with_partner.append(mc.View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs],
                                     pool.game.membership.numpy()[refs], pool.game.membership.numpy()[t]))
     assert pooled_auc(with_partner, lambda v: lira_scores(v, LiraParams())) < 0.49
+
+
+def fake_task(n: int, m: int):
+    from types import SimpleNamespace
+
+    from harness.core.splits import Split
+
+    def split(k, offset):
+        return Split(torch.arange(offset, offset + k).float().view(k, 1), torch.zeros(k, dtype=torch.long),
+                     torch.arange(k))
+
+    return SimpleNamespace(train=split(n, 0), test=split(m, n))
+
+
+@pytest.mark.parametrize("n,m,k", [(100, 300, 16), (100, 100, 8), (120, 40, 16)])
+def test_victim_game_population_is_twice_the_pool_when_the_data_allows(n, m, k):
+    """LiRA's design: with at least n held-out examples the population is the n members and a random n of
+    them, so every example is IN for exactly half the shadows; with fewer, all held-out examples are used."""
+    game = mc.plan_game(fake_task(n, m), build_spec({}).train, k, "victim", torch.Generator().manual_seed(0))
+    nonmembers = min(n, m)
+    assert len(game.index) == n + nonmembers and int(game.in_victim.sum()) == n
+    assert torch.equal(game.index[:n], torch.arange(n))
+    assert len(set(game.index[n:].tolist())) == nonmembers and int(game.index[n:].min()) >= n
+    assert torch.equal(game.x.flatten(), game.index.float())  # rows are the population examples they name
+    assert torch.all(game.membership.sum(1) == n)  # every shadow trains on exactly n examples
+    per_example_in = game.membership.sum(0)
+    if m >= n:
+        assert torch.all(per_example_in == k // 2)
+        if m > n:  # the held-out examples used are a random subset, not the first n
+            assert game.index[n:].tolist() != list(range(n, 2 * n))
+    else:
+        assert float(per_example_in.float().mean()) / k == pytest.approx(n / (n + m))
