@@ -21,9 +21,12 @@ Choices where the papers are silent (tested, documented in docs/sparsification.m
   re-enter the ranking). The first mask of training is all ones (Alg. 4), also under the constant
   schedule, and reports rate 0: ``rate`` is always the fraction the mask in force actually zeroes.
   Ranking uses only released values and data-independent noise: post-processing, no privacy cost.
-- Non-DP attack mode (``clip: null`` with ``noise_std``): no clipping, and Gaussian noise of std
-  ``noise_std`` on each kept coordinate of the released *average*, as in the RS paper's reconstruction
-  experiment (Section 6.3, Fig. 5). Reported with ε = inf.
+- Non-DP modes (``noise_std`` given; reported with ε = inf): Gaussian noise of the fixed std ``noise_std`` on
+  each kept coordinate of the released *average* instead of σ·C/B. With ``clip: null`` there is no clipping:
+  the RS paper's reconstruction setting (Section 6.3, Fig. 5) and its noisy SGD with RS (Appendix E,
+  Algorithm 2, whose N(0, σ²I) on the sum is ``noise_std = σ/B``). With a clip C and ``noise_std: 0``: its
+  clipped SGD with RS (Algorithm 3). The two ablations of Section 6.1 (Fig. 3) that show RS's trade-off is
+  particular to DP-SGD.
 """
 
 from __future__ import annotations
@@ -49,16 +52,14 @@ class MaskedClipParams(DefenseParams):
     final_rate: float = param(0.9, "r*: the fraction of coordinates zeroed at the end of the schedule",
                               low=0, high=1, high_open=True)
     refresh: int = param(1, "masks drawn per epoch", low=1)
-    noise_std: float | None = param(None, "only with `clip: null`: noise std on each kept coordinate of the "
-                                          "released average", low=0)
+    noise_std: float | None = param(None, "non-DP (ε = inf): fixed noise std on each kept coordinate of the "
+                                          "released average instead of σ·C/B; with `clip: null` noisy SGD, with "
+                                          "a clip and 0 clipped SGD (the RS paper's Algorithms 2 and 3)", low=0)
 
     def validate(self) -> None:
         if self.clip is None and self.noise_std is None:
-            raise ConfigError("defense.noise_std: required when defense.clip is null (the non-DP attack "
-                              "setting: fixed-std noise, no clipping); use 0 for no noise")
-        if self.clip is not None and self.noise_std is not None:
-            raise ConfigError("defense.noise_std: only with defense.clip=null; with clipping the noise is "
-                              "σ·C from privacy.epsilon / privacy.noise_multiplier")
+            raise ConfigError("defense.noise_std: required when defense.clip is null (the non-DP settings: "
+                              "fixed-std noise, no clipping); use 0 for no noise")
 
 
 class MaskedDPSGD(Defense):
@@ -68,7 +69,7 @@ class MaskedDPSGD(Defense):
 
     @classmethod
     def is_dp(cls, params: Any) -> bool:
-        return params.clip is not None
+        return params.clip is not None and params.noise_std is None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -152,7 +153,7 @@ class MaskedDPSGD(Defense):
         self.samples_seen += batch
 
     def release(self, batch_size: int) -> SharedGradient:
-        if self.params.clip is None:
+        if self.params.noise_std is not None:
             std = self.params.noise_std * batch_size  # noise_std is meant on the released average
         else:
             std = self.noise_multiplier * self.params.clip

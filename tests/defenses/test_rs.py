@@ -254,11 +254,46 @@ def test_noise_mode_is_not_dp_and_uses_fixed_std():
     assert plan_privacy(spec, DEFENSES.get("rs"), 1000).epsilon == math.inf
 
 
+def test_clipped_sgd_ablation_clips_the_masked_gradients_and_adds_no_noise():
+    """The RS paper's Algorithm 3 (`noise_std: 0` with a clip): ĝ = (1/B) Σ_i (m ⊙ g_i)·min(1, C/‖m ⊙ g_i‖),
+    computed here from the algorithm's lines, not the defense's code; not DP, so ε = inf."""
+    clip, batch = 0.5, 6
+    defense = make(clip=clip, noise_std=0.0, final_rate=0.4, schedule="constant", sigma=5.0)
+    defense.begin_epoch(0, 1)
+    g = random_grads(batch, scale=0.2)
+    defense.clip_and_accumulate(g)
+    shared = defense.release(batch)
+    keep = flat(shared.mask)
+    expected = torch.zeros(D)
+    for i in range(batch):
+        masked = flat({n: v[i] for n, v in g.items()}) * keep
+        expected += masked * min(1.0, clip / float(masked.norm()))
+    torch.testing.assert_close(flat(shared.grads), expected / batch)
+    assert shared.noise_std == 0.0 and float(keep.float().mean()) == pytest.approx(0.6, abs=1e-3)
+    assert DEFENSES.get("rs").is_dp(RSParams(clip=clip, noise_std=0.0)) is False
+    spec = spec_for("rs", defense__clip=clip, defense__noise_std=0.0)
+    assert plan_privacy(spec, DEFENSES.get("rs"), 1000).epsilon == math.inf
+
+
+def test_noisy_sgd_ablation_is_the_unclipped_masked_mean_plus_sigma_over_b():
+    """The RS paper's Algorithm 2: ĝ = (1/B)(m ⊙ Σ g_i + m ⊙ N(0, σ²I)) is `clip: null, noise_std: σ/B`."""
+    sigma, batch = 0.3, 8
+    defense = make(clip=None, noise_std=sigma / batch, final_rate=0.5, schedule="constant")
+    defense.begin_epoch(0, 1)
+    g = random_grads(batch, scale=30.0)  # far above any clip: none applies
+    defense.clip_and_accumulate(g)
+    shared = defense.release(batch)
+    keep = flat(shared.mask)
+    noise = (flat(shared.grads) - flat({n: v.sum(0) for n, v in g.items()}) * keep / batch) * batch
+    assert torch.all(noise[~keep] == 0)
+    assert float(noise[keep].std()) == pytest.approx(sigma, rel=0.1)
+
+
 @pytest.mark.parametrize("params,field", [
     (dict(final_rate=1.0), "defense.final_rate"), (dict(final_rate=-0.1), "defense.final_rate"),
     (dict(refresh=0), "defense.refresh"), (dict(schedule="cosine"), "defense.schedule"),
     (dict(mask="topk"), "defense.mask"), (dict(clip=None), "defense.noise_std"),
-    (dict(noise_std=0.1), "defense.noise_std"), (dict(clip=-1.0), "defense.clip"),
+    (dict(noise_std=-0.1), "defense.noise_std"), (dict(clip=-1.0), "defense.clip"),
 ])
 def test_validation(params, field):
     with pytest.raises(ConfigError, match=f"{field}: "):
