@@ -216,15 +216,23 @@ def test_overfit_recipe_lira_separates_non_private_not_dp(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_non_private_victim_online_lira_beats_offline(tmp_path):
-    """The default digits victim, non-private, matched shadows: online LiRA ≥ offline LiRA and ≥ 0.56 AUC
-    (the two runs share one shadow pool in this process)."""
-    online = run_json("--defense", "none", "--attack", "lira", "--results", str(tmp_path))
-    offline = run_json("--defense", "none", "--attack", "lira", "--set", "attack.online=false",
+def test_online_and_offline_lira_both_find_the_overfit_victims_members(tmp_path):
+    """The overfit recipe's non-private victim in the 2n-population game (200 members, 200 non-members, each
+    example IN for half of 16 shadows): both LiRA variants separate members, and they agree.
+
+    Measured at seeds 0, 1, 2 (one shared shadow pool per seed): online AUC 0.649 / 0.660 / 0.634, offline
+    0.643 / 0.669 / 0.668. Online ≥ offline does *not* hold at this size (the differences, −0.035 to +0.006,
+    are within the seeds' spread), so it is not asserted; it is measured on Fashion-MNIST (docs/membership.md).
+    The margins: AUC ≥ 0.6 is > 2.5 seed standard deviations (0.013) below the mean 0.648, and the variants
+    agree within 0.08 (> 3.5 standard deviations of their difference, 0.022) — a scoring bug (IN and OUT
+    swapped, a variance of the wrong scale) moves online LiRA by far more."""
+    online = run_json("--config", OVERFIT, "--attack", "lira", "--results", str(tmp_path))
+    offline = run_json("--config", OVERFIT, "--attack", "lira", "--set", "attack.online=false",
                        "--results", str(tmp_path))
-    assert online["leakage.lira.auc"] >= 0.56
-    assert online["leakage.lira.auc"] >= offline["leakage.lira.auc"]
-    assert np.isfinite(offline["leakage.lira.auc"])
+    for m in (online, offline):
+        assert m["leakage.lira.game_in_fraction"] == 0.5 and m["leakage.lira.n_nonmembers"] == 200
+        assert m["leakage.lira.auc"] >= 0.6 and m["leakage.lira.auc_ci_low"] > 0.5
+    assert abs(online["leakage.lira.auc"] - offline["leakage.lira.auc"]) <= 0.08
 
 
 def null_pool(k=8, n=3000, seed=0):
