@@ -25,8 +25,9 @@ Parameters are passed to the forward pass detached, so autograd computes no para
 scattering transform, a parameter-free norm: ``harness.core.per_sample.fixed_front``) runs without autograd;
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
-Supported layers: Linear, Conv2d (any stride / padding / dilation, groups = 1, zero padding),
-GroupNorm and LayerNorm (per-sample gradients instantiated; they are small). A model with any other
+Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type, looked up by
+exact type; adding a layer type is one entry): Linear, Conv2d (any stride / padding / dilation, groups = 1, zero
+padding), GroupNorm and LayerNorm (per-sample gradients instantiated; they are small). A model with any other
 trainable parameter (named in the message) or a layer used twice in one forward is refused — nothing is
 ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
 (training runs the model in eval mode; the registry has no batch norm).
@@ -46,8 +47,105 @@ from defenses.lean import LeanBatch, LeanPlan
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.per_sample import fixed_front
 
-SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
 WORKSPACE_BUDGET = 1 << 21  # elements (8 MiB in float32) of unfolded conv input per chunk of samples
+
+
+class LayerKernel:
+    """What the engine knows about one type of layer (one entry of ``KERNELS``, FastDP's layer table).
+
+    A *weight layer* (Linear, Conv2d) is a per-sample product s_i = a_i·Wᵀ over T tokens: its weight's
+    statistics come by ghost norm or instantiation, its weighted sum from one weight-gradient product; its
+    bias is always instantiated. A *small layer* (GroupNorm, LayerNorm) instantiates every per-sample
+    gradient (they are small)."""
+
+    weight_layer = True
+
+    def supports(self, module: nn.Module) -> bool:
+        return True
+
+    def small_grads(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-sample gradients always instantiated: {attr: [b, *shape]} (a weight layer's bias)."""
+        return {"bias": self.tokens(module, a, ds)[1].sum(1)}
+
+    def tokens(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer as a per-sample product over T tokens: a [b, T, d], ds [b, T, p]."""
+        raise NotImplementedError
+
+    def weight_grads(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+        """Per-sample weight gradients [b, *weight.shape] (of a chunk of samples)."""
+        a, ds = self.tokens(module, a, ds)
+        return ds.transpose(1, 2) @ a
+
+    def weight_sum(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+        """Σ_i ∂L_i/∂W for output gradients ``ds`` already weighted by the samples' factors."""
+        return ds.reshape(-1, ds.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
+
+    def workspace(self, module: nn.Module, a: torch.Tensor) -> int:
+        """Elements of transient workspace per sample (beyond the kept tensors), 0 if none."""
+        return 0
+
+
+class LinearKernel(LayerKernel):
+    def tokens(self, module, a, ds):
+        b = a.shape[0]
+        return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
+
+
+class Conv2dKernel(LayerKernel):
+    def supports(self, module):
+        return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+
+    def small_grads(self, module, a, ds):
+        return {"bias": ds.flatten(2).sum(2)}
+
+    def tokens(self, module, a, ds):
+        b = a.shape[0]
+        cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, T]
+        return cols.transpose(1, 2), ds.reshape(b, ds.shape[1], -1).transpose(1, 2)
+
+    def weight_grads(self, module, a, ds):
+        # b samples as one convolution with b groups (no unfold needed)
+        b, w = a.shape[0], module.weight
+        g = torch.nn.grad.conv2d_weight(a.reshape(1, -1, *a.shape[2:]), (b * w.shape[0], *w.shape[1:]),
+                                        ds.reshape(1, -1, *ds.shape[2:]), module.stride, module.padding,
+                                        module.dilation, b)
+        return g.view(b, *w.shape)
+
+    def weight_sum(self, module, a, ds):
+        return torch.nn.grad.conv2d_weight(a, module.weight.shape, ds, module.stride, module.padding,
+                                           module.dilation, module.groups)
+
+    def workspace(self, module, a):
+        kh, kw = module.kernel_size
+        return a[0].numel() * kh * kw  # the unfolded input
+
+
+class GroupNormKernel(LayerKernel):
+    weight_layer = False
+
+    def small_grads(self, module, a, ds):
+        x_hat = F.group_norm(a, module.num_groups, eps=module.eps)
+        dims = tuple(range(2, a.dim()))  # [b, C, *spatial] -> [b, C]
+        return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
+
+
+class LayerNormKernel(LayerKernel):
+    weight_layer = False
+
+    def small_grads(self, module, a, ds):
+        x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
+        dims = tuple(range(1, a.dim() - len(module.normalized_shape)))  # [b, *, *normalized] -> [b, *normalized]
+        return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
+
+
+KERNELS: dict[type, LayerKernel] = {nn.Linear: LinearKernel(), nn.Conv2d: Conv2dKernel(),
+                                    nn.GroupNorm: GroupNormKernel(), nn.LayerNorm: LayerNormKernel()}
+
+
+def kernel_of(module: nn.Module) -> LayerKernel | None:
+    """The table's kernel for ``module`` (by exact type), None when the engine does not know the layer."""
+    kernel = KERNELS.get(type(module))
+    return kernel if kernel is not None and kernel.supports(module) else None
 
 
 def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -59,7 +157,7 @@ def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
         if not own:
             continue
         prefix = f"{path}." if path else ""
-        if not isinstance(module, SUPPORTED) or not _supported_config(module):
+        if kernel_of(module) is None:
             refused += [prefix + n for n in own]
             continue
         layers[path] = module
@@ -69,12 +167,6 @@ def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
             f"(supported: Linear, Conv2d with groups=1 and zero padding, GroupNorm, LayerNorm); "
             f"use train.engine=func for this model")
     return layers
-
-
-def _supported_config(module: nn.Module) -> bool:
-    if isinstance(module, nn.Conv2d):
-        return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
-    return True
 
 
 @dataclass
@@ -187,28 +279,24 @@ class BookKeeping:
         ones = torch.ones(x.shape[0], device=x.device)
         return LeanBatch(dict(zip(names, grads)), [ones] * len(plan.groups), None, x.shape[0])
 
-    # -- per-layer kernels -------------------------------------------------------------------------------
+    # -- per-layer work, through the kernel table ------------------------------------------------------
     def _statistics(self, module: nn.Module, k: _Kept, trainable: set[str], prefix: str, plan: LeanPlan,
                     probes: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Per-sample statistics ‖(g_i − shift) ⊙ scale‖² of the layer's trainable parameters, {attr: [b]},
         and their probe contributions (added to ``probes``).
 
-        Keeps in ``k`` what the weighted sums will need: instantiated per-sample gradients (norm layers,
+        Keeps in ``k`` what the weighted sums will need: instantiated per-sample gradients (small layers,
         biases, weights whose per-sample gradient is the smaller object) or the activation and output
         gradient; the rest is dropped here."""
+        kernel = KERNELS[type(module)]
         out: dict[str, torch.Tensor] = {}
-        if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
-            k.per_sample = {n: g for n, g in _norm_layer_grads(module, k.a, k.ds).items() if n in trainable}
-        else:
-            if "bias" in trainable:  # per-sample bias gradients are small: always instantiated
-                k.per_sample["bias"] = k.ds.flatten(2).sum(2) if isinstance(module, nn.Conv2d) else \
-                    k.ds.reshape(k.ds.shape[0], -1, k.ds.shape[-1]).sum(1)
-            if "weight" in trainable:
-                name = prefix + "weight"
-                if plan.transformed(name):
-                    out["weight"] = self._transformed_weight(module, k, name, plan, probes)
-                else:
-                    out["weight"] = self._weight_square_norms(module, k)
+        k.per_sample = {n: g for n, g in kernel.small_grads(module, k.a, k.ds).items() if n in trainable}
+        if kernel.weight_layer and "weight" in trainable:
+            name = prefix + "weight"
+            if plan.transformed(name):
+                out["weight"] = self._transformed_weight(kernel, module, k, name, plan, probes)
+            else:
+                out["weight"] = self._weight_square_norms(kernel, module, k)
         for attr, g in k.per_sample.items():
             if attr not in out:
                 out[attr] = _statistic(g, prefix + attr, plan, probes)
@@ -216,20 +304,20 @@ class BookKeeping:
             k.a = k.ds = None  # everything the close needs is instantiated
         return out
 
-    def _transformed_weight(self, module: nn.Module, k: _Kept, name: str, plan: LeanPlan,
+    def _transformed_weight(self, kernel: LayerKernel, module: nn.Module, k: _Kept, name: str, plan: LeanPlan,
                             probes: torch.Tensor | None) -> torch.Tensor:
-        """The statistic of a Linear / Conv2d weight under a shift, scale or probes: from the instantiated
-        per-sample gradient, chunk by chunk (kept when smaller than what it replaces) — except a one-token
-        Linear without probes, whose statistic has a closed form (``_one_token_linear``)."""
+        """The statistic of a weight under a shift, scale or probes: from the instantiated per-sample
+        gradient, chunk by chunk (kept when smaller than what it replaces) — except a one-token Linear without
+        probes, whose statistic has a closed form (``_one_token_linear``)."""
         w = module.weight
-        if isinstance(module, nn.Linear) and k.a[0].numel() == w.shape[1] and name not in plan.probes:
+        if isinstance(kernel, LinearKernel) and k.a[0].numel() == w.shape[1] and name not in plan.probes:
             return _one_token_linear(k.a, k.ds, plan.shift.get(name), plan.scale.get(name))
         b = k.a.shape[0]
         keep = w.numel() <= k.a[0].numel() + k.ds[0].numel()
         parts, stats = [], []
-        step = self._chunk(module, k.a, w)
+        step = self._chunk(kernel, module, k.a, w)
         for lo in range(0, b, step):
-            g = _weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
+            g = kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
             stats.append(_statistic(g, name, plan, None if probes is None else probes[lo:lo + step]))
             if keep:
                 parts.append(g)
@@ -237,40 +325,36 @@ class BookKeeping:
             k.per_sample["weight"] = torch.cat(parts)
         return torch.cat(stats)
 
-    def _weight_square_norms(self, module: nn.Module, k: _Kept) -> torch.Tensor:
-        """‖∂L_i/∂W‖² of a Linear / Conv2d, by ghost norm or by instantiation (then kept in ``k``).
+    def _weight_square_norms(self, kernel: LayerKernel, module: nn.Module, k: _Kept) -> torch.Tensor:
+        """‖∂L_i/∂W‖² of a weight layer, by ghost norm or by instantiation (then kept in ``k``).
 
         The rule is FastDP's: ghost norm when the T×T Gram matrices are smaller than the per-sample
         gradient (2T² ≤ p·d; T tokens or output pixels, d inputs, p outputs), else instantiate."""
         b, w = k.a.shape[0], module.weight
-        if isinstance(module, nn.Conv2d):
-            t, d, p = k.ds[0, 0].numel(), w[0].numel(), w.shape[0]
-        else:
-            t, d, p = k.a[0].numel() // w.shape[1], w.shape[1], w.shape[0]
+        step = self._chunk(kernel, module, k.a)
+        a, ds = kernel.tokens(module, k.a[:1], k.ds[:1])
+        t, d, p = a.shape[1], a.shape[2], ds.shape[2]
         if t == 1:  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
-            a, ds = _as_tokens(module, k.a, k.ds)
+            a, ds = kernel.tokens(module, k.a, k.ds)
             return a.pow(2).sum((1, 2)) * ds.pow(2).sum((1, 2))
-        step = self._chunk(module, k.a)
         if 2 * t * t <= p * d:  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
             squares = []
             for lo in range(0, b, step):
-                a, ds = _as_tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, d], [c, T, p]
+                a, ds = kernel.tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, d], [c, T, p]
                 squares.append((a @ a.transpose(1, 2)).mul_(ds @ ds.transpose(1, 2)).sum((1, 2)))
             return torch.cat(squares)
-        g = torch.cat([_weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step]) for lo in range(0, b, step)])
+        g = torch.cat([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
+                       for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():
             k.per_sample["weight"] = g  # smaller than what it replaces: keep it for the sum
         return g.view(b, -1).pow(2).sum(1)
 
     @staticmethod
-    def _chunk(module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
+    def _chunk(kernel: LayerKernel, module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
         """Samples per chunk, so a transient workspace stays within ``WORKSPACE_BUDGET`` elements whatever
-        the micro-batch size: a conv's unfolded input (k²× the activation) and, when instantiating per-sample
-        weight gradients (``weight``), the chunk of those."""
-        per_sample = 0
-        if isinstance(module, nn.Conv2d):
-            kh, kw = module.kernel_size
-            per_sample = a[0].numel() * kh * kw
+        the micro-batch size: the kernel's own (a conv's unfolded input, k²× the activation) and, when
+        instantiating per-sample weight gradients (``weight``), the chunk of those."""
+        per_sample = kernel.workspace(module, a)
         if weight is not None:
             per_sample = max(per_sample, weight.numel())
         return max(1, WORKSPACE_BUDGET // per_sample) if per_sample else a.shape[0]
@@ -279,11 +363,8 @@ class BookKeeping:
         """Σ_i c_i·g_i for parameter ``attr`` of ``module`` from what the layer kept."""
         if attr in k.per_sample:
             return torch.einsum("b,b...->...", c, k.per_sample[attr])
-        ds = k.ds * c.view(-1, *([1] * (k.ds.dim() - 1)))  # only weights of Linear / Conv2d get here
-        if isinstance(module, nn.Conv2d):
-            return torch.nn.grad.conv2d_weight(k.a, module.weight.shape, ds, module.stride, module.padding,
-                                               module.dilation, module.groups)
-        return ds.reshape(-1, ds.shape[-1]).t() @ k.a.reshape(-1, k.a.shape[-1])
+        ds = k.ds * c.view(-1, *([1] * (k.ds.dim() - 1)))  # only weights of weight layers get here
+        return KERNELS[type(module)].weight_sum(module, k.a, ds)
 
 
 def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor | None) -> torch.Tensor:
@@ -317,43 +398,6 @@ def _one_token_linear(a: torch.Tensor, ds: torch.Tensor, shift: torch.Tensor | N
         weighted = square * shift
         total = total - 2 * ((ds @ weighted) * a).sum(1) + (weighted * shift).sum()
     return total
-
-
-def _weight_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-    """Per-sample weight gradients [b, *weight.shape] of a Linear / Conv2d (a chunk of samples)."""
-    if isinstance(module, nn.Conv2d):
-        return _conv_per_sample_grads(module, a, ds)
-    a, ds = _as_tokens(module, a, ds)
-    return ds.transpose(1, 2) @ a
-
-
-def _as_tokens(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Linear / Conv2d as a per-sample product s_i = a_i·Wᵀ over T tokens: a [b, T, d], ds [b, T, p]."""
-    b = a.shape[0]
-    if isinstance(module, nn.Conv2d):
-        cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, T]
-        return cols.transpose(1, 2), ds.reshape(b, ds.shape[1], -1).transpose(1, 2)
-    return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
-
-
-def _conv_per_sample_grads(module: nn.Conv2d, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-    """[b, *weight.shape]: a batch of b samples as one convolution with b groups (no unfold needed)."""
-    b, w = a.shape[0], module.weight
-    g = torch.nn.grad.conv2d_weight(a.reshape(1, -1, *a.shape[2:]), (b * w.shape[0], *w.shape[1:]),
-                                    ds.reshape(1, -1, *ds.shape[2:]), module.stride, module.padding,
-                                    module.dilation, b)
-    return g.view(b, *w.shape)
-
-
-def _norm_layer_grads(module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-sample gradients of a GroupNorm / LayerNorm's affine weight and bias: {attr: Tensor[b, *shape]}."""
-    if isinstance(module, nn.GroupNorm):
-        x_hat = F.group_norm(a, module.num_groups, eps=module.eps)
-        dims = tuple(range(2, a.dim()))  # [b, C, *spatial] -> [b, C]
-        return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
-    x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
-    dims = tuple(range(1, a.dim() - len(module.normalized_shape)))  # [b, *, *normalized] -> [b, *normalized]
-    return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
 
 
 def check_lean(defense_cls: type[Defense], model: nn.Module) -> None:

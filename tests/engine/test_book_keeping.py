@@ -232,3 +232,54 @@ def test_one_token_linear_statistic_equals_the_instantiated_one(shifted, scaled)
     g = ds[:, :, None].double() * a[:, None, :].double()
     w = (g - (shift.double() if shifted else 0)) * (scale.double() if scaled else 1)
     torch.testing.assert_close(_one_token_linear(a, ds, shift, scale), w.pow(2).sum((1, 2)), rtol=1e-12, atol=1e-12)
+
+
+# -- the kernel table: every entry against torch.func, with clipping active ---------------------------------
+class OneLayerNet(nn.Module):
+    """The layer under test between a fixed input map and a small Linear head (the head's own kernel is
+    tested by the Linear case)."""
+
+    def __init__(self, layer: nn.Module, reshape) -> None:
+        super().__init__()
+        self.layer, self.reshape = layer, reshape
+        self.head = nn.LazyLinear(10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.layer(self.reshape(x))).flatten(1))
+
+
+KERNEL_CASES = {
+    nn.Linear: (lambda: nn.Linear(12, 7), lambda x: x.reshape(x.shape[0], 3, 12), (36,)),  # 3 tokens
+    nn.Conv2d: (lambda: nn.Conv2d(2, 3, 3, stride=2, padding=1), lambda x: x, (2, 7, 7)),
+    nn.GroupNorm: (lambda: nn.GroupNorm(2, 4), lambda x: x, (4, 3, 3)),
+    nn.LayerNorm: (lambda: nn.LayerNorm(6), lambda x: x.reshape(x.shape[0], 4, 6), (24,)),
+}
+
+
+def test_every_kernel_of_the_table_has_an_exactness_case():
+    from harness.engine.book_keeping import KERNELS
+
+    assert set(KERNELS) == set(KERNEL_CASES)
+
+
+@pytest.mark.parametrize("layer_type", list(KERNEL_CASES), ids=lambda t: t.__name__)
+def test_each_kernel_matches_torch_func_with_clipping_active(layer_type):
+    build, reshape, shape = KERNEL_CASES[layer_type]
+    torch.manual_seed(1)
+    model = OneLayerNet(build(), reshape)
+    x, y = torch.randn(8, *shape), torch.randint(0, 10, (8,))
+    model(x)  # materialise the lazy head
+    for p in model.layer.parameters():  # non-trivial affine parameters for the norm layers
+        p.data.normal_()
+    names = [n for n, _ in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    layer_norms = torch.stack([grads[n].flatten(1).norm(dim=1) for n in names if n.startswith("layer.")]).norm(dim=0)
+    for spec in ("all", "layer", "param"):
+        clip = 0.5 * float(layer_norms.median())  # at least half the samples are clipped in the layer's group
+        clipping = GroupClipping.of(resolve_groups(spec, names), clip, "abadi")
+        plan = clipping.plan()
+        ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, plan)
+        for n in names:
+            scale = ref[n].abs().max().clamp(min=1e-12)
+            assert float((ref[n] - got.sums[n]).abs().max() / scale) < 1e-5, (spec, n)
+        assert any(float((f < 1).float().mean()) >= 0.5 for f in got.factors), spec  # clipping was active
