@@ -19,12 +19,11 @@ statistical rule against its baseline or chance level (docs/results.md).
 
 Model states are named ``init`` (before training), ``epoch:N`` (at the start of epoch N), ``final`` (after
 training) and ``trajectory:k`` (k states evenly spaced over training, ending at ``final``), which
-``resolve_states`` turns into the others once the number of epochs is known.
+``harness.core.states.resolve`` turns into the others once the number of epochs is known.
 """
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,41 +38,6 @@ from harness.core.streams import Streams
 
 
 VERDICTS = ("leaks", "no-leak-detected")
-STATE_PATTERN = re.compile(r"^(init|final|epoch:(\d+)|trajectory(?::(\d+))?)$")
-DEFAULT_TRAJECTORY = 3  # states of a bare ``trajectory``
-
-
-def trajectory_epochs(k: int, epochs: int) -> list[int]:
-    """The epochs of ``trajectory:k`` before ``final``: round(i·E/k) for i = 1 .. k−1, kept when inside
-    1 .. E−1 (epoch 0 is the initial weights), without duplicates. ``final`` closes the trajectory, so
-    the k states sit after 1/k, 2/k, …, k/k of training."""
-    picked = (round(i * epochs / k) for i in range(1, k))
-    return sorted({e for e in picked if 1 <= e <= epochs - 1})
-
-
-def resolve_states(names: Iterable[str], epochs: int) -> list[str]:
-    """Concrete model states (``init``, ``epoch:N``, ``final``) in training order, with every
-    ``trajectory[:k]`` expanded for a run of ``epochs`` epochs and duplicates dropped."""
-    found: set[str] = set()
-    for name in names:
-        match = STATE_PATTERN.match(name)
-        if match is None:
-            raise ValueError(f"not a model state: {name!r}")
-        if name.startswith("trajectory"):
-            k = int(match.group(3)) if match.group(3) else DEFAULT_TRAJECTORY
-            found.update(f"epoch:{e}" for e in trajectory_epochs(k, epochs))
-            found.add("final")
-        else:
-            found.add(name)
-
-    def order(state: str) -> tuple[int, int]:
-        if state == "init":
-            return (0, 0)
-        return (2, 0) if state == "final" else (1, int(state.split(":", 1)[1]))
-
-    return sorted(found, key=order)
-
-
 class AttackParams(Params):
     """Base for an attack's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming
     ``attack.<field>``."""
@@ -140,7 +104,7 @@ class Attack(ABC):
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
         """Model states to snapshot during training besides ``init`` and ``final``: ``epoch:N`` or
-        ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``resolve_states``)."""
+        ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``harness.core.states.resolve``)."""
         return set()
 
     @classmethod

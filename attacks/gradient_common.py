@@ -17,7 +17,7 @@ Choices where the papers are silent (also in docs/gradient-inversion.md):
   weights at the start of epoch N with the defense as then; ``final`` = weights after training with the
   defense as in the last epoch (``begin_epoch(epochs - 1)``) and its final public state;
   ``trajectory[:k]`` (reconstruction attacks; the default) = k states evenly spaced over training and
-  ending at ``final`` (``attacks.base.resolve_states``), the stretch where schedules such as RS's
+  ending at ``final`` (``harness.core.states.resolve``), the stretch where schedules such as RS's
   gradual cooling are active. ``begin_epoch`` runs first, then the snapshot of the defense's public
   state from training (if the defense has ``load_state_dict``) overrides whatever the schedule re-drew.
 * The release is ``release(attack.batch_size)``: the attacker observes one logical step whose batch is
@@ -48,7 +48,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -58,16 +57,16 @@ import torch
 from torch import nn
 
 from attacks import image_metrics, verdict
-from attacks.base import STATE_PATTERN, AttackContext, AttackParams, AttackResult, resolve_states
+from attacks.base import AttackContext, AttackParams, AttackResult
 from defenses.base import SharedGradient
 from harness.core.errors import ConfigError
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
+from harness.core.states import AttackState, resolve
 from harness.core.streams import Streams
 from harness.engine.release import observe_release
 
 log = logging.getLogger("dpeval")
-AT_PATTERN = re.compile(r"^(init|final|epoch:(\d+))$")
 LABEL_MODES = ("known", "recovered")
 
 
@@ -83,8 +82,7 @@ class GradientThreatParams(AttackParams):
                                    "zeros at unreleased coordinates as values)")
 
     def validate(self) -> None:
-        if not AT_PATTERN.match(self.at):
-            raise ConfigError(f"attack.at: must be init, final or epoch:N (N an integer >= 0), got {self.at!r}")
+        AttackState.parse(self.at, recorded_only=True)
 
 
 @dataclass
@@ -105,28 +103,12 @@ class ReconstructionParams(GradientThreatParams):
         if not self.states:
             raise ConfigError("attack.at: must name at least one model state")
         for state in self.states:
-            match = STATE_PATTERN.match(state)
-            if match is None or (match.group(3) is not None and int(match.group(3)) < 1):
-                raise ConfigError(f"attack.at: must be init, final, epoch:N, trajectory or trajectory:k "
-                                  f"(N >= 0, k >= 1), or a list of them, got {state!r}")
+            AttackState.parse(state)
 
 
 def wanted_states(params: GradientThreatParams) -> set[str]:
     names = [params.at] if isinstance(params.at, str) else params.at
     return {n for n in names if n not in ("init", "final")}
-
-
-def attacked_epoch(at: str, epochs: int) -> int:
-    """The epoch whose defense configuration the attacked release uses."""
-    if at == "init":
-        return 0
-    if at == "final":
-        return max(epochs - 1, 0)
-    n = int(at.split(":", 1)[1])
-    if n >= epochs:
-        raise ConfigError(f"attack.at: epoch:{n} does not exist in a run of {epochs} epoch(s); "
-                          f"use epoch:0 .. epoch:{epochs - 1}, init or final")
-    return n
 
 
 def target_streams(context: AttackContext) -> Streams:
@@ -174,7 +156,7 @@ def release_for(context: AttackContext, model: nn.Module, x: torch.Tensor, y: to
     independent streams) is put in the state of ``at`` — ``begin_epoch`` and then the public state
     training recorded then — and observes the batch through its own stages, exactly as training does."""
     epochs = int(context.spec.train.epochs)
-    epoch = attacked_epoch(at, epochs)
+    epoch = AttackState(at).defense_epoch(epochs)
     # Bound to the attacked model (its weights at ``at``), never the victim's final weights: a defense that
     # reads the model (GEP's anchors) must see what training saw at that state.
     defense = context.make_defense(streams, bound_to=model)
@@ -326,7 +308,7 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, context: Attac
     base = {g: np.array([image_metrics.matched_psnr(x[t], pixels.view_as(x)[t]) for t in range(len(x))])
             for g, pixels in guesses.items()}
     best_guess = np.max(np.stack(list(base.values())), axis=0)  # [T, B]: the better guess per image
-    states = resolve_states(params.states, int(context.spec.train.epochs))
+    states = resolve(params.states, int(context.spec.train.epochs))
     if params.targets < verdict.min_targets(len(states)):
         log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
                     "at least %d); set attack.targets", name, params.targets, len(states),

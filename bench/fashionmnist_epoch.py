@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.config import build_spec  # noqa: E402
-from harness.core.per_sample import fixed_front, front_features  # noqa: E402
 from harness.core.streams import seed_globals  # noqa: E402
 from harness.engine.training import train  # noqa: E402
 from harness.runner import prepare  # noqa: E402
@@ -35,8 +34,8 @@ DEFENSES = {"non-private": {"name": "none"}, "dpsgd": {"name": "dpsgd", "clip": 
             "rs": {"name": "rs", "clip": 0.1, "final_rate": 0.9, "schedule": "linear"}}
 
 
-def measure(model: str, defense: str, epochs: int, front_cpu: float) -> dict[str, float]:
-    """Per-epoch wall and CPU seconds of ``train`` minus its one-off front (``front_cpu``: its CPU seconds)."""
+def measure(model: str, defense: str, epochs: int) -> dict[str, float]:
+    """Per-epoch wall and CPU seconds of ``train`` without its one-off front, and the front's."""
     raw = {**RECIPE, "model": {"name": model}, "defense": DEFENSES[defense], "train": {**RECIPE["train"], "epochs": epochs}}
     spec = build_spec(raw)
     prep = prepare(spec)
@@ -45,18 +44,8 @@ def measure(model: str, defense: str, epochs: int, front_cpu: float) -> dict[str
     result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")),
                    spec.train, prep.sampler, prep.device, progress=False)
     cpu = time.process_time() - cpu
-    return {"front": result.front_s, "wall": (result.train_s - result.front_s) / epochs,
-            "cpu": (cpu - front_cpu) / epochs, "acc": result.history[-1]["test_accuracy"]}
-
-
-def front_cost(model: str) -> float:
-    """CPU seconds of the model's fixed front over the 70,000 train and test images (what ``train`` does once)."""
-    prep = prepare(build_spec({**RECIPE, "model": {"name": model}, "defense": DEFENSES["non-private"]}))
-    cut = fixed_front(prep.model)
-    cpu = time.process_time()
-    front_features(cut.front, prep.task.train.x)
-    front_features(cut.front, prep.task.test.x)
-    return time.process_time() - cpu
+    return {"front": result.front_s, "front_cpu": result.front_cpu_s, "wall": (result.train_s - result.front_s) / epochs,
+            "cpu": (cpu - result.front_cpu_s) / epochs, "acc": result.history[-1]["test_accuracy"]}
 
 
 def main() -> None:
@@ -67,18 +56,20 @@ def main() -> None:
     parser.add_argument("--defenses", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    fronts = {m: front_cost(m) for m in args.models}
-    rows = {(m, d): measure(m, d, args.epochs, fronts[m]) for d in args.defenses for m in args.models}
+    rows = {(m, d): measure(m, d, args.epochs) for d in args.defenses for m in args.models}
     print(f"threads {torch.get_num_threads()}, {args.epochs} epochs of 60,000 images, B = 2048, physical 512")
-    print("| model | defense | front once (s) | wall s / epoch | CPU s / epoch | per epoch, 40 epochs (wall) | "
-          "× DP-CNN/S | test acc after |")
+    print("| model | defense | front once, wall / CPU s | wall s / epoch | CPU s / epoch | per epoch, 40 epochs "
+          "(wall / CPU) | × DP-CNN/S (wall / CPU) | test acc after |")
     print("|---|---|---|---|---|---|---|---|")
+    def amortised(r: dict[str, float]) -> tuple[float, float]:
+        return (r["front"] + 40 * r["wall"]) / 40, (r["front_cpu"] + 40 * r["cpu"]) / 40
+
     for (m, d), r in rows.items():
-        amortised = (r["front"] + 40 * r["wall"]) / 40
+        wall, cpu = amortised(r)
         base = rows.get(("dpcnn-small", d))
-        ratio = amortised / ((base["front"] + 40 * base["wall"]) / 40) if base else float("nan")
-        print(f"| {m} | {d} | {r['front']:.1f} | {r['wall']:.1f} | {r['cpu']:.1f} | {amortised:.1f} | {ratio:.2f} | "
-              f"{r['acc']:.3f} |")
+        ratio = "–" if base is None else f"{wall / amortised(base)[0]:.2f} / {cpu / amortised(base)[1]:.2f}"
+        print(f"| {m} | {d} | {r['front']:.1f} / {r['front_cpu']:.1f} | {r['wall']:.1f} | {r['cpu']:.1f} | "
+              f"{wall:.1f} / {cpu:.1f} | {ratio} | {r['acc']:.3f} |")
 
 
 if __name__ == "__main__":

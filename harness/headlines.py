@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from attacks.base import STATE_PATTERN, VERDICTS
+from attacks.base import VERDICTS
+from harness.core.states import in_order
 
 
 def attack_class(attack: str) -> Any:
@@ -75,12 +76,7 @@ def states_of(record: dict[str, Any], attack: str) -> list[str]:
     """The model states with per-state keys ``leakage.<attack>.<state>.<metric>``, in training order."""
     prefix = f"leakage.{attack}."
     found = {k[len(prefix):].rsplit(".", 1)[0] for k in record if k.startswith(prefix) and k.count(".") >= 3}
-    found = {s for s in found if STATE_PATTERN.match(s)}
-
-    def order(state: str) -> tuple[int, int]:
-        return (0, 0) if state == "init" else (2, 0) if state == "final" else (1, int(state.split(":", 1)[1]))
-
-    return sorted(found, key=order)
+    return in_order(found)
 
 
 @dataclass

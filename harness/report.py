@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 
 from harness import __version__  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
+from harness.core.states import in_order  # noqa: E402
 from harness.headlines import fmt, headline_label, is_number, metric_label, read, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
@@ -204,12 +205,7 @@ def _legend_outside(ax: plt.Axes) -> None:
 def _states_text(records: list[dict[str, Any]], attack: str) -> str:
     """" — worst state epoch:7, final": the worst attacked states of these records (seeds may differ)."""
     found = {s for r in records for s in str(r.get(f"leakage.{attack}.state") or "").split("|") if s}
-    order = {s: i for i, s in enumerate(sorted(found, key=_state_order))}
-    return f" — worst state {', '.join(sorted(found, key=order.get))}" if found else ""
-
-
-def _state_order(state: str) -> tuple[int, int]:
-    return (0, 0) if state == "init" else (2, 0) if state == "final" else (1, int(state.split(":")[1]))
+    return f" — worst state {', '.join(in_order(found))}" if found else ""
 
 
 CATEGORIES = {  # how a point is drawn by what its verdict says
@@ -302,7 +298,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
     swept = swept_columns(records)
     for attack in lb.attacks_in(records):
         found = lb.headline({c for r in records for c in r}, attack)
-        states = sorted({s for r in records for s in states_of(r, attack)}, key=_state_order)
+        states = in_order({s for r in records for s in states_of(r, attack)})
         if not found or len(states) < 2:
             continue
         metric = found[0].rsplit(".", 1)[1]

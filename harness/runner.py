@@ -22,7 +22,7 @@ import yaml
 from torch import nn
 
 from attacks import ATTACKS
-from attacks.base import AttackContext, resolve_states
+from attacks.base import AttackContext
 from defenses import DEFENSES
 from defenses.base import Defense
 from harness import __version__
@@ -33,6 +33,7 @@ from harness.core.errors import ConfigError, RunFailure
 from harness.core.models import DEFAULT_MODELS, build_model
 from harness.core.runtime import resolve_device
 from harness.core.splits import Task
+from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
 from harness.engine.training import BatchSampler, accuracy, train
@@ -95,13 +96,8 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
         check = getattr(type(attack), "check_model", None)
         if check is not None:
             check(model, task.shape)
-        for state in resolve_states(type(attack).wanted_states(attack.params), spec.train.epochs):
-            if not state.startswith("epoch:"):
-                continue
-            epoch = int(state.split(":", 1)[1])
-            if epoch >= spec.train.epochs:
-                raise ConfigError(f"attack.at: {state} does not exist in a run of {spec.train.epochs} epoch(s); "
-                                  f"use epoch:0 .. epoch:{spec.train.epochs - 1}, init or final")
+        for state in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
+            state.check_exists(spec.train.epochs)
 
 
 def prepare(spec: RunSpec) -> Prepared:
@@ -230,7 +226,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         warn_sampling(prep.privacy)
         seed_globals(prep.streams)
         asked = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
-        wanted = set(resolve_states(asked, spec.train.epochs))
+        wanted = set(resolve(asked, spec.train.epochs))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
         defense_states: dict[str, Any] = {}
 

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from attacks import verdict
-from attacks.base import VERDICTS, resolve_states, trajectory_epochs
+from attacks.base import VERDICTS
+from harness.core.states import resolve as resolve_states, trajectory_epochs
 from harness.cli import main
 
 # ------------------------------------------------------------------------------------------------------------
