@@ -532,13 +532,15 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
 
     store = ResultStore(results)
     store.check(create=False)
-    records = lb.leaderboard(store.rows(), group_seeds, sort_by, descending)
+    rows = store.rows()
+    records = lb.leaderboard(rows, group_seeds, sort_by, descending)
+    selection = "".join(f"\n{line}" for line in lb.selection_sentences(lb.selection_costs(rows)))
     if out:
         with writing("--out"):
             lb.write_leaderboard(records, Path(out))
-        emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}")
+        emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}{selection}")
     else:
-        emit(records, as_json, lb.format_table(records))
+        emit(records, as_json, lb.format_table(records) + selection)
 
 
 @main.command()
