@@ -12,7 +12,9 @@ remainder with probability (N mod B)/N). When a canary is in a batch, its per-sa
 Canary design: u_i = ±e_j, one coordinate of the flattened trainable parameters per canary (m distinct
 coordinates, random signs, drawn from the audit's own stream); orthogonal, so one canary's gradient moves
 no other canary's projection, and cheap. The auditor sees every release (the strongest threat model the
-harness uses) and scores each canary with three statistics, higher = "in":
+harness uses), puts it in noise units with the defense's audit design (``CanaryDesign.noise_units``: the
+release over its noise std; AdaCliP's design also removes its public per-coordinate shift and scale), and
+scores each canary with three statistics of its projections ⟨u_i, release_t⟩, higher = "in":
 
 - ``sum``: Σ_t w_t ⟨u_i, release_t⟩, the canary's projection summed over all steps, each step weighted
   by 1/ŝ_t², ŝ_t the robust spread (1.4826 · median absolute deviation) of that step's released
@@ -46,6 +48,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from defenses.auditing import CanaryDesign
 from defenses.base import Defense, SharedGradient
 from harness.config import RunSpec
 from harness.core.canaries import CANARY_NORM, Canaries, flatten
@@ -91,7 +94,7 @@ class CanaryPool:
 
     def __init__(self, m: int, d: int, shapes: dict[str, torch.Size], names: list[str], sampling: str,
                  pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
-                 device: torch.device) -> None:
+                 device: torch.device, design: CanaryDesign) -> None:
         if m > d:
             raise ConfigError(f"--canaries: at most one canary per trainable parameter ({d}), got {m}")
         self.m, self.shapes, self.names, self.sampling = m, shapes, names, sampling
@@ -107,6 +110,8 @@ class CanaryPool:
         self.projections: list[np.ndarray] = []
         self.released: list[np.ndarray] = []
         self.device = device
+        self.defense: Defense | None = None
+        self.design = design
 
     def sampled(self, step: int, epoch: int) -> np.ndarray:
         """Which canaries are in this step's batch (only included ones ever are)."""
@@ -118,6 +123,7 @@ class CanaryPool:
         return self.included & (self.slots == step - epoch * self.steps_per_epoch)
 
     def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        self.defense = defense
         chosen = self.sampled(step, epoch)
         self.sampled_count += chosen
         if chosen.any():
@@ -125,7 +131,7 @@ class CanaryPool:
                                                                 self.shapes))
 
     def after_release(self, step: int, shared: SharedGradient) -> None:
-        flat = flatten({n: g.detach() for n, g in shared.grads.items()}, self.names)
+        flat = self.design.noise_units(self.defense, shared).detach()
         self.projections.append(self.canaries.project(flat).double().cpu().numpy())
         if shared.mask is None:
             self.released.append(np.ones(self.m, dtype=bool))
@@ -217,11 +223,11 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
     shapes = {n: p.shape for n, p in prep.model.named_parameters() if p.requires_grad}
     names = list(shapes)
     d = sum(math.prod(s) for s in shapes.values())
-    pool = CanaryPool(options.canaries, d, shapes, names, spec.train.sampling, len(prep.task.train),
-                      spec.train.batch_size, prep.sampler.steps_per_epoch, audit_streams.numpy("canaries"),
-                      prep.device)
     seed_globals(prep.streams)
     defense = prep.make_defense(prep.streams.scope("victim"))
+    pool = CanaryPool(options.canaries, d, shapes, names, spec.train.sampling, len(prep.task.train),
+                      spec.train.batch_size, prep.sampler.steps_per_epoch, audit_streams.numpy("canaries"),
+                      prep.device, defense.audit_design())
     result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
                    progress=options.progress, before_release=pool.before_release, after_release=pool.after_release)
     projections, released = np.stack(pool.projections), np.stack(pool.released)
