@@ -407,13 +407,16 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--steps", type=int, help="release scope: consecutive audited steps; default 2")
 @click.option("--canaries", type=int, help="release scope: orthogonal canaries per release (1 = one trial per "
                                             "release); default 512. run scope: canaries in the run; default 1000")
+@click.option("--canary-kind", type=click.Choice(["gradient", "input"]),
+              help="run scope: white-box gradient canaries scored on every release (default gradient) or "
+                   "black-box input canaries scored by the final model's loss (input)")
 @click.option("--seed", type=int, help="audit seed (default 0)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @handle_errors
 def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, trials: int | None,
-          noise_multiplier: float | None, steps: int | None, canaries: int | None, seed: int | None,
-          as_json: bool, quiet: bool) -> None:
+          noise_multiplier: float | None, steps: int | None, canaries: int | None, canary_kind: str | None,
+          seed: int | None, as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
     from harness.config import build_spec
@@ -428,13 +431,15 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                 raise ConfigError(f"{flag}: only with --scope release (the run scope audits the configured run: "
                                   "set its σ or ε with --set privacy.…)")
         spec = build_spec(raw)
-        given = {"canaries": canaries} if canaries is not None else {}
+        given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind)) if v is not None}
         result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
         emit(result, as_json, format_run_audit(result))
     else:
         from harness.audit.driver import AuditOptions, run_audit
         from harness.audit.format import format_audit
 
+        if canary_kind is not None:
+            raise ConfigError("--canary-kind: only with --scope run")
         privacy = raw.get("privacy")
         for key in ("epsilon", "noise_multiplier"):
             if isinstance(privacy, dict) and key in privacy:

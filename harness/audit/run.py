@@ -35,6 +35,10 @@ correct) into an ε lower bound at δ = the run's δ with confidence 1 − β/K 
 Bonferroni), so the maximum over the K tests is a (1 − β) lower bound. The run passes when that maximum is
 ≤ the run's accounted ε. Every score is a function of what the auditor sees, so the bound is sound for any
 defense whatever its statistic; the statistics only decide how much a broken one shows.
+
+``kind="input"`` (``--canary-kind input``) is the black-box variant: input-space canaries (noise images with
+random labels, :class:`InputCanaryPool`) sampled the same way, whose per-sample gradients at the current
+weights enter the sum; the auditor sees only the final model and scores each canary by its negative loss.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from defenses.base import Defense, SharedGradient
 from harness.config import RunSpec
 from harness.core.canaries import CANARY_NORM, Canaries, flatten
 from harness.core.errors import ConfigError
+from harness.core.per_sample import PerSampleGradients
 from harness.core.runtime import resolve_device, single_cpu_thread
 from harness.core.statistics import guess_and_count, one_run_epsilon_lower_bound
 from harness.core.streams import seed_globals
@@ -67,14 +72,20 @@ GUESS_RULES = ((0.01, 0.01), (0.025, 0.025), (0.05, 0.05), (0.1, 0.1), (0.25, 0.
 MIN_RELEASED = 8             # a step whose mask releases fewer canary coordinates gets no weight in ``sum``
 
 
+KINDS = ("gradient", "input")  # white-box gradient canaries / black-box input canaries
+
+
 @dataclass
 class RunAuditOptions:
     canaries: int = DEFAULT_RUN_CANARIES
+    kind: str = "gradient"
     progress: bool = False
 
     def validate(self) -> None:
         if self.canaries < 2:
             raise ConfigError(f"--canaries: must be an integer >= 2, got {self.canaries}")
+        if self.kind not in KINDS:
+            raise ConfigError(f"--canary-kind: must be one of {', '.join(KINDS)}, got {self.kind!r}")
 
 
 def guess_counts(m: int) -> list[tuple[int, int]]:
@@ -138,6 +149,42 @@ class CanaryPool:
         else:
             keep = flatten({n: m.detach() for n, m in shared.mask.items()}, self.names)
             self.released.append(keep[self.canaries.coords[:, 0]].bool().cpu().numpy())
+
+
+class InputCanaryPool(CanaryPool):
+    """Black-box variant: canary i is an input example — an image of uniform noise in the task's shape with
+    a uniformly random label — included and sampled exactly like a gradient canary, whose per-sample
+    gradient at the current weights (the run's per-sample engine) enters the defense's sum. The auditor
+    sees only the final model and scores each canary by its negative loss (lower loss = "in")."""
+
+    def __init__(self, m: int, model: torch.nn.Module, shape: tuple[int, ...], classes: int, sampling: str,
+                 pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
+                 device: torch.device) -> None:
+        self.m, self.sampling, self.n, self.batch_size = m, sampling, pool_size, batch_size
+        self.steps_per_epoch, self.rng, self.device = steps_per_epoch, rng, device
+        self.x = torch.from_numpy(rng.random((m, *shape), dtype=np.float32)).to(device)
+        self.y = torch.from_numpy(rng.integers(0, classes, size=m)).to(device)
+        self.included = rng.random(m) < 0.5
+        self.slots, self.epoch = None, -1
+        self.sampled_count = np.zeros(m, dtype=np.int64)
+        self.model = model
+        self.psg = PerSampleGradients(model)
+
+    def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        chosen = self.sampled(step, epoch)
+        self.sampled_count += chosen
+        if chosen.any():
+            index = torch.from_numpy(np.flatnonzero(chosen)).to(self.device)
+            defense.clip_and_accumulate(self.psg(self.x[index], self.y[index]))
+
+    def after_release(self, step: int, shared: SharedGradient) -> None:
+        return None  # black box: the releases are not observed
+
+    @torch.no_grad()
+    def scores(self) -> dict[str, np.ndarray]:
+        logits = self.model(self.x)
+        loss = torch.nn.functional.cross_entropy(logits, self.y, reduction="none")
+        return {"loss": (-loss).double().cpu().numpy()}
 
 
 def robust_scale(values: np.ndarray) -> float:
@@ -225,13 +272,27 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
     d = sum(math.prod(s) for s in shapes.values())
     seed_globals(prep.streams)
     defense = prep.make_defense(prep.streams.scope("victim"))
-    pool = CanaryPool(options.canaries, d, shapes, names, spec.train.sampling, len(prep.task.train),
-                      spec.train.batch_size, prep.sampler.steps_per_epoch, audit_streams.numpy("canaries"),
-                      prep.device, defense.audit_design())
+    rng = audit_streams.numpy("canaries")
+    if options.kind == "input":
+        pool: CanaryPool = InputCanaryPool(options.canaries, prep.model, tuple(prep.task.shape),
+                                           prep.task.num_classes, spec.train.sampling, len(prep.task.train),
+                                           spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device)
+        design = (f"black-box input canaries: {options.canaries} uniform-noise images with random labels, each "
+                  f"included with probability 1/2 and sampled like a pool member ({spec.train.sampling}); "
+                  f"scored by the final model's loss")
+    else:
+        pool = CanaryPool(options.canaries, d, shapes, names, spec.train.sampling, len(prep.task.train),
+                          spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device,
+                          defense.audit_design())
+        design = (f"white-box gradient canaries: ±e_j on {options.canaries} distinct random coordinates of the "
+                  f"{d} trainable parameters, norm {CANARY_NORM:g} (clipped by the defense), each included with "
+                  f"probability 1/2 and sampled like a pool member ({spec.train.sampling}); scored on every release")
     result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
                    progress=options.progress, before_release=pool.before_release, after_release=pool.after_release)
-    projections, released = np.stack(pool.projections), np.stack(pool.released)
-    scores = canary_scores(projections, released)
+    if options.kind == "input":
+        scores = pool.scores()
+    else:
+        scores = canary_scores(np.stack(pool.projections), np.stack(pool.released))
     tests = judge(scores, pool.included, privacy.delta, audit_streams.numpy("canaries", 1))
     best = max(tests, key=lambda t: t.epsilon_lower_bound)
     passed = best.epsilon_lower_bound <= privacy.epsilon
@@ -250,10 +311,8 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         "audit.verdict": "PASS" if passed else "FAIL",
         "audit.canaries": options.canaries,
         "audit.canaries_included": int(pool.included.sum()),
-        "audit.canary_design": (f"white-box gradient canaries: ±e_j on {options.canaries} distinct random "
-                                f"coordinates of the {d} trainable parameters, norm {CANARY_NORM:g} (clipped by "
-                                f"the defense), each included with probability 1/2 and sampled like a pool "
-                                f"member ({spec.train.sampling}); scored on every release"),
+        "audit.canary_kind": options.kind,
+        "audit.canary_design": design,
         "audit.canary_norm": CANARY_NORM,
         "audit.mean_samplings_included": float(pool.sampled_count[pool.included].mean()) if pool.included.any() else 0.0,
         "audit.confidence": 1 - ALPHA,

@@ -239,3 +239,35 @@ def test_cli_run_scope_bad_input_exits_2(args, field):
     result = invoke("audit", "--defense", "dpsgd", "--scope", "run", *args)
     assert result.exit_code == 2, result.output
     assert field in result.stderr and "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# black-box input canaries
+
+
+class NoiselessDPSGD(DPSGD):
+    """Bug: no noise at all (the declared noise std unchanged)."""
+
+    def release(self, batch_size):
+        std = self.noise_multiplier * self._clipping.sensitivity
+        grads = {n: s / batch_size for n, s in self._sum.items()}
+        self.reset()
+        return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)
+
+
+def test_black_box_input_canaries_pass_the_real_run_and_catch_a_noiseless_one():
+    """Input canaries (noise images with random labels) scored by the final model's loss only."""
+    options = RunAuditOptions(canaries=1000, kind="input")
+    settings = spec("dpsgd", privacy={"epsilon": 1.0})
+    real = run_scope_audit(settings, options)
+    broken = run_scope_audit(settings, options, defense_cls=NoiselessDPSGD)
+    assert real["audit.passed"] and real["audit.canary_kind"] == "input"
+    assert real["audit.statistic"] == "loss" and len(real["audit.tests"]) == len(GUESS_RULES)
+    assert "black-box input canaries" in real["audit.canary_design"]
+    assert broken["audit.epsilon_lower_bound"] > 2 * broken["privacy.epsilon"], broken
+    assert not broken["audit.passed"]
+
+
+def test_canary_kind_belongs_to_the_run_scope():
+    result = invoke("audit", "--defense", "dpsgd", "--canary-kind", "input")
+    assert result.exit_code == 2 and "--canary-kind" in result.stderr
