@@ -271,3 +271,18 @@ def test_black_box_input_canaries_pass_the_real_run_and_catch_a_noiseless_one():
 def test_canary_kind_belongs_to_the_run_scope():
     result = invoke("audit", "--defense", "dpsgd", "--canary-kind", "input")
     assert result.exit_code == 2 and "--canary-kind" in result.stderr
+
+
+def test_noise_units_undo_the_release_scale_and_adaclip_shift():
+    from defenses.adaclip import AdaCliPDesign
+    from defenses.auditing import CanaryDesign
+
+    names = {"w": torch.Size([2, 2])}
+
+    class Fake:
+        param_shapes = names
+
+    shared = SharedGradient({"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}, batch_size=1, noise_std=0.5)
+    assert torch.equal(CanaryDesign().noise_units(Fake(), shared), torch.tensor([2.0, 4.0, 6.0, 8.0]))
+    shared.extra = {"adaclip.a": {"w": torch.ones(2, 2)}, "adaclip.noise_std": {"w": torch.tensor([[1.0, 2.0], [4.0, 8.0]])}}
+    assert torch.equal(AdaCliPDesign().noise_units(Fake(), shared), torch.tensor([0.0, 0.5, 0.5, 0.375]))
