@@ -96,3 +96,13 @@ def test_ties_are_broken_independently_of_membership():
     rng = np.random.default_rng(1)
     correct = [guess_and_count(np.zeros(200), included, 20, 20, rng) for _ in range(300)]
     assert abs(np.mean(correct) / 40 - 0.5) < 0.02
+
+
+@pytest.mark.parametrize("m,r,v,delta,expected", [
+    (1000, 100, 75, 1e-4, 0.673),      # Appendix D's worked example: 75 of 100 guesses right among 1,000 canaries
+    (100, 100, 75, 1e-4, 0.699),       # the same without abstentions (m = r)
+    (100_000, 1510, 1439, 1e-5, 2.675),  # a reported white-box result: m = 100,000, r = 1,510, v = 1,439
+])
+def test_numbers_from_the_paper(m, r, v, delta, expected):
+    """Values of Steinke, Nasr & Jagielski (arXiv 2305.08846), to the printed digits."""
+    assert one_run_epsilon_lower_bound(r, v, m, delta, 0.05) == pytest.approx(expected, abs=1.5e-3)
