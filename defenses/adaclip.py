@@ -217,3 +217,9 @@ class AdaCliPDesign(CanaryDesign):
         whitened = (flatten(shared.grads, names) - flatten(shared.extra["adaclip.a"], names)) / std
         state = flatten(defense.state_dict()["m"], names) / std
         return {"projection": canaries.project(whitened), "state": canaries.project(state)}
+
+    def noise_units(self, defense: Defense, shared: SharedGradient) -> torch.Tensor:
+        """(g̃ − a)/noise_std per coordinate: the release with its public shift and scale undone."""
+        names = list(defense.param_shapes)
+        return ((flatten(shared.grads, names) - flatten(shared.extra["adaclip.a"], names))
+                / flatten(shared.extra["adaclip.noise_std"], names))

@@ -58,3 +58,11 @@ class CanaryDesign:
     def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
         released = flatten(shared.grads, list(defense.param_shapes))
         return {"projection": canaries.project(released) / shared.noise_std}
+
+    def noise_units(self, defense: Defense, shared: SharedGradient) -> torch.Tensor:
+        """The release as one flat vector in units of its noise std, with any public per-coordinate shift
+        removed: what the whole-run audit (``dpeval audit --scope run``) projects its canaries on. The
+        default divides by the release's ``noise_std``; a defense that shifts or scales coordinates by
+        public statistics undoes them here."""
+        released = flatten(shared.grads, list(defense.param_shapes))
+        return released / shared.noise_std if shared.noise_std > 0 else released

@@ -395,36 +395,60 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 
 @main.command()
 @click.option("--defense", required=True, help="defense name (dpeval list); must be a DP defense")
+@click.option("--scope", type=click.Choice(["release", "run"]), default="release", show_default=True,
+              help="release: canaries in single releases at the audit's own σ; run: one complete training of "
+                   "the configured run with canaries, its accounted ε (docs/audit.md)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
-@click.option("--trials", type=int, help="trials per neighbour (with / without the canary); default 100000")
+@click.option("--trials", type=int, help="release scope: trials per neighbour (with / without the canary); default 100000")
 @click.option("--noise-multiplier", type=float,
-              help="accounted σ of each audited step (the defense adds noise_for_accounted(σ)); default 2.0")
-@click.option("--steps", type=int, help="consecutive audited steps; default 2")
-@click.option("--canaries", type=int, help="orthogonal canaries per release (1 = one trial per release); default 512")
+              help="release scope: accounted σ of each audited step (the defense adds noise_for_accounted(σ)); default 2.0")
+@click.option("--steps", type=int, help="release scope: consecutive audited steps; default 2")
+@click.option("--canaries", type=int, help="release scope: orthogonal canaries per release (1 = one trial per "
+                                            "release); default 512. run scope: canaries in the run; default 1000")
+@click.option("--canary-kind", type=click.Choice(["gradient", "input"]),
+              help="run scope: white-box gradient canaries scored on every release (default gradient) or "
+                   "black-box input canaries scored by the final model's loss (input)")
 @click.option("--seed", type=int, help="audit seed (default 0)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @handle_errors
-def audit(defense: str, sets: tuple[str, ...], config: str | None, trials: int | None,
-          noise_multiplier: float | None, steps: int | None, canaries: int | None, seed: int | None,
-          as_json: bool, quiet: bool) -> None:
-    """Statistical canary audit of a defense's release: empirical ε lower bound vs the accountant's ε
+def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, trials: int | None,
+          noise_multiplier: float | None, steps: int | None, canaries: int | None, canary_kind: str | None,
+          seed: int | None, as_json: bool, quiet: bool) -> None:
+    """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
-    from harness.audit.driver import AuditOptions, run_audit
-    from harness.audit.format import format_audit
     from harness.config import build_spec
 
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
-    privacy = raw.get("privacy")
-    for key in ("epsilon", "noise_multiplier"):
-        if isinstance(privacy, dict) and key in privacy:
-            raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
-    spec = build_spec(raw)
-    given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
-    result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None}, progress=not quiet))
-    emit(result, as_json, format_audit(result))
+    if scope == "run":
+        from harness.audit.format import format_run_audit
+        from harness.audit.run import RunAuditOptions, run_scope_audit
+
+        for flag, value in (("--trials", trials), ("--noise-multiplier", noise_multiplier), ("--steps", steps)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --scope release (the run scope audits the configured run: "
+                                  "set its σ or ε with --set privacy.…)")
+        spec = build_spec(raw)
+        given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind)) if v is not None}
+        result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
+        emit(result, as_json, format_run_audit(result))
+    else:
+        from harness.audit.driver import AuditOptions, run_audit
+        from harness.audit.format import format_audit
+
+        if canary_kind is not None:
+            raise ConfigError("--canary-kind: only with --scope run")
+        privacy = raw.get("privacy")
+        for key in ("epsilon", "noise_multiplier"):
+            if isinstance(privacy, dict) and key in privacy:
+                raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
+        spec = build_spec(raw)
+        given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
+        result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
+                                              progress=not quiet))
+        emit(result, as_json, format_audit(result))
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
                    f"ε = {result['privacy.epsilon']:.3f} ({result['audit.statistic']})", err=True)
@@ -513,13 +537,15 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
 
     store = ResultStore(results)
     store.check(create=False)
-    records = lb.leaderboard(store.rows(), group_seeds, sort_by, descending)
+    rows = store.rows()
+    records = lb.leaderboard(rows, group_seeds, sort_by, descending)
+    selection = "".join(f"\n{line}" for line in lb.selection_sentences(lb.selection_costs(rows)))
     if out:
         with writing("--out"):
             lb.write_leaderboard(records, Path(out))
-        emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}")
+        emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}{selection}")
     else:
-        emit(records, as_json, lb.format_table(records))
+        emit(records, as_json, lb.format_table(records) + selection)
 
 
 @main.command()

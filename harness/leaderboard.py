@@ -11,6 +11,16 @@ where the point beats the attack's data-free baseline (its verdict is ``leaks``;
 headline beats the declared baseline or chance level): configurations with no detected leakage all tie
 at "no leakage" — they can dominate a leaking configuration (as accurate, less leakage) but are not
 ranked among themselves by differences that lie within the baseline's noise.
+
+``privacy.selection_*`` prices the choice itself: a best configuration picked among k DP configurations
+trained on the same private data is the output of all k trainings, so its ε is not one run's ε. Per
+dataset with at least two DP configurations (non-DP baselines, ε = inf, are not candidates), every DP
+record gets ``privacy.selection_configs`` (k), ``privacy.selection_epsilon`` / ``.selection_delta`` (plain
+composition over all the runs: Σε, Σδ) and, where every run's σ, q and T are known (the subsampled
+Gaussian), ``privacy.selection_epsilon_random_stopping`` / ``.selection_delta_random_stopping`` with
+``privacy.selection_random_stopping`` naming the distribution: what the selection would cost had the
+configurations been tried by Papernot & Steinke's random stopping with as many trials on average
+(``harness.core.accounting.random_stopping_cost``). ``selection_sentences`` says it in words.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
+from harness.core.accounting import composition, gaussian_rdp, random_stopping_cost
 from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
 
 LEADING = [
@@ -33,6 +44,7 @@ LEADING = [
 ]
 METRIC_PREFIXES = ("utility.", "leakage.", "comm.", "time.")  # averaged over seeds, with .sem
 TERMINAL = ["run_id", "dataset", "model", "defense", "attack", "seed", "privacy.epsilon", "utility.test_accuracy"]
+SELECTION = ["privacy.selection_epsilon", "privacy.selection_epsilon_random_stopping"]  # beside ε in the table
 # A paper recipe's numbers (configs/papers/, ``paper:``) sit beside the measured column they quote, with the
 # best epoch's accuracy (what papers that report "best accuracy" compare with); BRIEF: what the terminal table
 # and the report add (the CSV adds them all).
@@ -183,6 +195,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
             for c in (h[0], f"leakage.{a}.verdict") if c in keys]
     pareto = sorted(c for c in keys if c.startswith("pareto."))
     base = [c for c in TERMINAL if c != "seed" and c in keys | set(TERMINAL)]
+    chosen = [c for c in SELECTION if c in keys]
+    base[base.index("privacy.epsilon") + 1:base.index("privacy.epsilon") + 1] = chosen
     if grouped:
         base = ["n", *[c for c in base if c != "run_id"], "seeds"]
     else:
@@ -207,12 +221,89 @@ def format_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _finite(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per dataset with ≥ 2 DP configurations among the finished runs: the privacy cost of selecting one of
+    them on the private data (module docstring)."""
+    configs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for row in latest_per_key([r for r in rows if r["status"] == "done"]):
+        m = row["metrics"]
+        if _finite(m.get("privacy.epsilon")):
+            configs.setdefault(str(m.get("dataset")), {}).setdefault(group_key(row), []).append(m)
+    out = {}
+    for dataset, groups in configs.items():
+        if len(groups) < 2:
+            continue
+        runs = [m for members in groups.values() for m in members]
+        deltas = [float(m.get("privacy.delta") or 0.0) for m in runs]
+        eps, delta = composition([float(m["privacy.epsilon"]) for m in runs], deltas)
+        cost: dict[str, Any] = {"dataset": dataset, "configs": len(groups), "runs": len(runs),
+                                "run_epsilon": max(float(m["privacy.epsilon"]) for m in runs),
+                                "run_delta": max(deltas), "epsilon": eps, "delta": delta}
+        curves = []
+        for members in groups.values():  # one trial = one configuration, all its seeds
+            parts = []
+            for m in members:
+                sigma = m.get("privacy.accounted_noise_multiplier", m.get("privacy.noise_multiplier"))
+                q, steps = m.get("privacy.sample_rate"), m.get("privacy.steps")
+                if not (_finite(sigma) and sigma > 0 and _finite(q) and 0 < q <= 1 and is_number(steps)):
+                    parts = None
+                    break
+                parts.append(gaussian_rdp(float(sigma), float(q), int(steps)))
+            if parts is None:
+                curves = None
+                break
+            curves.append([sum(v) for v in zip(*parts)])
+        if curves and cost["run_delta"] > 0:
+            worst = [max(v) for v in zip(*curves)]
+            stopping = random_stopping_cost(worst, len(groups), cost["run_delta"])
+            cost.update({"random_stopping": stopping,
+                         "random_stopping_name": (f"K ~ truncated negative binomial (η = {stopping['eta']:g}, "
+                                                  f"γ = {stopping['gamma']:.4g}), E[K] = {stopping['mean_trials']:.3g}")})
+        out[dataset] = cost
+    return out
+
+
+def selection_sentences(costs: dict[str, dict[str, Any]]) -> list[str]:
+    """One sentence per dataset: "best of k at ε = … → the selection procedure is (ε', δ')-DP"."""
+    lines = []
+    for c in costs.values():
+        text = (f"{c['dataset']}: best of {c['configs']} DP configurations ({c['runs']} runs) at ε ≤ "
+                f"{c['run_epsilon']:.3g} (δ = {c['run_delta']:.3g}) → selecting one on the private data is "
+                f"({c['epsilon']:.3g}, {c['delta']:.3g})-DP by composition")
+        if "random_stopping" in c:
+            rs = c["random_stopping"]
+            text += (f"; with a random number of trials ({c['random_stopping_name']}; Papernot & Steinke 2022) "
+                     f"it would be ({rs['epsilon']:.3g}, {rs['delta']:.3g})-DP")
+        lines.append(text + ".")
+    return lines
+
+
+def mark_selection(records: list[dict[str, Any]], costs: dict[str, dict[str, Any]]) -> None:
+    for r in records:
+        c = costs.get(str(r.get("dataset")))
+        if c is None or not _finite(r.get("privacy.epsilon")):
+            continue
+        r["privacy.selection_configs"] = c["configs"]
+        r["privacy.selection_epsilon"] = c["epsilon"]
+        r["privacy.selection_delta"] = c["delta"]
+        if "random_stopping" in c:
+            r["privacy.selection_epsilon_random_stopping"] = c["random_stopping"]["epsilon"]
+            r["privacy.selection_delta_random_stopping"] = c["random_stopping"]["delta"]
+            r["privacy.selection_random_stopping"] = c["random_stopping_name"]
+
+
 def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: str | None = None,
                 descending: bool = False) -> list[dict[str, Any]]:
-    """Records of the ``done`` runs (or seed groups), with Pareto marks, optionally sorted."""
+    """Records of the ``done`` runs (or seed groups), with Pareto marks and the selection's price,
+    optionally sorted."""
     done = [r for r in rows if r["status"] == "done"]
     records = group_seeds(done) if seeds_grouped else [flat_row(r) for r in done]
     mark_pareto(records)
+    mark_selection(records, selection_costs(done))
     return sort_records(records, sort, descending) if sort else records
 
 

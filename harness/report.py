@@ -158,6 +158,12 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
               if c in keys and c not in swept]
     columns: list[tuple[str, str]] = [("n", "n")] + [(c, setting_name(c)) for c in swept]
     columns.append((UTILITY, "test accuracy"))
+    if "privacy.selection_epsilon" in keys:  # the price of choosing among the configurations
+        columns += [(c, name) for c, name in (("privacy.epsilon", "ε (one run)"),
+                                              ("privacy.selection_epsilon", "ε of the selection (composition)"),
+                                              ("privacy.selection_epsilon_random_stopping",
+                                               "ε of the selection (random stopping)"))
+                    if c in keys and c not in swept]
     for attack in lb.attacks_in(records):
         found = lb.headline(keys, attack)
         if found:
@@ -514,6 +520,8 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str | No
     sections = [f"<h1>dpeval report</h1><p>{len(done)} finished runs in {len(records)} configurations "
                 f"(mean ± SEM over seeds); dpeval {__version__}.{f' All runs: {common}.' if common else ''}</p>",
                 f"<p class='note'>{RULES}</p>", "<h2>Leaderboard</h2>", board]
+    sections += [f"<p class='selection'>{html.escape(line)}</p>"
+                 for line in lb.selection_sentences(lb.selection_costs(done))]
     for title, path in plots:
         sections.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
     if pics:

@@ -100,8 +100,11 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
             state.check_exists(spec.train.epochs)
 
 
-def prepare(spec: RunSpec) -> Prepared:
-    """Load data, build the model and plan privacy; raises ConfigError on any invalid input."""
+def prepare(spec: RunSpec, defense_cls: type[Defense] | None = None,
+            plan: Callable[[RunSpec, type[Defense], int], PrivacyPlan] | None = None) -> Prepared:
+    """Load data, build the model and plan privacy; raises ConfigError on any invalid input.
+    ``defense_cls`` replaces the registry's class of ``spec.defense_name`` (same parameters) and ``plan``
+    replaces :func:`plan_privacy`: the whole-run audit's tests plant broken ones this way."""
     device = resolve_device(spec.device)
     task = load_task(spec.data)
     n = len(task.train)
@@ -117,12 +120,12 @@ def prepare(spec: RunSpec) -> Prepared:
     with victim.torch_global("init"):
         model = build()
     check_attacks(spec, model, task)
-    defense_cls = DEFENSES.get(spec.defense_name, field="defense")
+    defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
         check_lean(defense_cls, model)
-    privacy = plan_privacy(spec, defense_cls, n)
+    privacy = (plan or plan_privacy)(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
     def make_defense(defense_streams: Streams, bound_to: nn.Module | None = None) -> Defense:

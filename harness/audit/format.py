@@ -30,3 +30,33 @@ def format_audit(result: dict[str, Any]) -> str:
     else:
         lines.append("  FAIL: ε_LB > ε: the release leaks more than the accountant's ε allows")
     return "\n".join(lines)
+
+
+def format_run_audit(result: dict[str, Any]) -> str:
+    """The terminal view of a whole-run audit: the bound, the run's ε, the guesses, the canary design and
+    the best guessing rule of each statistic."""
+    r = result
+    lines = [
+        f"one-run audit of {r['defense']} ({r['dataset']} / {r['model']}, seed {r['seed']}): {r['privacy.steps']} "
+        f"steps at sample rate {r['privacy.sample_rate']:.4g} ({r['privacy.sampling']} sampling), "
+        f"σ = {r['privacy.noise_multiplier']:.4g}",
+        f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   δ = {r['privacy.delta']:.3g}"
+        f"   (the run's {r['privacy.accountant']} accountant; {r['audit.confidence']:.0%} confidence)",
+        f"  best test: statistic {r['audit.statistic']}, {r['audit.correct']} correct of {r['audit.guesses']} guesses "
+        f"({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", {r['audit.canaries'] - r['audit.guesses']} "
+        f"abstentions); {r['audit.canaries_included']} of {r['audit.canaries']} canaries included",
+        f"  canaries: {r['audit.canary_design']}",
+        f"  test accuracy {r['utility.test_accuracy']:.4f}; {r['time.audit_s']:.1f} s",
+    ]
+    best: dict[str, dict[str, Any]] = {}
+    for t in r["audit.tests"]:
+        if t["statistic"] not in best or t["epsilon_lower_bound"] > best[t["statistic"]]["epsilon_lower_bound"]:
+            best[t["statistic"]] = t
+    for name, t in best.items():
+        lines.append(f"    {name:<10} ε_LB {t['epsilon_lower_bound']:.3f}  {t['correct']}/{t['guesses']} correct "
+                     f"(k+ = {t['k_in']}, k− = {t['k_out']})")
+    if r["audit.passed"]:
+        lines.append("  PASS: ε_LB ≤ ε")
+    else:
+        lines.append("  FAIL: ε_LB > ε: the run leaks more than its accounted ε allows")
+    return "\n".join(lines)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
@@ -105,3 +106,86 @@ def steps_per_epoch(sample_rate: float) -> int:
 def steps_for(epochs: int, sample_rate: float) -> int:
     """Steps of ``epochs`` passes at rate q: ``steps_per_epoch(q)`` each, as training takes them."""
     return epochs * steps_per_epoch(sample_rate)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the price of tuning: selecting the best of k configurations trained on the same private data
+#
+# Plain composition: k runs that are (ε_i, δ_i)-DP are together (Σε_i, Σδ_i)-DP, and so is anything chosen
+# from their outputs (the selection is post-processing of all k runs).
+#
+# Random stopping (Papernot & Steinke 2022, "Hyperparameter Tuning with Renyi Differential Privacy",
+# Theorem 2): run a random number K of trials, each a configuration drawn at random and trained with an
+# RDP mechanism Q, and release the best; with K ~ truncated negative binomial TNB(η, γ) (η = 0: the
+# logarithmic distribution; η = 1: the geometric, Liu & Talwar 2019) the whole procedure is (λ, ε')-RDP with
+#     ε'(λ) = ε(λ) + (1 + η)(1 − 1/λ̂) ε(λ̂) + (1 + η) log(1/γ) / λ̂ + log E[K] / (λ − 1)
+# for every λ̂ ≥ 1, where Q is (λ, ε(λ))- and (λ̂, ε(λ̂))-RDP. Here ε(·) is the largest RDP curve among the
+# grid's configurations, λ̂ the best order on the grid, γ chosen so that E[K] = k (as many trials on average
+# as the grid has configurations), and ε'(λ) is converted to (ε, δ) at the run's δ as the RDP accountant does.
+
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256])
+STOPPING_ETAS = (0.0, 1.0)  # the random-stopping distributions tried (the better one is reported)
+
+
+def composition(epsilons: list[float], deltas: list[float]) -> tuple[float, float]:
+    """Basic composition of runs on the same data: (Σ ε_i, Σ δ_i)."""
+    return float(sum(epsilons)), float(sum(deltas))
+
+
+def gaussian_rdp(noise_multiplier: float, sample_rate: float, steps: int,
+                 orders: tuple[float, ...] = RDP_ORDERS) -> list[float]:
+    """RDP ε(λ) of ``steps`` subsampled Gaussian steps (Opacus' analysis, as the RDP accountant uses)."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return [float(v) for v in np.atleast_1d(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier,
+                                                         steps=steps, orders=list(orders)))]
+
+
+def tnb_mean(eta: float, gamma: float) -> float:
+    """E[K] of the truncated negative binomial TNB(η, γ) (Papernot & Steinke, Definition 1)."""
+    if eta == 0:
+        return (1 / gamma - 1) / math.log(1 / gamma)
+    return eta * (1 - gamma) / (gamma * (1 - gamma**eta))
+
+
+def tnb_gamma_for_mean(eta: float, mean: float) -> float:
+    """The γ ∈ (0, 1) with E[K] = ``mean`` (≥ 1; E[K] falls from ∞ to 1 as γ goes from 0 to 1)."""
+    if mean <= 1:
+        return 1.0 - 1e-12
+    lo, hi = 1e-300, 1.0 - 1e-12
+    for _ in range(200):  # bisection on log γ
+        mid = math.sqrt(lo * hi)
+        if tnb_mean(eta, mid) > mean:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+def rdp_to_dp(rdp: list[float], delta: float, orders: tuple[float, ...] = RDP_ORDERS) -> float:
+    """(ε, δ) from an RDP curve with the conversion the Opacus RDP accountant uses (Balle et al. 2020)."""
+    best = math.inf
+    for a, r in zip(orders, rdp):
+        if math.isfinite(r):
+            best = min(best, r - (math.log(delta) + math.log(a)) / (a - 1) + math.log((a - 1) / a))
+    return max(best, 0.0)
+
+
+def random_stopping_rdp(rdp: list[float], eta: float, gamma: float,
+                        orders: tuple[float, ...] = RDP_ORDERS) -> list[float]:
+    """ε'(λ) of Papernot & Steinke's Theorem 2 for every order λ, minimised over λ̂ on the same grid."""
+    extra = min((1 + eta) * (1 - 1 / ah) * rh + (1 + eta) * math.log(1 / gamma) / ah
+                for ah, rh in zip(orders, rdp) if math.isfinite(rh))
+    log_mean = math.log(tnb_mean(eta, gamma))
+    return [r + extra + log_mean / (a - 1) for a, r in zip(orders, rdp)]
+
+
+def random_stopping_cost(rdp: list[float], trials: float, delta: float) -> dict[str, float]:
+    """The best (over ``STOPPING_ETAS``) (ε, δ) of random stopping with E[K] = ``trials``, and its η, γ."""
+    best: dict[str, float] = {}
+    for eta in STOPPING_ETAS:
+        gamma = tnb_gamma_for_mean(eta, trials)
+        eps = rdp_to_dp(random_stopping_rdp(rdp, eta, gamma), delta)
+        if not best or eps < best["epsilon"]:
+            best = {"epsilon": eps, "delta": delta, "eta": eta, "gamma": gamma, "mean_trials": tnb_mean(eta, gamma)}
+    return best

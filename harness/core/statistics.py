@@ -120,3 +120,74 @@ def auc_delong(scores: np.ndarray, labels: np.ndarray, alpha: float = 0.05) -> t
         return auc, 0.0, 1.0
     half = float(stats.norm.ppf(1 - alpha / 2)) * math.sqrt(v10.var(ddof=1) / m + v01.var(ddof=1) / n)
     return auc, max(0.0, auc - half), min(1.0, auc + half)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the one-run audit (Steinke, Nasr & Jagielski 2023, "Privacy Auditing with One (1) Training Run")
+#
+# m canaries are each included independently with probability 1/2; the auditor guesses "in" / "out" for
+# r of them and abstains on the rest. Under (ε, δ)-DP with respect to each canary, the number W of correct
+# guesses satisfies, for every v (their main theorem, with the δ > 0 term),
+#     P[W ≥ v] ≤ P[B ≥ v] + 2mδ · max_{1≤i≤v} P[v − i ≤ B < v] / i,     B ~ Binomial(r, e^ε / (1 + e^ε)).
+# The right-hand side is the p-value of "the run is (ε, δ)-DP" after v correct guesses. An (ε, δ)-DP
+# mechanism is also (ε', δ)-DP for every ε' ≥ ε, so rejecting at any ε' rejects every smaller ε: the bound
+# is the largest ε whose p-value is ≤ β (found on a grid, then refined by bisection, and only ever a point
+# where the p-value was evaluated to be ≤ β, so a coarse grid can only make it smaller).
+
+ONE_RUN_EPS_MAX = 30.0   # the grid's end: beyond it the p-value is the δ term alone
+ONE_RUN_EPS_STEP = 0.02  # grid spacing before the bisection
+
+
+def one_run_p_values(guesses: int, correct: int, canaries: int, epsilons: np.ndarray, delta: float) -> np.ndarray:
+    """p-value of ``correct`` (or more) correct guesses among ``guesses`` under (ε, δ)-DP, for every ε of
+    ``epsilons`` (the theorem above)."""
+    r, v, m = int(guesses), int(correct), int(canaries)
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= correct <= guesses <= canaries, got {v}, {r}, {m}")
+    eps = np.atleast_1d(np.asarray(epsilons, dtype=float))
+    p = 1.0 / (1.0 + np.exp(-eps))  # accuracy of ε-DP randomized response
+    tail = stats.binom.sf(v - 1, r, p)  # P[B ≥ v]
+    if delta == 0 or v == 0:
+        return np.minimum(tail, 1.0)
+    # cdf[:, j] = P[B ≤ j − 1] for j = 0..v, so P[v − i ≤ B ≤ v − 1] = cdf[:, v] − cdf[:, v − i]
+    cdf = stats.binom.cdf(np.arange(-1, v)[None, :], r, p[:, None])
+    i = np.arange(1, v + 1)
+    window = cdf[:, [v]] - cdf[:, v - i]
+    return np.minimum(tail + 2 * m * delta * (window / i[None, :]).max(axis=1), 1.0)
+
+
+def one_run_epsilon_lower_bound(guesses: int, correct: int, canaries: int, delta: float, beta: float) -> float:
+    """The largest ε the one-run test rejects at level ``beta`` (0 when it rejects none): with probability
+    ≥ 1 − β over the canaries' inclusion, an (ε, δ)-DP run gives a bound ≤ ε."""
+    if guesses == 0:
+        return 0.0
+    grid = np.arange(0.0, ONE_RUN_EPS_MAX + ONE_RUN_EPS_STEP / 2, ONE_RUN_EPS_STEP)
+    ok = one_run_p_values(guesses, correct, canaries, grid, delta) <= beta
+    if not ok.any():
+        return 0.0
+    last = int(np.flatnonzero(ok)[-1])
+    lo = float(grid[last])
+    if last == len(grid) - 1:
+        return lo
+    hi = float(grid[last + 1])
+    for _ in range(30):  # invariant: p-value(lo) ≤ β
+        mid = (lo + hi) / 2
+        if one_run_p_values(guesses, correct, canaries, np.array([mid]), delta)[0] <= beta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def guess_and_count(scores: np.ndarray, included: np.ndarray, k_in: int, k_out: int,
+                    rng: np.random.Generator) -> int:
+    """Guess "in" for the ``k_in`` highest scores and "out" for the ``k_out`` lowest (ties broken by a random
+    order drawn from ``rng``, independent of the inclusion), abstain on the rest; the number of correct
+    guesses."""
+    scores, included = np.asarray(scores, dtype=float), np.asarray(included, dtype=bool)
+    if k_in + k_out > len(scores):
+        raise ValueError(f"{k_in} + {k_out} guesses among {len(scores)} canaries")
+    tie = rng.permutation(len(scores))
+    order = np.lexsort((tie, scores))  # ascending score, ties in random order
+    low, high = order[:k_out], order[len(order) - k_in:] if k_in else order[:0]
+    return int(included[high].sum() + (~included[low]).sum())

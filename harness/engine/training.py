@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from defenses.base import Defense
+from defenses.base import Defense, SharedGradient
 from harness.engine.book_keeping import BookKeeping, select_engine
 from harness.engine.release import apply_release
 from harness.core.settings import TrainConfig
@@ -124,11 +124,15 @@ def fraction_correct(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.T
 
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
           sampler: BatchSampler, device: torch.device, progress: bool = True,
-          on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None) -> TrainResult:
+          on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None,
+          before_release: Callable[[int, int, Defense], None] | None = None,
+          after_release: Callable[[int, SharedGradient], None] | None = None) -> TrainResult:
     """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``.
 
     ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
-    the weights and public defense state an attack targets)."""
+    the weights and public defense state an attack targets). ``before_release(step, epoch, defense)`` runs
+    after a step's batch entered the defense's running sum and before its release (the run-level audit adds
+    its canaries' per-sample gradients there), ``after_release(step, shared)`` sees every release."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     result = TrainResult(engine=select_engine(cfg.engine, model, defense))
     log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
@@ -154,7 +158,11 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             batch = batch.to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
                 feed(xb, yb)
+            if before_release is not None:
+                before_release(result.steps, epoch, defense)
             shared = defense.release(sampler.batch_size)
+            if after_release is not None:
+                after_release(result.steps, shared)
             apply_release(params, shared)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -171,3 +171,63 @@ def test_a_setting_only_some_records_carry_is_not_a_sweep():
                {"defense": "rs", "defense.clip": None, "defense.final_rate": 0.9, "attack.lira.shadows": 6}]
     assert lb.varying_settings(records) == ["defense.clip", "defense.final_rate"]
     assert lb.varying_settings(records[:3]) == ["defense.final_rate"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the price of selecting a configuration on the private data
+
+
+def dp_row(run_id, seed, clip, acc, eps=3.0, delta=1e-5, dataset="digits"):
+    metrics = {"dataset": dataset, "defense": "dpsgd", "seed": seed, "defense.clip": clip,
+               "utility.test_accuracy": acc, "privacy.epsilon": eps, "privacy.delta": delta,
+               "privacy.noise_multiplier": 2.275, "privacy.accounted_noise_multiplier": 2.275,
+               "privacy.sample_rate": 0.1017, "privacy.steps": 180}
+    config = {"defense": {"name": "dpsgd", "clip": clip}, "seed": seed, "data": {"name": dataset}}
+    return {"run_id": run_id, "run_key": run_id, "status": "done", "metrics": metrics, "config": config}
+
+
+def test_a_grid_of_twelve_reports_the_selection_cost_in_a_column_and_a_sentence():
+    from harness.core.accounting import gaussian_rdp, random_stopping_cost
+
+    rows = [dp_row(f"r{i}", 0, 0.1 * (i + 1), 0.80 + 0.01 * i) for i in range(12)]
+    baseline = row("none", 0, 0.97)
+    baseline["metrics"].update({"defense": "none", "privacy.epsilon": math.inf})
+    baseline["config"] = {"defense": {"name": "none"}, "seed": 0}
+    records = {r["run_id"]: r for r in lb.leaderboard(rows + [baseline])}
+    best = records["r11"]
+    assert best["privacy.selection_configs"] == 12  # the non-private baseline is not a candidate
+    assert best["privacy.selection_epsilon"] == pytest.approx(36.0)  # 12 × 3
+    assert best["privacy.selection_delta"] == pytest.approx(1.2e-4)  # 12 × 1e-5
+    expected = random_stopping_cost(gaussian_rdp(2.275, 0.1017, 180), 12, 1e-5)
+    assert best["privacy.selection_epsilon_random_stopping"] == pytest.approx(expected["epsilon"])
+    assert 3.0 < best["privacy.selection_epsilon_random_stopping"] < 9.0
+    assert "truncated negative binomial" in best["privacy.selection_random_stopping"]
+    assert "privacy.selection_epsilon" not in records["none"]
+    (sentence,) = lb.selection_sentences(lb.selection_costs(rows + [baseline]))
+    assert "best of 12 DP configurations" in sentence and "ε ≤ 3" in sentence
+    assert "(36, 0.00012)-DP by composition" in sentence and "E[K] = 12" in sentence
+    text = lb.format_table(lb.leaderboard(rows))
+    assert "privacy.selection_epsilon" in text.splitlines()[0]
+
+
+def test_seeds_of_one_configuration_are_runs_of_one_trial():
+    rows = [dp_row("a0", 0, 1.0, 0.9), dp_row("a1", 1, 1.0, 0.91), dp_row("b0", 0, 2.0, 0.92)]
+    (cost,) = lb.selection_costs(rows).values()
+    assert cost["configs"] == 2 and cost["runs"] == 3
+    assert cost["epsilon"] == pytest.approx(9.0)  # every run on the private data counts
+    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    assert [g["privacy.selection_epsilon"] for g in grouped] == pytest.approx([9.0, 9.0])
+
+
+def test_one_configuration_or_separate_datasets_select_nothing():
+    assert lb.selection_costs([dp_row("a0", 0, 1.0, 0.9), dp_row("a1", 1, 1.0, 0.9)]) == {}
+    assert lb.selection_costs([dp_row("a", 0, 1.0, 0.9), dp_row("b", 0, 2.0, 0.9, dataset="cifar10")]) == {}
+    assert "privacy.selection_epsilon" not in lb.leaderboard([dp_row("a", 0, 1.0, 0.9)])[0]
+
+
+def test_without_sigma_only_composition_is_reported():
+    rows = [row("a", 0, 0.9, rate=0.5), row("b", 0, 0.8, rate=0.9)]  # ε = 3 but no σ, q, T recorded
+    (cost,) = lb.selection_costs(rows).values()
+    assert cost["epsilon"] == pytest.approx(6.0) and "random_stopping" not in cost
+    (sentence,) = lb.selection_sentences({"digits": cost})
+    assert "by composition." in sentence and "random" not in sentence

@@ -215,3 +215,20 @@ def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
     (title, path), = report.roc_curves([row], tmp_path, [], tmp_path, "report")
     assert path.is_file() and title == "ROC curves (lira)"
     assert axes[0].get_xlim()[0] == pytest.approx(1 / 250) and axes[0].get_ylim()[0] == pytest.approx(1 / 250)
+
+
+def test_report_prices_the_selection_of_a_configuration(tmp_path):
+    fake_results(tmp_path / "r")  # 6 configurations × 2 seeds, each at ε = 3
+    out = tmp_path / "report.html"
+    report(tmp_path / "r", out)
+    page = out.read_text()
+    assert "best of 6 DP configurations (12 runs)" in page and "(36, 0)-DP by composition" in page
+    assert "ε of the selection (composition)" in page
+
+
+def test_leaderboard_command_prints_the_selection_sentence(tmp_path):
+    fake_results(tmp_path / "r")
+    result = CliRunner().invoke(main, ["leaderboard", "--results", str(tmp_path / "r"), "--group-seeds"])
+    assert result.exit_code == 0, result.output
+    assert "privacy.selection_epsilon" in result.stdout.splitlines()[0]
+    assert "digits: best of 6 DP configurations (12 runs) at ε ≤ 3" in result.stdout

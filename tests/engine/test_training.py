@@ -83,3 +83,32 @@ def test_train_steps_only_on_releases_and_calls_back_each_epoch():
                     spec.train, fresh.sampler, fresh.device, progress=False)
     assert not all(torch.equal(p, q) for p, q in zip(before, fresh.model.parameters()))
     assert trained.history[-1]["test_accuracy"] > 0.5
+
+
+def test_release_hooks_see_every_step_and_can_add_to_its_sum():
+    """``before_release`` runs once per step after the batch and before the release (what it accumulates is
+    released), ``after_release`` sees that release: the whole-run audit's canaries go in this way."""
+    spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 200}}, "defense": {"name": "dpsgd"},
+                       "train": {"batch_size": 50, "epochs": 2}, "privacy": {"noise_multiplier": 1.0}})
+    prep = prepare(spec)
+    defense = prep.make_defense(prep.streams.scope("victim"))
+    calls, released = [], []
+    name = next(iter(defense.param_shapes))
+
+    def before(step, epoch, d):
+        calls.append((step, epoch))
+        assert d is defense and d.samples_seen > 0  # the step's batch is already in the sum
+        grad = {n: torch.zeros(1, *s) for n, s in d.param_shapes.items()}
+        grad[name].view(1, -1)[0, 0] = 1e6  # one huge per-sample gradient: clipped to C on one coordinate
+        seen = d.samples_seen
+        d.clip_and_accumulate(grad)
+        assert d.samples_seen == seen + 1
+
+    def after(step, shared):
+        released.append((step, shared))
+
+    train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
+          progress=False, before_release=before, after_release=after)
+    steps = 2 * prep.sampler.steps_per_epoch
+    assert calls == [(s, s // prep.sampler.steps_per_epoch) for s in range(steps)]
+    assert [s for s, _ in released] == list(range(steps))

@@ -1,0 +1,325 @@
+"""``dpeval audit --scope run``: a one-run audit of a whole training (Steinke, Nasr & Jagielski 2023).
+
+The configured run is trained once, exactly as ``dpeval run`` trains it (same data, model, sampler, σ
+calibration and accountant), with ``m`` white-box gradient canaries added to the private pool. Each canary
+is included independently with probability 1/2; an included canary is a pool member like any other: with
+Poisson sampling it joins each batch independently with the run's rate q, with shuffled batches it falls
+into one uniformly random slot of each epoch's permutation (and, like any example, into the dropped
+remainder with probability (N mod B)/N). When a canary is in a batch, its per-sample gradient — norm
+``CANARY_NORM`` along its direction u_i, far above any clipping norm — enters the defense's own
+``clip_and_accumulate`` beside the batch's real examples, before the step's ``release``.
+
+Canary design: u_i = ±e_j, one coordinate of the flattened trainable parameters per canary (m distinct
+coordinates, random signs, drawn from the audit's own stream); orthogonal, so one canary's gradient moves
+no other canary's projection, and cheap. The auditor sees every release (the strongest threat model the
+harness uses), puts it in noise units with the defense's audit design (``CanaryDesign.noise_units``: the
+release over its noise std; AdaCliP's design also removes its public per-coordinate shift and scale), and
+scores each canary with three statistics of its projections ⟨u_i, release_t⟩, higher = "in":
+
+- ``sum``: Σ_t w_t ⟨u_i, release_t⟩, the canary's projection summed over all steps, each step weighted
+  by 1/ŝ_t², ŝ_t the robust spread (1.4826 · median absolute deviation) of that step's released
+  projections over all canaries — the likelihood-ratio statistic of a Gaussian mechanism whose noise may
+  change over the run (a step released with little noise weighs more; the weights are measured, not taken
+  from the defense's declared noise std);
+- ``roughness``: Σ_t (⟨u_i, release_t⟩ − ⟨u_i, release_{t−1}⟩)²: fresh noise makes every canary's
+  trajectory equally rough; noise that repeats between steps cancels in the differences, and then the
+  steps where the canary is sampled stand out;
+- ``mask``: the number of steps whose public mask (``SharedGradient.mask``) releases the canary's
+  coordinate (constant, hence uninformative, for defenses without masks): a mask that follows the data
+  keeps the coordinates of included canaries.
+
+For each statistic and each guessing rule of ``GUESS_RULES`` (a fixed grid of (k+, k−) as fractions of m),
+the auditor guesses "in" for the k+ highest scores and "out" for the k− lowest, abstains on the rest, and
+counts the correct guesses; ``harness.core.statistics.one_run_epsilon_lower_bound`` turns (guesses,
+correct) into an ε lower bound at δ = the run's δ with confidence 1 − β/K (K = statistics × rules,
+Bonferroni), so the maximum over the K tests is a (1 − β) lower bound. The run passes when that maximum is
+≤ the run's accounted ε. Every score is a function of what the auditor sees, so the bound is sound for any
+defense whatever its statistic; the statistics only decide how much a broken one shows.
+
+``kind="input"`` (``--canary-kind input``) is the black-box variant: input-space canaries (noise images with
+random labels, :class:`InputCanaryPool`) sampled the same way, whose per-sample gradients at the current
+weights enter the sum; the auditor sees only the final model and scores each canary by its negative loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from defenses.auditing import CanaryDesign
+from defenses.base import Defense, SharedGradient
+from harness.config import RunSpec
+from harness.core.canaries import CANARY_NORM, Canaries, flatten
+from harness.core.errors import ConfigError
+from harness.core.per_sample import PerSampleGradients
+from harness.core.runtime import resolve_device, single_cpu_thread
+from harness.core.statistics import guess_and_count, one_run_epsilon_lower_bound
+from harness.core.streams import seed_globals
+from harness.engine.training import accuracy, train
+
+DEFAULT_RUN_CANARIES = 1000  # m: at δ = 1e-5 the δ term 2mδ stays small against β/K
+ALPHA = 0.05                 # 1 − confidence of the reported bound
+STATISTICS = ("sum", "roughness", "mask")
+# (k+, k−) as fractions of m: symmetric guesses from 2% to all canaries, and "in"-only guesses
+GUESS_RULES = ((0.01, 0.01), (0.025, 0.025), (0.05, 0.05), (0.1, 0.1), (0.25, 0.25), (0.5, 0.5),
+               (0.05, 0.0), (0.1, 0.0), (0.2, 0.0), (0.3, 0.0))
+MIN_RELEASED = 8             # a step whose mask releases fewer canary coordinates gets no weight in ``sum``
+
+
+KINDS = ("gradient", "input")  # white-box gradient canaries / black-box input canaries
+
+
+@dataclass
+class RunAuditOptions:
+    canaries: int = DEFAULT_RUN_CANARIES
+    kind: str = "gradient"
+    progress: bool = False
+
+    def validate(self) -> None:
+        if self.canaries < 2:
+            raise ConfigError(f"--canaries: must be an integer >= 2, got {self.canaries}")
+        if self.kind not in KINDS:
+            raise ConfigError(f"--canary-kind: must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+
+def guess_counts(m: int) -> list[tuple[int, int]]:
+    """The (k+, k−) of every rule of ``GUESS_RULES`` for m canaries (at least one guess each)."""
+    out = []
+    for f_in, f_out in GUESS_RULES:
+        k_in, k_out = round(f_in * m), round(f_out * m)
+        if k_in + k_out == 0:
+            k_in = 1
+        out.append((k_in, k_out))
+    return out
+
+
+class CanaryPool:
+    """The m canaries of one audited run: directions, inclusion, per-step sampling and what the auditor
+    records of every release (the canaries' projections and whether the public mask released them)."""
+
+    def __init__(self, m: int, d: int, shapes: dict[str, torch.Size], names: list[str], sampling: str,
+                 pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
+                 device: torch.device, design: CanaryDesign) -> None:
+        if m > d:
+            raise ConfigError(f"--canaries: at most one canary per trainable parameter ({d}), got {m}")
+        self.m, self.shapes, self.names, self.sampling = m, shapes, names, sampling
+        self.n, self.batch_size, self.steps_per_epoch = pool_size, batch_size, steps_per_epoch
+        self.rng = rng
+        coords = torch.from_numpy(rng.choice(d, size=m, replace=False)).view(m, 1)
+        signs = torch.from_numpy(rng.choice([-1.0, 1.0], size=m)).float().view(m, 1)
+        self.canaries = Canaries(d, coords=coords.to(device), values=signs.to(device))
+        self.included = rng.random(m) < 0.5
+        self.slots: np.ndarray | None = None  # shuffle: each canary's batch in the current epoch
+        self.epoch = -1
+        self.sampled_count = np.zeros(m, dtype=np.int64)
+        self.projections: list[np.ndarray] = []
+        self.released: list[np.ndarray] = []
+        self.device = device
+        self.defense: Defense | None = None
+        self.design = design
+
+    def sampled(self, step: int, epoch: int) -> np.ndarray:
+        """Which canaries are in this step's batch (only included ones ever are)."""
+        if self.sampling == "poisson":
+            return self.included & (self.rng.random(self.m) < self.batch_size / self.n)
+        if epoch != self.epoch:  # a permutation of the pool per epoch: a uniformly random position each
+            self.epoch = epoch
+            self.slots = self.rng.integers(0, self.n, size=self.m) // self.batch_size
+        return self.included & (self.slots == step - epoch * self.steps_per_epoch)
+
+    def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        self.defense = defense
+        chosen = self.sampled(step, epoch)
+        self.sampled_count += chosen
+        if chosen.any():
+            defense.clip_and_accumulate(self.canaries.gradients(torch.from_numpy(chosen).to(self.device),
+                                                                self.shapes))
+
+    def after_release(self, step: int, shared: SharedGradient) -> None:
+        flat = self.design.noise_units(self.defense, shared).detach()
+        self.projections.append(self.canaries.project(flat).double().cpu().numpy())
+        if shared.mask is None:
+            self.released.append(np.ones(self.m, dtype=bool))
+        else:
+            keep = flatten({n: m.detach() for n, m in shared.mask.items()}, self.names)
+            self.released.append(keep[self.canaries.coords[:, 0]].bool().cpu().numpy())
+
+
+class InputCanaryPool(CanaryPool):
+    """Black-box variant: canary i is an input example — an image of uniform noise in the task's shape with
+    a uniformly random label — included and sampled exactly like a gradient canary, whose per-sample
+    gradient at the current weights (the run's per-sample engine) enters the defense's sum. The auditor
+    sees only the final model and scores each canary by its negative loss (lower loss = "in")."""
+
+    def __init__(self, m: int, model: torch.nn.Module, shape: tuple[int, ...], classes: int, sampling: str,
+                 pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
+                 device: torch.device) -> None:
+        self.m, self.sampling, self.n, self.batch_size = m, sampling, pool_size, batch_size
+        self.steps_per_epoch, self.rng, self.device = steps_per_epoch, rng, device
+        self.x = torch.from_numpy(rng.random((m, *shape), dtype=np.float32)).to(device)
+        self.y = torch.from_numpy(rng.integers(0, classes, size=m)).to(device)
+        self.included = rng.random(m) < 0.5
+        self.slots, self.epoch = None, -1
+        self.sampled_count = np.zeros(m, dtype=np.int64)
+        self.model = model
+        self.psg = PerSampleGradients(model)
+
+    def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        chosen = self.sampled(step, epoch)
+        self.sampled_count += chosen
+        if chosen.any():
+            index = torch.from_numpy(np.flatnonzero(chosen)).to(self.device)
+            defense.clip_and_accumulate(self.psg(self.x[index], self.y[index]))
+
+    def after_release(self, step: int, shared: SharedGradient) -> None:
+        return None  # black box: the releases are not observed
+
+    @torch.no_grad()
+    def scores(self) -> dict[str, np.ndarray]:
+        logits = self.model(self.x)
+        loss = torch.nn.functional.cross_entropy(logits, self.y, reduction="none")
+        return {"loss": (-loss).double().cpu().numpy()}
+
+
+def robust_scale(values: np.ndarray) -> float:
+    """1.4826 · median absolute deviation: the std of a Gaussian, unmoved by a minority of shifted values."""
+    if len(values) == 0:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(values - np.median(values))))
+
+
+def step_weights(values: np.ndarray, released: np.ndarray) -> np.ndarray:
+    """1/ŝ_t² per step, ŝ_t the robust spread of the step's values over the canaries it released (0 for a
+    step releasing fewer than ``MIN_RELEASED``; a noise-free step gets a huge but finite weight)."""
+    scales = np.array([robust_scale(values[t, released[t]]) if released[t].sum() >= MIN_RELEASED else math.nan
+                       for t in range(values.shape[0])])
+    positive = scales[np.isfinite(scales) & (scales > 0)]
+    floor = 1e-9 * (float(np.median(positive)) if len(positive) else 1.0)
+    return np.where(np.isfinite(scales), 1.0 / np.maximum(np.nan_to_num(scales), floor) ** 2, 0.0)
+
+
+def canary_scores(projections: np.ndarray, released: np.ndarray) -> dict[str, np.ndarray]:
+    """The three statistics (module docstring) from the [T, m] projections and released flags."""
+    steps, m = projections.shape
+    shown = np.where(released, projections, 0.0)
+    weighted = (step_weights(shown, released)[:, None] * shown).sum(axis=0)
+    if steps > 1:
+        both = released[1:] & released[:-1]
+        jumps = np.diff(shown, axis=0)
+        rough = (step_weights(jumps, both)[:, None] * np.where(both, jumps, 0.0) ** 2).sum(axis=0)
+    else:
+        rough = np.zeros(m)
+    return {"sum": weighted, "roughness": rough, "mask": released.sum(axis=0).astype(float)}
+
+
+@dataclass
+class RunTest:
+    statistic: str
+    k_in: int
+    k_out: int
+    correct: int
+    epsilon_lower_bound: float
+
+    @property
+    def guesses(self) -> int:
+        return self.k_in + self.k_out
+
+
+def judge(scores: dict[str, np.ndarray], included: np.ndarray, delta: float, rng: np.random.Generator,
+          alpha: float = ALPHA) -> list[RunTest]:
+    """Every (statistic, guessing rule) test, each at level α/K."""
+    m = len(included)
+    rules = guess_counts(m)
+    level = alpha / (len(scores) * len(rules))
+    tests = []
+    for name, values in scores.items():
+        for k_in, k_out in rules:
+            correct = guess_and_count(values, included, k_in, k_out, rng)
+            tests.append(RunTest(name, k_in, k_out, correct,
+                                 one_run_epsilon_lower_bound(k_in + k_out, correct, m, delta, level)))
+    return tests
+
+
+def run_scope_audit(spec: RunSpec, options: RunAuditOptions | None = None, defense_cls: type | None = None,
+                    plan: Callable | None = None) -> dict[str, Any]:
+    """Train ``spec``'s run once with canaries and audit it; ``defense_cls`` / ``plan`` replace the
+    registry's defense class and the privacy planner (the tests plant broken ones)."""
+    options = options or RunAuditOptions()
+    with single_cpu_thread(resolve_device(spec.device)):
+        return _run_scope_audit(spec, options, defense_cls, plan)
+
+
+def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type | None,
+                     plan: Callable | None) -> dict[str, Any]:
+    from harness.runner import base_metrics, prepare  # the run exactly as ``dpeval run`` prepares it
+
+    start = time.perf_counter()
+    options.validate()
+    prep = prepare(spec, defense_cls=defense_cls, plan=plan)
+    privacy = prep.privacy
+    if not math.isfinite(privacy.epsilon):
+        raise ConfigError(f"defense: {spec.defense_name!r} (with these parameters) is not a DP mechanism "
+                          f"(ε = inf): there is no accounted ε to audit")
+    audit_streams = prep.streams.scope("audit", "run")
+    shapes = {n: p.shape for n, p in prep.model.named_parameters() if p.requires_grad}
+    names = list(shapes)
+    d = sum(math.prod(s) for s in shapes.values())
+    seed_globals(prep.streams)
+    defense = prep.make_defense(prep.streams.scope("victim"))
+    rng = audit_streams.numpy("canaries")
+    if options.kind == "input":
+        pool: CanaryPool = InputCanaryPool(options.canaries, prep.model, tuple(prep.task.shape),
+                                           prep.task.num_classes, spec.train.sampling, len(prep.task.train),
+                                           spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device)
+        design = (f"black-box input canaries: {options.canaries} uniform-noise images with random labels, each "
+                  f"included with probability 1/2 and sampled like a pool member ({spec.train.sampling}); "
+                  f"scored by the final model's loss")
+    else:
+        pool = CanaryPool(options.canaries, d, shapes, names, spec.train.sampling, len(prep.task.train),
+                          spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device,
+                          defense.audit_design())
+        design = (f"white-box gradient canaries: ±e_j on {options.canaries} distinct random coordinates of the "
+                  f"{d} trainable parameters, norm {CANARY_NORM:g} (clipped by the defense), each included with "
+                  f"probability 1/2 and sampled like a pool member ({spec.train.sampling}); scored on every release")
+    result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
+                   progress=options.progress, before_release=pool.before_release, after_release=pool.after_release)
+    if options.kind == "input":
+        scores = pool.scores()
+    else:
+        scores = canary_scores(np.stack(pool.projections), np.stack(pool.released))
+    tests = judge(scores, pool.included, privacy.delta, audit_streams.numpy("canaries", 1))
+    best = max(tests, key=lambda t: t.epsilon_lower_bound)
+    passed = best.epsilon_lower_bound <= privacy.epsilon
+    metrics = base_metrics(prep)
+    keep = ("defense", "dataset", "model", "seed") + tuple(k for k in metrics if k.startswith(("defense.", "privacy.")))
+    out = {k: metrics[k] for k in keep if k in metrics}
+    out.update({
+        "audit.scope": "run",
+        "audit.epsilon_lower_bound": best.epsilon_lower_bound,
+        "audit.statistic": best.statistic,
+        "audit.guesses": best.guesses,
+        "audit.guesses_in": best.k_in,
+        "audit.guesses_out": best.k_out,
+        "audit.correct": best.correct,
+        "audit.passed": passed,
+        "audit.verdict": "PASS" if passed else "FAIL",
+        "audit.canaries": options.canaries,
+        "audit.canaries_included": int(pool.included.sum()),
+        "audit.canary_kind": options.kind,
+        "audit.canary_design": design,
+        "audit.canary_norm": CANARY_NORM,
+        "audit.mean_samplings_included": float(pool.sampled_count[pool.included].mean()) if pool.included.any() else 0.0,
+        "audit.confidence": 1 - ALPHA,
+        "audit.tests": [dataclasses.asdict(t) | {"guesses": t.guesses} for t in tests],
+        "utility.test_accuracy": result.history[-1]["test_accuracy"] if result.history else math.nan,
+        "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
+        "time.train_s": result.train_s,
+        "time.audit_s": time.perf_counter() - start,
+    })
+    return out
