@@ -31,7 +31,7 @@ from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, epsilon_f
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.models import DEFAULT_MODELS, build_model
-from harness.core.runtime import resolve_device
+from harness.core.runtime import apply_thread_default, resolve_device
 from harness.core.splits import Task
 from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
@@ -254,6 +254,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
             "comm.bytes_sparse": result.bytes_sparse,
             "comm.bytes_dense": result.bytes_dense,
             "time.train_s": result.train_s,
+            "time.threads": torch.get_num_threads(),
             "train.engine_used": result.engine,
         })
         attack_start = time.perf_counter()
@@ -285,6 +286,8 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
     (``kill -9``, a crash). Ctrl-C and SIGTERM (raised as KeyboardInterrupt) record the run as failed with
     the reason and re-raise."""
     prep = prepare(spec)
+    if prep.device.type == "cpu":
+        apply_thread_default()
     stale = store.fail_stale()
     if stale:
         log.warning("marked %d interrupted run(s) in %s as failed (their process is gone)", stale, store.root)

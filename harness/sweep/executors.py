@@ -6,7 +6,6 @@ driver does).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -19,14 +18,13 @@ from harness.core.errors import ConfigError
 
 
 
-def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, threads: int = 0) -> dict[str, Any]:
-    """Execute one grid point in this process (also the body of worker processes)."""
-    import torch
-
+def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int = 1) -> dict[str, Any]:
+    """Execute one grid point in this process (also the body of worker processes), with the thread default
+    for one of ``workers`` concurrent processes (``harness.core.runtime.default_threads``)."""
+    from harness.core.runtime import apply_thread_default
     from harness.runner import perform, prepare
 
-    if threads:
-        torch.set_num_threads(threads)
+    apply_thread_default(workers)
     spec = build_spec(canonical)
     return perform(prepare(spec), run_id, Path(run_dir), progress=False)
 
@@ -69,11 +67,11 @@ class SequentialExecutor(Executor):
 
 
 class ProcessExecutor(Executor):
-    """``workers`` processes (spawned: fork and torch threads do not mix), torch threads split evenly."""
+    """``workers`` processes (spawned: fork and torch threads do not mix), the idle cores' threads split
+    among them."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.threads = max(1, (os.cpu_count() or 1) // workers)
 
     def run(self, specs, dispatch, on_result):
         queue = list(specs)
@@ -84,7 +82,7 @@ class ProcessExecutor(Executor):
                 while queue and not stop and len(pending) < self.workers:
                     job = dispatch(queue.pop(0))
                     spec, run_id, run_dir = job
-                    pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.threads)] = job
+                    pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.workers)] = job
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     job = pending.pop(future)
