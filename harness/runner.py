@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -36,7 +37,8 @@ from harness.core.splits import Task
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
 from harness.engine.training import BatchSampler, accuracy, train
-from harness.store import ResultStore
+from harness.logs import LOG_ONLY
+from harness.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
 
@@ -104,10 +106,11 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
                                   f"use epoch:0 .. epoch:{spec.train.epochs - 1}, init or final")
 
 
-def prepare(spec: RunSpec) -> Prepared:
-    """Load data, build the model and plan privacy; raises ConfigError on any invalid input."""
+def prepare(spec: RunSpec, task: Task | None = None) -> Prepared:
+    """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
+    raises ConfigError on any invalid input."""
     device = resolve_device(spec.device)
-    task = load_task(spec.data)
+    task = task if task is not None else load_task(spec.data)
     n = len(task.train)
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
@@ -139,6 +142,21 @@ def prepare(spec: RunSpec) -> Prepared:
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
+
+
+def check_points(specs: list[RunSpec], name: Callable[[RunSpec], str]) -> None:
+    """Every point of a sweep passes ``prepare``'s checks (data, model, attacks against the data, privacy)
+    before any point trains, so a bad point is refused at once, not after the others ran; the ConfigError
+    names the point (``name(spec)``). Each dataset is loaded once."""
+    tasks: dict[str, Task] = {}
+    for spec in specs:
+        data = json.dumps(dataclasses.asdict(spec.data), sort_keys=True, default=str)
+        try:
+            if data not in tasks:
+                tasks[data] = load_task(spec.data)
+            prepare(spec, tasks[data])
+        except ConfigError as exc:
+            raise ConfigError(f"point {name(spec)}: {exc}") from None
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
@@ -246,7 +264,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
                        prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot)
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
-        torch.save(states["final"], run_dir / "model.pt")
+        write_atomic(run_dir / "model.pt", lambda tmp: torch.save(states["final"], tmp))
         metrics.update({
             "utility.test_accuracy": result.history[-1]["test_accuracy"],
             "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
@@ -263,7 +281,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         metrics["status"] = "done"
         return metrics
     except Exception:
-        log.exception("run %s failed", run_id)
+        log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
         raise
     finally:
         log.removeHandler(handler)

@@ -113,6 +113,19 @@ def accuracy(model: nn.Module, split: Split, device: torch.device, batch: int = 
     return correct / len(split)
 
 
+class Diverged(RuntimeError):
+    """Training produced a non-finite weight: every later step would only carry NaN."""
+
+
+def check_finite(params: dict[str, nn.Parameter], cfg: TrainConfig, epoch: int, step: int) -> None:
+    """Stop at the first step that leaves a weight NaN or infinite (a learning rate far too large, an
+    exploding loss), naming the setting to change instead of training on and recording NaN results."""
+    bad = next((name for name, p in params.items() if not bool(torch.isfinite(p).all())), None)
+    if bad is not None:
+        raise Diverged(f"training diverged: weight {bad} is NaN or infinite after step {step} (epoch {epoch + 1}); "
+                       f"lower train.lr (now {cfg.lr:g})")
+
+
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
           sampler: BatchSampler, device: torch.device, progress: bool = True,
           on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None) -> TrainResult:
@@ -147,6 +160,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             optimizer.zero_grad(set_to_none=True)
             if schedule is not None:
                 schedule.step()
+            check_finite(params, cfg, epoch, result.steps + 1)
             densities.append(shared.density)
             sparse_bytes.append(shared.bytes_sparse())
             result.bytes_dense = shared.bytes_dense()

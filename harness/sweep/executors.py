@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
@@ -68,18 +69,37 @@ class SequentialExecutor(Executor):
                 return
 
 
-class ProcessExecutor(Executor):
-    """``workers`` processes (spawned: fork and torch threads do not mix), torch threads split evenly."""
+def _start_worker(debug: bool) -> None:
+    """A worker's log records go to each run's log.txt (per-epoch lines included); its terminal gets
+    nothing but, with ``--debug``, warnings and tracebacks. Its (disabled) progress bars lock with a
+    thread lock: tqdm's default multiprocessing lock would outlive a terminated worker as a leaked
+    semaphore, which Python's resource tracker reports at exit."""
+    from tqdm import tqdm
 
-    def __init__(self, workers: int) -> None:
+    from harness.logs import setup_logging
+
+    setup_logging(debug, terminal=debug)
+    tqdm.set_lock(threading.RLock())
+
+
+class ProcessExecutor(Executor):
+    """``workers`` processes (spawned: fork and torch threads do not mix), torch threads split evenly.
+
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP raised in the driver), it records the points that finished and
+    terminates the workers at once, instead of waiting for the running points."""
+
+    def __init__(self, workers: int, debug: bool = False) -> None:
         self.workers = workers
+        self.debug = debug
         self.threads = max(1, (os.cpu_count() or 1) // workers)
 
     def run(self, specs, dispatch, on_result):
         queue = list(specs)
         pending: dict[Future, tuple] = {}
         stop = False
-        with ProcessPoolExecutor(self.workers, mp_context=get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                                   initargs=(self.debug,))
+        try:
             while (queue and not stop) or pending:
                 while queue and not stop and len(pending) < self.workers:
                     job = dispatch(queue.pop(0))
@@ -87,13 +107,28 @@ class ProcessExecutor(Executor):
                     pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.threads)] = job
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    job = pending.pop(future)
-                    try:
-                        metrics = future.result()
-                    except Exception as exc:
-                        stop = on_result(job, None, f"{type(exc).__name__}: {exc}") or stop
-                    else:
-                        stop = on_result(job, metrics, None) or stop
+                    stop = _report(future, pending.pop(future), on_result) or stop
+        except BaseException:
+            for future in [f for f in pending if f.done()]:  # finished before the interruption: keep them
+                _report(future, pending.pop(future), on_result)
+            _terminate(pool)
+            raise
+        pool.shutdown()
+
+
+def _report(future: Future, job: tuple, on_result: Callable) -> bool:
+    try:
+        metrics = future.result()
+    except Exception as exc:
+        return on_result(job, None, f"{type(exc).__name__}: {exc}")
+    return on_result(job, metrics, None)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now, running points included (Python 3.14 has ``terminate_workers`` for this)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RayExecutor(Executor):
