@@ -36,7 +36,8 @@ from harness.core.runtime import resolve_device
 from harness.core.splits import Task
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
-from harness.engine.training import BatchSampler, accuracy, train
+from harness import checkpoint
+from harness.engine.training import BatchSampler, Loop, accuracy, train
 from harness.logs import LOG_ONLY
 from harness.store import ResultStore, write_atomic
 
@@ -231,10 +232,13 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
     return metrics
 
 
-def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -> dict[str, Any]:
+def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, checkpoints: bool = False,
+            resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train, attack and write the artefacts of one run into ``run_dir``; returns its flat result.
 
-    Touches no store: the caller (a single run, or a sweep driver for its workers) records the result.
+    ``checkpoints``: write ``checkpoint.pt`` at the end of every epoch; ``resume``: such a checkpoint's
+    payload, to go on from it exactly as the uninterrupted run would have. Touches no store: the caller
+    (a single run, or a sweep driver for its workers) records the result.
     """
     spec = prep.spec
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -251,6 +255,10 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         wanted = set(resolve_states(asked, spec.train.epochs))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
         defense_states: dict[str, Any] = {}
+        if resume is not None:
+            states, defense_states = resume["states"], resume["defense_states"]
+            log.info("resuming after epoch %d of %d from %s", resume["loop"]["epochs_done"], spec.train.epochs,
+                     run_dir / checkpoint.FILE)
 
         def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
             if epoch == 0:
@@ -259,9 +267,15 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
                 states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
                 defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
 
+        def save_checkpoint(loop: Loop, epochs_done: int) -> None:
+            checkpoint.save(run_dir / checkpoint.FILE, spec.run_key, {
+                "loop": loop.state(epochs_done), "states": states, "defense_states": defense_states})
+
         defense = prep.make_defense(prep.streams.scope("victim"))
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
-                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot)
+                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
+                       on_epoch_end=save_checkpoint if checkpoints else None,
+                       resume=resume["loop"] if resume is not None else None)
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
         write_atomic(run_dir / "model.pt", lambda tmp: torch.save(states["final"], tmp))
@@ -307,10 +321,16 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
     stale = store.fail_stale()
     if stale:
         log.warning("marked %d interrupted run(s) in %s as failed (their process is gone)", stale, store.root)
-    run_id = store.begin(spec.run_key, spec.canonical())
+    run_id, resume = resumable(spec, store)
+    if resume is not None:
+        store.resume(run_id)
+        log.warning("resuming run %s after epoch %d of %d (its checkpoint); remove %s to start over", run_id,
+                    resume["loop"]["epochs_done"], spec.train.epochs, store.run_dir(run_id) / checkpoint.FILE)
+    else:
+        run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)
     try:
-        metrics = perform(prep, run_id, run_dir, progress)
+        metrics = perform(prep, run_id, run_dir, progress, checkpoints=True, resume=resume)
     except KeyboardInterrupt as exc:
         reason = str(exc) or "interrupted"
         store.fail(run_id, reason)
@@ -320,7 +340,18 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
         raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
     store.finish(run_id, metrics)
+    (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
     return metrics
+
+
+def resumable(spec: RunSpec, store: ResultStore) -> tuple[str, dict[str, Any] | None]:
+    """(run id, checkpoint payload) of the latest run of this run key when it was interrupted after at
+    least one epoch; ("", None) otherwise. A damaged checkpoint is a ConfigError saying how to start over."""
+    run_id = store.interrupted(spec.run_key)
+    path = store.run_dir(run_id) / checkpoint.FILE if run_id else None
+    if path is None or not path.is_file():
+        return "", None
+    return run_id, checkpoint.load(path, spec.run_key)
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -57,6 +57,9 @@ COLUMNS = {"run_id", "run_key", "status", "config_json", "metrics_json", "error"
 # Columns added since the first store: a store that lacks only these is migrated in place (ALTER TABLE ADD).
 ADDED_COLUMNS = {"host": "TEXT", "pid": "INTEGER"}
 STALE_ERROR = "interrupted: its process is gone"
+# How the errors of interrupted runs begin (Ctrl-C, SIGTERM / SIGHUP, a process found gone): such a run
+# resumes from its checkpoint.
+INTERRUPTED = ("interrupted", "terminated by ")
 LOCK_WAIT_S = 30.0  # how long a command waits for another process's lock on the database
 log = logging.getLogger("dpeval")
 
@@ -330,6 +333,22 @@ class ResultStore:
                 "UPDATE runs SET status='failed', error=?, finished_at=?, duration_s=? WHERE run_id=?",
                 (error, _now(), duration, run_id),
             )
+
+    def interrupted(self, run_key: str) -> str | None:
+        """The id of the latest run of ``run_key`` when that run was interrupted (not failed by an error,
+        not done); else None."""
+        rows = self._query("SELECT run_id, status, error FROM runs WHERE run_key=? ORDER BY started_at DESC, "
+                           "run_id DESC LIMIT 1", (run_key,))
+        if rows and rows[0][1] == "failed" and str(rows[0][2] or "").startswith(INTERRUPTED):
+            return rows[0][0]
+        return None
+
+    def resume(self, run_id: str) -> None:
+        """Record an interrupted run as ``running`` again, by this process."""
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, duration_s=NULL, "
+                         "host=?, pid=? WHERE run_id=? AND status='failed'", (socket.gethostname(), os.getpid(), run_id))
+        self._t0[run_id] = time.perf_counter()
 
     def fail_stale(self) -> int:
         """Mark ``running`` rows whose recording process on this host is gone (killed, crashed, power loss)
