@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from harness.core.errors import ConfigError
-from harness.store import write_atomic
+from harness.store import CHECKPOINT_FILE, write_atomic
 
 FORMAT = 1
-FILE = "checkpoint.pt"
+FILE = CHECKPOINT_FILE
 
 
 def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:

@@ -347,11 +347,10 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
 def resumable(spec: RunSpec, store: ResultStore) -> tuple[str, dict[str, Any] | None]:
     """(run id, checkpoint payload) of the latest run of this run key when it was interrupted after at
     least one epoch; ("", None) otherwise. A damaged checkpoint is a ConfigError saying how to start over."""
-    run_id = store.interrupted(spec.run_key)
-    path = store.run_dir(run_id) / checkpoint.FILE if run_id else None
-    if path is None or not path.is_file():
+    run_id = store.resumable(spec.run_key)
+    if run_id is None:
         return "", None
-    return run_id, checkpoint.load(path, spec.run_key)
+    return run_id, checkpoint.load(store.run_dir(run_id) / checkpoint.FILE, spec.run_key)
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from harness.core.errors import ConfigError, RunFailure
 
 STORE_FILE = "results.sqlite"
 LOCK_FILE = ".sweep.lock"
+CHECKPOINT_FILE = "checkpoint.pt"  # in a run's folder (harness/checkpoint.py)
 JOURNAL_FILE = STORE_FILE + "-journal"
 # The store's own files: no output option may name one (nor anything under runs/).
 STORE_FILES = (STORE_FILE, JOURNAL_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", LOCK_FILE)
@@ -342,6 +343,11 @@ class ResultStore:
         if rows and rows[0][1] == "failed" and str(rows[0][2] or "").startswith(INTERRUPTED):
             return rows[0][0]
         return None
+
+    def resumable(self, run_key: str) -> str | None:
+        """The id of the latest run of ``run_key`` when it was interrupted and left a checkpoint."""
+        run_id = self.interrupted(run_key)
+        return run_id if run_id and (self.run_dir(run_id) / CHECKPOINT_FILE).is_file() else None
 
     def resume(self, run_id: str) -> None:
         """Record an interrupted run as ``running`` again, by this process."""

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from harness.config import RunSpec
 from harness.core.errors import ConfigError, RunFailure
 from harness.headlines import attacks_in, read
-from harness.store import LOCK_FILE, ResultStore
+from harness.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
 from harness.sweep.executors import Executor
 from harness.sweep.grid import describe, swept_fields
 
@@ -100,7 +100,12 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
         started: list[str] = []
 
         def dispatch(spec: RunSpec) -> tuple[RunSpec, str, Path]:
-            run_id = store.begin(spec.run_key, spec.canonical())
+            run_id = store.resumable(spec.run_key)
+            if run_id is not None:  # interrupted after an epoch: its worker goes on from the checkpoint
+                store.resume(run_id)
+                bar.write(f"resume  {run_id}  {describe(spec, swept)}  (from its checkpoint)", file=sys.stderr)
+            else:
+                run_id = store.begin(spec.run_key, spec.canonical())
             started.append(run_id)
             return spec, run_id, store.run_dir(run_id)
 
@@ -110,6 +115,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
             if metrics is not None:
                 metrics = {**metrics, **(annotations or {})}
                 store.finish(run_id, metrics)
+                (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)  # done: nothing left to resume
                 summary.done += 1
                 acc, eps = metrics["utility.test_accuracy"], metrics["privacy.epsilon"]
                 leakage = "  ".join(h.short() for a in attacks_in(metrics) if (h := read(metrics, a)))

@@ -17,19 +17,25 @@ from typing import Any, Callable
 
 from harness.config import RunSpec, build_spec
 from harness.core.errors import ConfigError
+from harness.store import CHECKPOINT_FILE
 
 
 
 def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, threads: int = 0) -> dict[str, Any]:
-    """Execute one grid point in this process (also the body of worker processes)."""
+    """Execute one grid point in this process (also the body of worker processes), with a checkpoint
+    after every epoch; a run folder that holds one (an interrupted point the driver resumes) goes on
+    from it."""
     import torch
 
+    from harness import checkpoint
     from harness.runner import perform, prepare
 
     if threads:
         torch.set_num_threads(threads)
     spec = build_spec(canonical)
-    return perform(prepare(spec), run_id, Path(run_dir), progress=False)
+    saved = Path(run_dir) / checkpoint.FILE
+    resume = checkpoint.load(saved, spec.run_key) if saved.is_file() else None
+    return perform(prepare(spec), run_id, Path(run_dir), progress=False, checkpoints=True, resume=resume)
 
 
 def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -37,7 +43,8 @@ def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], di
     scratch = Path(tempfile.mkdtemp(prefix="dpeval-ray-"))
     try:
         metrics = run_job(canonical, run_id, str(scratch))
-        files = {str(p.relative_to(scratch)): p.read_bytes() for p in scratch.rglob("*") if p.is_file()}
+        files = {str(p.relative_to(scratch)): p.read_bytes() for p in scratch.rglob("*")
+                 if p.is_file() and p.name != CHECKPOINT_FILE}  # a Ray point starts over when resumed
         return metrics, files
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

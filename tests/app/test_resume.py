@@ -143,3 +143,33 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, dama
     path.unlink()  # the way out the message names: the same command then starts over
     again = CliRunner().invoke(main, command("dpsgd", tmp_path))
     assert again.exit_code == 0 and "resuming" not in again.stderr
+
+
+def test_a_sweep_point_with_shadow_models_resumes_bit_identical(tmp_path, monkeypatch):
+    """A sweep interrupted while its point (a membership attack with shadow models) trains: the same sweep
+    command resumes the point from its checkpoint and records what an uninterrupted sweep records."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"defense": {"name": "dpsgd"}, "attacks": ["lira"],
+                                     "attack": {"shadows": 4, "mia_target": "shadows"},
+                                     "train": {"epochs": EPOCHS, "batch_size": BATCH}}))
+
+    def run_sweep(results):
+        return CliRunner().invoke(main, ["sweep", str(sweep), "--quiet", "--results", str(results)])
+
+    assert run_sweep(tmp_path / "ref").exit_code == 0
+    steps_per_epoch = 1258 // BATCH
+    interrupt_at(monkeypatch, random.Random("sweep").randrange(steps_per_epoch + 1, EPOCHS * steps_per_epoch + 1))
+    assert run_sweep(tmp_path / "r").exit_code == 130
+    (row,) = ResultStore(tmp_path / "r").rows()
+    assert row["status"] == "failed"
+    resumed = run_sweep(tmp_path / "r")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resume  {row['run_id']}" in resumed.stderr
+    (got,), (expected,) = ResultStore(tmp_path / "r").rows(), ResultStore(tmp_path / "ref").rows()
+    assert got["run_id"] == row["run_id"] and got["status"] == "done"
+    assert comparable(got["metrics"]) == comparable(expected["metrics"])
+    assert got["metrics"]["leakage.lira.auc"] == expected["metrics"]["leakage.lira.auc"]
+    assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
+    assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "checkpoint.pt").exists()
