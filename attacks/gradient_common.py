@@ -125,13 +125,19 @@ def select_targets(task: Any, batch_size: int, gen: torch.Generator) -> tuple[to
     return task.train.x[idx].clone(), task.train.y[idx].clone(), idx
 
 
-def draw_targets(context: AttackContext, params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x, y, indices) of the T target batches, shaped ``[T, B, ...]``: T·B distinct private examples (the
-    first batch is what a single-target attack with the same seed attacks)."""
-    need, pool = params.targets * params.batch_size, len(context.task.train)
+def check_targets(params: ReconstructionParams, task: Any) -> None:
+    """The T·B targets must be distinct private examples: refused before training when the pool is smaller."""
+    need, pool = params.targets * params.batch_size, len(task.train)
     if need > pool:
         raise ConfigError(f"attack.targets: {params.targets} targets of attack.batch_size {params.batch_size} "
                           f"need {need} distinct private examples; the pool has {pool}")
+
+
+def draw_targets(context: AttackContext, params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, y, indices) of the T target batches, shaped ``[T, B, ...]``: T·B distinct private examples (the
+    first batch is what a single-target attack with the same seed attacks)."""
+    check_targets(params, context.task)
+    need = params.targets * params.batch_size
     x, y, idx = select_targets(context.task, need, target_streams(context).generator("targets"))
     shape = (params.targets, params.batch_size)
     return x.view(*shape, *x.shape[1:]), y.view(shape), idx.view(shape)

@@ -250,6 +250,10 @@ class InvertingGradients(Attack):
     def wanted_states(cls, params: Any) -> set[str]:
         return gc.wanted_states(params)
 
+    @classmethod
+    def check_task(cls, params: Any, task: Any) -> None:
+        gc.check_targets(params, task)
+
     def run(self, context: AttackContext) -> AttackResult:
         return gc.run_gradient_attack("ig", self.params, context, _reconstruct)
 

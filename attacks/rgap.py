@@ -402,6 +402,10 @@ class RGAP(Attack):
     def wanted_states(cls, params: Any) -> set[str]:
         return gc.wanted_states(params)
 
+    @classmethod
+    def check_task(cls, params: Any, task: Any) -> None:
+        gc.check_targets(params, task)
+
     @staticmethod
     def check_model(model: nn.Module, in_shape: tuple[int, ...]) -> None:
         check_model(model, in_shape)

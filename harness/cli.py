@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -39,27 +39,37 @@ def fail_usage(message: str) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (sent by Slurm, ``timeout``, container stops) raised like Ctrl-C, so a run in progress is
-    recorded as ``failed`` on the way out instead of staying ``running``."""
+    """SIGTERM (sent by Slurm, ``timeout``, container stops) or SIGHUP (a closed terminal or SSH session)
+    raised like Ctrl-C, so a run in progress is recorded as ``failed`` on the way out instead of staying
+    ``running``, and a sweep's workers are stopped with it. Exit code 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """While a command runs, SIGTERM raises :class:`Terminated` in the main thread (once: a second SIGTERM
-    during the bookkeeping gets the default action)."""
+    """While a command runs, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (once: a second
+    one during the bookkeeping gets the default action)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated("terminated by SIGTERM")
+        for sig in TERMINATING:
+            signal.signal(sig, signal.SIG_DFL)
+        raise Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {sig: signal.signal(sig, on_term) for sig in TERMINATING}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def end_progress_bars() -> None:
@@ -73,8 +83,8 @@ def end_progress_bars() -> None:
 
 
 def handle_errors(func: Callable) -> Callable:
-    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr; Ctrl-C → 130 and
-    SIGTERM → 143, with one line saying so."""
+    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr; Ctrl-C → 130,
+    SIGTERM → 143 and SIGHUP → 129, with one line saying so."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -91,7 +101,7 @@ def handle_errors(func: Callable) -> Callable:
         except KeyboardInterrupt as exc:
             end_progress_bars()
             click.echo(f"dpeval: {str(exc) or 'interrupted'}", err=True)
-            sys.exit(128 + signal.SIGTERM if isinstance(exc, Terminated) else 130)
+            sys.exit(128 + exc.signum if isinstance(exc, Terminated) else 130)
 
     return wrapper
 
@@ -125,50 +135,52 @@ class DpevalGroup(click.Group):
 
 
 @contextmanager
-def writing(option: str) -> Iterator[None]:
-    """An OSError while writing the file an option names is bad input naming that option (exit 2)."""
+def writing(option: str, path: str) -> Iterator[None]:
+    """An OSError while writing the file an option names is bad input naming that option and the path
+    (exit 2)."""
     try:
         yield
     except OSError as exc:
-        raise ConfigError(f"{option}: cannot write {exc.filename or ''}: {exc.strerror or exc}") from None
+        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != path else ""
+        raise ConfigError(f"{option}: cannot write {path}: {where}{exc.strerror or exc}") from None
 
 
-def emit(data: Any, as_json: bool, text: str) -> None:
-    if as_json:
-        click.echo(json.dumps(data, default=str))
-    else:
-        click.echo(text)
+def emit(data: Any, as_json: bool, text: str, recorded: str = "") -> None:
+    """Print the result; stdout that cannot take it (a full device, a closed pipe) is one line naming
+    ``recorded`` (where the result is kept anyway), exit 1."""
+    try:
+        click.echo(json.dumps(data, default=str) if as_json else text)
+        sys.stdout.flush()
+    except OSError as exc:
+        silence_stdout()
+        raise RunFailure(f"cannot write the output to stdout: {exc.strerror or exc}{recorded}") from None
 
 
-class StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first call), so
-    warnings of a command invoked in-process reach that command's stderr."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered cannot fail
+    again with a traceback on the way out."""
+    with suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
-def setup_logging() -> None:
-    logger = logging.getLogger("dpeval")
-    logger.setLevel(logging.INFO)
-    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
-        handler = StderrHandler()
-        # Per-epoch lines go to the run's log file; the terminal gets the progress bar and warnings.
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.propagate = False
+def format_delta(delta: float) -> str:
+    """δ with three significant digits, or as many more as it takes not to print 0 or 1 for a δ strictly
+    between them (0.999999 is not 1)."""
+    for digits in range(3, 18):
+        text = format(delta, f".{digits}g")
+        if not 0 < delta < 1 or 0 < float(text) < 1:
+            return text
+    return repr(delta)
 
 
 @click.group(cls=DpevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dpeval")
 def main() -> None:
     """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs leakage."""
+    from harness.logs import setup_logging
+
+    setup_logging()  # warnings on stderr for every command; run and sweep redo it with their --debug
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,7 +211,7 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
     lines = [
         f"run {m['run_id']}  ({m['dataset']} / {m['model']} / defense {m['defense']} / attack {m['attack']}, seed {m['seed']})",
         f"  test accuracy   {num(m['utility.test_accuracy'])}   train accuracy {num(m['utility.train_accuracy'])}",
-        f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {m['privacy.delta']:.3g}  "
+        f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {format_delta(m['privacy.delta'])}  "
         f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
         f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
         f"  communication   density {m['comm.density']:.3f}  {m['comm.bytes_sparse']:.0f} B sparse / "
@@ -260,12 +272,14 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar or log lines")
+@click.option("--debug", is_flag=True, help="also print a failed run's traceback (always in its log.txt)")
 @handle_errors
 def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
         epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
-        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool) -> None:
+        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool, debug: bool) -> None:
     """Train a victim with a defense, run attacks on it, store and print the result."""
     from harness.config import build_spec
+    from harness.logs import setup_logging
 
     flags = {
         "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
@@ -279,9 +293,9 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     store.check(create=True)
     from harness.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
 
-    setup_logging()
+    setup_logging(debug)
     metrics = execute(spec, store, progress=not quiet)
-    emit(metrics, as_json, format_run(metrics, results))
+    emit(metrics, as_json, format_run(metrics, results), f"; run {metrics['run_id']} is recorded in {results}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,10 +314,12 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 @click.option("--dry-run", is_flag=True, help="list the grid points and whether each is done, run nothing")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@click.option("--debug", is_flag=True, help="also print failed runs' tracebacks (always in their log.txt)")
 @handle_errors
 def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None, results: str, rerun: bool,
-          fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool) -> None:
+          fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
+    from harness.logs import setup_logging
     from harness.store import ResultStore
     from harness.sweep import executors
     from harness.sweep.driver import run_sweep
@@ -321,11 +337,12 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
         emit(points, as_json, "\n".join(f"{'done   ' if p['done'] else 'pending'} {p['run_key']}  {p['point']}"
                                          for p in points))
         return
-    setup_logging()
+    check_sweep(sweep_file, specs)
+    setup_logging(debug)
     if executor == "ray":
         runner: executors.Executor = executors.RayExecutor(ray_address)
     elif workers > 1:
-        runner = executors.ProcessExecutor(workers)
+        runner = executors.ProcessExecutor(workers, debug)
     else:
         runner = executors.SequentialExecutor()
     summary = run_sweep(specs, store, runner, rerun=rerun, fail_fast=fail_fast, progress=not quiet,
@@ -338,6 +355,18 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
             for line in summary.failures:
                 click.echo(f"  failed: {line}", err=True)
         sys.exit(1)
+
+
+def check_sweep(sweep_file: str, specs: list) -> None:
+    """Refuse the sweep before any point trains when one point cannot run (its field and its point named)."""
+    from harness.runner import check_points
+    from harness.sweep.grid import describe, swept_fields
+
+    swept = swept_fields(specs)
+    try:
+        check_points(specs, lambda spec: describe(spec, swept) or spec.run_key)
+    except ConfigError as exc:
+        raise ConfigError(f"{sweep_file}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -385,7 +414,7 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
     spent = epsilon_for(sigma, sample_rate, total, delta, accountant)
     data = {"noise_multiplier": sigma, "epsilon": spent, "target_epsilon": epsilon, "delta": delta,
             "sample_rate": sample_rate, "steps": total, "accountant": accountant}
-    emit(data, as_json, f"noise multiplier σ = {sigma:.6g}\nε = {spent:.4f} at δ = {delta:g} "
+    emit(data, as_json, f"noise multiplier σ = {sigma:.6g}\nε = {spent:.4f} at δ = {format_delta(delta)} "
                         f"(q = {sample_rate:g}, {total} steps, {accountant} accountant)")
 
 
@@ -498,6 +527,8 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     """One stored run: status, config and metrics (a unique prefix of the id is enough)."""
     from harness.store import ResultStore
 
+    if not run_id.strip():
+        raise ConfigError("RUN_ID: empty; give a run id or a unique prefix of one (dpeval leaderboard lists them)")
     store = ResultStore(results)
     store.check(create=False)
     with suppress(RunFailure):  # a read-only store is still shown; its dead rows just stay `running`
@@ -512,12 +543,22 @@ def show(run_id: str, results: str, as_json: bool) -> None:
                           "give more characters")
     row = matches[0]
     text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",
-                                       "finished_at", "duration_s", "error") if row.get(k) is not None]
+                                       "finished_at", "duration_s", "error", "damaged") if row.get(k) is not None]
     text.append("config:")
     text += [f"  {line}" for line in json.dumps(row["config"], indent=2, sort_keys=True).splitlines()]
     text.append("metrics:")
     text += [f"  {k}: {v}" for k, v in sorted(row["metrics"].items())]
     emit(row, as_json, "\n".join(text))
+
+
+def readable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose stored record reads; the damaged ones are left out with one note line on stderr."""
+    damaged = [r["run_id"] for r in rows if r.get("damaged")]
+    if damaged:
+        more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        click.echo(f"dpeval: note: left out {len(damaged)} run(s) whose stored record is damaged "
+                   f"({', '.join(damaged[:3])}{more}; dpeval show RUN_ID says which column)", err=True)
+    return [r for r in rows if not r.get("damaged")]
 
 
 @main.command()
@@ -537,11 +578,13 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
 
     store = ResultStore(results)
     store.check(create=False)
-    rows = store.rows()
+    if out:
+        store.refuse_output(out, "--out")
+    rows = readable(store.rows())
     records = lb.leaderboard(rows, group_seeds, sort_by, descending)
     selection = "".join(f"\n{line}" for line in lb.selection_sentences(lb.selection_costs(rows)))
     if out:
-        with writing("--out"):
+        with writing("--out", out):
             lb.write_leaderboard(records, Path(out))
         emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}{selection}")
     else:
@@ -562,9 +605,13 @@ def report(results: str, out: str, as_json: bool) -> None:
         raise ConfigError(f"--out: must name an .html file, got {out!r}")
     store = ResultStore(results)
     store.check(create=False)
-    rows = store.rows()
-    with writing("--out"):
+    store.refuse_output(out, "--out")
+    rows = readable(store.rows())
+    with writing("--out", out):
         written = write_report(rows, Path(out), results)
+    if written["damaged"]:
+        click.echo(f"dpeval: note: {len(written['damaged'])} artefact(s) could not be read and are left out "
+                   f"(listed under 'Damaged artefacts' in the report); first: {written['damaged'][0]}", err=True)
     emit(written, as_json, f"wrote {written['out']} ({written['runs']} runs, {len(written['plots'])} plots, "
                            f"{written['pictures']} pictures)")
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from harness.core.errors import ConfigError
+from harness.core.errors import ConfigError, brief
 from harness.core.params import coerce, field_names, from_dict, param
 from harness.core.settings import DEFAULT_EPSILON, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
@@ -85,14 +87,70 @@ class _StrictLoader(yaml.SafeLoader):
                 continue  # an unhashable key: SafeLoader explains that one itself
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given at line {first + 1})", key_node.start_mark)
+                    None, None, f"duplicate key {brief(key)} (first given at line {first + 1})", key_node.start_mark)
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_BYTES = 1 << 20      # a settings file or sweep is a few KB; far larger is a mistake or an attack
+MAX_YAML_NODES = 100_000      # values after alias expansion: bounds a "billion laughs" alias bomb
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """YAML over one of the limits above."""
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int] | None = None) -> int:
+    """How many values ``node`` holds once every alias is expanded, counted on the composed graph (an
+    alias is the same node object again), so a bomb is measured without being built."""
+    sizes = {} if sizes is None else sizes
+    if id(node) not in sizes:
+        sizes[id(node)] = MAX_YAML_NODES + 1  # a node reached again while counting it: a recursive alias
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        total = 1
+        for child in children:
+            total += expanded_size(child, sizes)
+            if total > MAX_YAML_NODES:
+                break
+        sizes[id(node)] = total
+    return sizes[id(node)]
+
+
 def parse_yaml(text: str) -> Any:
-    """One YAML document, safely, refusing duplicate keys."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    """One YAML document, safely, refusing duplicate keys, more than ``MAX_YAML_BYTES`` of text and more
+    than ``MAX_YAML_NODES`` values after alias expansion (``yaml.YAMLError`` saying which limit)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YamlTooLarge(f"{len(text)} characters; the limit is {MAX_YAML_BYTES}")
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if expanded_size(node) > MAX_YAML_NODES:
+            raise YamlTooLarge(f"more than {MAX_YAML_NODES} values, counting each alias as what it expands "
+                                 "to (an alias bomb?); write fewer values or fewer nested aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read_settings_file(path: Path, label: str) -> bytes:
+    """The bytes of a regular file of at most ``MAX_YAML_BYTES``. Checked with ``stat`` before opening, so
+    a FIFO, a device or a socket is refused at once instead of blocking or reading without end."""
+    info = os.stat(path)
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{label}: {path} is a folder, not a YAML file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{label}: {path} is not a regular file (a FIFO, device or socket); name a YAML file")
+    if info.st_size > MAX_YAML_BYTES:
+        raise ConfigError(f"{label}: {path} is {info.st_size} bytes; a settings file may hold at most "
+                          f"{MAX_YAML_BYTES}")
+    with open(path, "rb") as handle:
+        return handle.read(MAX_YAML_BYTES + 1)
 
 
 def load_yaml(path: str | Path, label: str = "--config") -> dict[str, Any]:
@@ -101,7 +159,7 @@ def load_yaml(path: str | Path, label: str = "--config") -> dict[str, Any]:
     that gave the file) and the file."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_settings_file(path, label).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -109,6 +167,8 @@ def load_yaml(path: str | Path, label: str = "--config") -> dict[str, Any]:
                           f"{exc.start}") from None
     try:
         data = parse_yaml(text)
+    except YamlTooLarge as exc:
+        raise ConfigError(f"{label}: {path} holds {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -128,9 +188,11 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--set: expected dotted.key=value, got {item!r}")
+            raise ConfigError(f"--set: expected dotted.key=value, got {brief(item)}")
         try:
             value = parse_yaml(raw) if raw.strip() else None
+        except YamlTooLarge as exc:
+            raise ConfigError(f"--set {brief(key)}: the value holds {exc}") from None
         except yaml.YAMLError:
             value = raw
         parsed.append((key, value))

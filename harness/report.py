@@ -12,8 +12,11 @@ one compact grid per attack (swept value × seed, originals over the worst state
 the pictures a run names that cannot be found.
 
 Artefact paths in results are relative to the results folder (``harness.runner.artefact_path``), so a
-moved or copied folder still reports its pictures; absolute paths of older runs are tried as written
-and then under the folder's own ``runs/<run_id>/``. Artefact conventions read here:
+moved or copied folder still reports its pictures; absolute paths of older runs are read under the
+folder's own ``runs/<run_id>/``. An artefact resolves only inside its own run's folder (after following
+links): a path that leads elsewhere (``../``, an absolute path, a symlink out) is never read. A file that
+cannot be read as its convention says (damaged JSON, a truncated or pickled NPZ) is left out of its figure
+and listed in one line under "Damaged artefacts". Artefact conventions read here:
 ``artefacts.<attack>.roc`` → JSON with ``fpr`` / ``tpr``; ``artefacts.<attack>.images`` → NPZ with
 ``originals`` [T, B, C, H, W], ``reconstructions`` [S, T, B, C, H, W] (uint8), ``states`` and ``psnr``;
 any other ``artefacts.<attack>.*`` ending in ``.png`` is a picture (shown when a run has no NPZ).
@@ -27,6 +30,8 @@ import html
 import json
 import math
 import textwrap
+import zipfile
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from harness import __version__  # noqa: E402
+from harness.core.errors import brief  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
 from harness.headlines import fmt, headline_label, is_number, metric_label, read, states_of  # noqa: E402
@@ -53,17 +59,28 @@ UTILITY_LABEL = "test accuracy, higher = better"
 # Files
 
 
-def resolve_artefact(value: Any, root: Path | None, run_id: str = "") -> Path | None:
-    """The file an artefact value names: relative to the results folder ``root``; an absolute path as
-    written or, moved with its folder, under ``root/runs/<run_id>/``; None when none exists."""
-    if not isinstance(value, str) or not value:
+# What reading a damaged artefact raises: unreadable, not JSON / NPZ, pickled, truncated, wrong fields.
+ARTEFACT_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def resolve_artefact(value: Any, root: Path, run_id: str) -> Path | None:
+    """The file an artefact value names, relative to the results folder ``root`` (an absolute path of an
+    older run: its part from ``<run_id>/`` on, under ``root/runs/``); None when it does not exist or
+    leads outside ``root/runs/<run_id>/``."""
+    if not isinstance(value, str) or not value or not run_id:
         return None
     path = Path(value)
-    candidates = [path] if path.is_absolute() or root is None else [root / path]
-    if path.is_absolute() and root is not None and run_id in path.parts:
-        tail = path.parts[path.parts.index(run_id):]
-        candidates.append(root.joinpath("runs", *tail))
-    return next((c for c in candidates if c.is_file()), None)
+    if path.is_absolute():
+        if run_id not in path.parts:
+            return None
+        path = Path("runs", *path.parts[path.parts.index(run_id):])
+    run_dir = (root / "runs" / run_id).resolve()
+    candidate = (root / path).resolve()
+    return candidate if candidate.is_relative_to(run_dir) and candidate.is_file() else None
+
+
+def damaged_line(row: dict[str, Any], key: str, path: Path, exc: BaseException) -> str:
+    return f"run {row['run_id']}: {key} = {path}: cannot be read ({type(exc).__name__}: {brief(str(exc), 120)})"
 
 
 def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
@@ -364,18 +381,36 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
     return plots
 
 
-def roc_curves(rows: list[dict[str, Any]], root: Path | None, swept: list[str], out_dir: Path,
-               stem: str) -> list[tuple[str, Path]]:
+def read_roc(path: Path) -> tuple[list[float], list[float], float | None]:
+    """(fpr, tpr, fpr_floor) of a ROC file; ValueError / KeyError / TypeError when it is not one."""
+    data = json.loads(path.read_text())
+    fpr, tpr = [float(v) for v in data["fpr"]], [float(v) for v in data["tpr"]]
+    if len(fpr) != len(tpr) or not fpr:
+        raise ValueError(f"{len(fpr)} false and {len(tpr)} true positive rates")
+    floor = data.get("fpr_floor")
+    return fpr, tpr, float(floor) if floor else None
+
+
+def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
+               stem: str, damaged: list[str] | None = None) -> list[tuple[str, Path]]:
+    """One log-log ROC figure per membership attack; a ROC file that cannot be read adds a line to
+    ``damaged``."""
+    damaged = [] if damaged is None else damaged
     curves: dict[str, list] = defaultdict(list)
     for row in rows:
         for key, value in row["metrics"].items():
             if key.startswith("artefacts.") and key.endswith(".roc"):
                 path = resolve_artefact(value, root, row["run_id"])
-                if path is not None:
-                    data = json.loads(path.read_text())
-                    n_out = row["metrics"].get(f"leakage.{key.split('.')[1]}.n_nonmembers")
-                    floor = data.get("fpr_floor") or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
-                    curves[key.split(".")[1]].append((lb.flat_row(row), data["fpr"], data["tpr"], floor))
+                if path is None:
+                    continue
+                try:
+                    fpr, tpr, floor = read_roc(path)
+                except ARTEFACT_ERRORS as exc:
+                    damaged.append(damaged_line(row, key, path, exc))
+                    continue
+                n_out = row["metrics"].get(f"leakage.{key.split('.')[1]}.n_nonmembers")
+                floor = floor or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
+                curves[key.split(".")[1]].append((lb.flat_row(row), fpr, tpr, floor))
     plots = []
     for attack, items in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
@@ -409,11 +444,24 @@ def _cell(originals: np.ndarray, recon: np.ndarray) -> np.ndarray:
     return np.transpose(np.concatenate([top, gap, bottom], axis=1), (1, 2, 0))
 
 
-def reconstruction_grids(rows: list[dict[str, Any]], root: Path | None, swept: list[str], out_dir: Path,
-                         stem: str) -> tuple[list[tuple[str, Path]], set[str]]:
+def read_cell(path: Path, state: Any) -> tuple[np.ndarray, np.ndarray, float, str]:
+    """(originals, reconstructions at ``state`` or the best one, mean PSNR, state) of an images NPZ, never
+    unpickling (``allow_pickle=False``); ARTEFACT_ERRORS when the file is not such an NPZ."""
+    with np.load(path, allow_pickle=False) as data:
+        states = [str(s) for s in data["states"]]
+        k = states.index(state) if state in states else int(np.argmax(data["psnr"].mean(axis=(1, 2))))
+        flat = data["originals"].reshape(-1, *data["originals"].shape[2:])[:CELL_IMAGES]
+        recon = data["reconstructions"][k].reshape(-1, *flat.shape[1:])[:CELL_IMAGES]
+        return flat, recon, float(data["psnr"][k].mean()), states[k]
+
+
+def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
+                         stem: str, damaged: list[str] | None = None) -> tuple[list[tuple[str, Path]], set[str]]:
     """One figure per gradient attack: rows = configurations (swept values), columns = seeds; each cell the
     run's first targets (originals over the worst state's reconstructions) with its PSNR and state.
-    Returns the figures and the run ids they cover."""
+    Returns the figures and the run ids they cover; an images file that cannot be read adds a line to
+    ``damaged``."""
+    damaged = [] if damaged is None else damaged
     cells: dict[str, dict[tuple, dict]] = defaultdict(dict)
     for row in rows:
         m = row["metrics"]
@@ -424,16 +472,15 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path | None, swept: l
             path = resolve_artefact(value, root, row["run_id"])
             if path is None:
                 continue
-            with np.load(path) as data:
-                states = [str(s) for s in data["states"]]
-                state = m.get(f"leakage.{attack}.state")
-                k = states.index(state) if state in states else int(np.argmax(data["psnr"].mean(axis=(1, 2))))
-                flat = data["originals"].reshape(-1, *data["originals"].shape[2:])[:CELL_IMAGES]
-                recon = data["reconstructions"][k].reshape(-1, *flat.shape[1:])[:CELL_IMAGES]
-                psnr = float(data["psnr"][k].mean())
+            try:
+                flat, recon, psnr, state = read_cell(path, m.get(f"leakage.{attack}.state"))
+                image = _cell(flat, recon)
+            except ARTEFACT_ERRORS as exc:
+                damaged.append(damaged_line(row, key, path, exc))
+                continue
             record = lb.flat_row(row)
             cells[attack][(point_label(record, swept), m.get("seed"))] = {
-                "image": _cell(flat, recon), "text": f"seed {m.get('seed')}: {psnr:.1f} dB @{states[k]}",
+                "image": image, "text": f"seed {m.get('seed')}: {psnr:.1f} dB @{state}",
                 "sort": _sort_key(record, swept), "run": row["run_id"]}
     plots, covered = [], set()
     for attack, found in sorted(cells.items()):
@@ -467,7 +514,7 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path | None, swept: l
     return plots, covered
 
 
-def pictures(rows: list[dict[str, Any]], root: Path | None, swept: list[str],
+def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
              skip_runs: set[str]) -> tuple[list[tuple[str, Path]], list[str]]:
     """(pictures of runs not in a grid, one line per artefact that cannot be found)."""
     found, missing = [], []
@@ -502,19 +549,21 @@ RULES = ("Verdicts: a reconstruction attack <b>leaks</b> when, at some attacked 
          "Pareto marks only go to configurations that leak: the others tie at “no leakage detected”.")
 
 
-def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str | None = None) -> dict[str, Any]:
+def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str) -> dict[str, Any]:
     """Write the HTML report and its figures (PNG + PDF) for the store rows of the results folder
-    ``results`` (where relative artefact paths point); returns what was written."""
+    ``results`` (where relative artefact paths point); returns what was written, ``damaged`` listing the
+    artefacts that could not be read."""
     out = out.resolve()
-    root = Path(results).resolve() if results is not None else None
+    root = Path(results).resolve()
+    damaged: list[str] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.stem
     done = lb.latest_per_key([r for r in rows if r["status"] == "done"])
     records = lb.leaderboard(done, seeds_grouped=True)
     swept = swept_columns(records)
-    grids, covered = reconstruction_grids(done, root, swept, out.parent, stem)
+    grids, covered = reconstruction_grids(done, root, swept, out.parent, stem, damaged)
     plots = utility_vs_leakage(records, out.parent, stem) + trajectories(records, out.parent, stem) \
-        + trends(records, out.parent, stem) + roc_curves(done, root, swept, out.parent, stem) + grids
+        + trends(records, out.parent, stem) + roc_curves(done, root, swept, out.parent, stem, damaged) + grids
     pics, missing = pictures(done, root, swept, covered)
     common, board = table(records) if records else ("", "<p>No finished runs.</p>")
     sections = [f"<h1>dpeval report</h1><p>{len(done)} finished runs in {len(records)} configurations "
@@ -529,8 +578,12 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str | No
         sections += [f"<figure>{_img(p, c)}<figcaption>{html.escape(c)}</figcaption></figure>" for c, p in pics]
     if missing:
         sections.append(f"<h2>Missing pictures</h2><p>{len(missing)} artefact(s) named by the results "
-                        f"cannot be found{f' under {html.escape(str(root))}' if root else ''}:</p><ul class='missing'>"
+                        f"cannot be found under {html.escape(str(root))}:</p><ul class='missing'>"
                         + "".join(f"<li>{html.escape(line)}</li>" for line in missing) + "</ul>")
+    if damaged:
+        sections.append(f"<h2>Damaged artefacts</h2><p>{len(damaged)} artefact(s) could not be read and are left "
+                        "out of their figures:</p><ul class='missing'>"
+                        + "".join(f"<li>{html.escape(line)}</li>" for line in damaged) + "</ul>")
     vector = ", ".join(p.with_suffix(".svg").name for _, p in plots)
     if vector:
         sections.append(f"<p class='note'>Vector versions (SVG) beside this page: {html.escape(vector)}.</p>")
@@ -539,4 +592,4 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str | No
     out.write_text(page)
     return {"out": str(out), "runs": len(done), "configurations": len(records),
             "plots": [str(p) for _, p in plots], "vector": [str(p.with_suffix(".svg")) for _, p in plots],
-            "pictures": len(pics) + len(covered), "missing": missing}
+            "pictures": len(pics) + len(covered), "missing": missing, "damaged": damaged}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -36,8 +37,10 @@ from harness.core.splits import Task
 from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
-from harness.engine.training import BatchSampler, accuracy, train
-from harness.store import ResultStore
+from harness import checkpoint
+from harness.engine.training import BatchSampler, Loop, accuracy, train
+from harness.logs import LOG_ONLY
+from harness.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
 
@@ -100,13 +103,14 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
             state.check_exists(spec.train.epochs)
 
 
-def prepare(spec: RunSpec, defense_cls: type[Defense] | None = None,
+def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] | None = None,
             plan: Callable[[RunSpec, type[Defense], int], PrivacyPlan] | None = None) -> Prepared:
-    """Load data, build the model and plan privacy; raises ConfigError on any invalid input.
-    ``defense_cls`` replaces the registry's class of ``spec.defense_name`` (same parameters) and ``plan``
-    replaces :func:`plan_privacy`: the whole-run audit's tests plant broken ones this way."""
+    """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
+    raises ConfigError on any invalid input. ``defense_cls`` replaces the registry's class of
+    ``spec.defense_name`` (same parameters) and ``plan`` replaces :func:`plan_privacy`: the whole-run audit's
+    tests plant broken ones this way."""
     device = resolve_device(spec.device)
-    task = load_task(spec.data)
+    task = task if task is not None else load_task(spec.data)
     n = len(task.train)
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
@@ -138,6 +142,21 @@ def prepare(spec: RunSpec, defense_cls: type[Defense] | None = None,
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
+
+
+def check_points(specs: list[RunSpec], name: Callable[[RunSpec], str]) -> None:
+    """Every point of a sweep passes ``prepare``'s checks (data, model, attacks against the data, privacy)
+    before any point trains, so a bad point is refused at once, not after the others ran; the ConfigError
+    names the point (``name(spec)``). Each dataset is loaded once."""
+    tasks: dict[str, Task] = {}
+    for spec in specs:
+        data = json.dumps(dataclasses.asdict(spec.data), sort_keys=True, default=str)
+        try:
+            if data not in tasks:
+                tasks[data] = load_task(spec.data)
+            prepare(spec, tasks[data])
+        except ConfigError as exc:
+            raise ConfigError(f"point {name(spec)}: {exc}") from None
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
@@ -212,10 +231,13 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
     return metrics
 
 
-def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -> dict[str, Any]:
+def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, checkpoints: bool = False,
+            resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train, attack and write the artefacts of one run into ``run_dir``; returns its flat result.
 
-    Touches no store: the caller (a single run, or a sweep driver for its workers) records the result.
+    ``checkpoints``: write ``checkpoint.pt`` at the end of every epoch; ``resume``: such a checkpoint's
+    payload, to go on from it exactly as the uninterrupted run would have. Touches no store: the caller
+    (a single run, or a sweep driver for its workers) records the result.
     """
     spec = prep.spec
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +254,10 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         wanted = set(resolve(asked, spec.train.epochs))
         states = {"init": copy.deepcopy(prep.model.state_dict())}
         defense_states: dict[str, Any] = {}
+        if resume is not None:
+            states, defense_states = resume["states"], resume["defense_states"]
+            log.info("resuming after epoch %d of %d from %s", resume["loop"]["epochs_done"], spec.train.epochs,
+                     run_dir / checkpoint.FILE)
 
         def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
             if epoch == 0:
@@ -240,12 +266,18 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
                 states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
                 defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
 
+        def save_checkpoint(loop: Loop, epochs_done: int) -> None:
+            checkpoint.save(run_dir / checkpoint.FILE, spec.run_key, {
+                "loop": loop.state(epochs_done), "states": states, "defense_states": defense_states})
+
         defense = prep.make_defense(prep.streams.scope("victim"))
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
-                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot)
+                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
+                       on_epoch_end=save_checkpoint if checkpoints else None,
+                       resume=resume["loop"] if resume is not None else None)
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
-        torch.save(states["final"], run_dir / "model.pt")
+        write_atomic(run_dir / "model.pt", lambda tmp: torch.save(states["final"], tmp))
         metrics.update({
             "utility.test_accuracy": result.history[-1]["test_accuracy"],
             "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
@@ -263,7 +295,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True) -
         metrics["status"] = "done"
         return metrics
     except Exception:
-        log.exception("run %s failed", run_id)
+        log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
         raise
     finally:
         log.removeHandler(handler)
@@ -291,10 +323,16 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
     stale = store.fail_stale()
     if stale:
         log.warning("marked %d interrupted run(s) in %s as failed (their process is gone)", stale, store.root)
-    run_id = store.begin(spec.run_key, spec.canonical())
+    run_id, resume = resumable(spec, store)
+    if resume is not None:
+        store.resume(run_id)
+        log.warning("resuming run %s after epoch %d of %d (its checkpoint); remove %s to start over", run_id,
+                    resume["loop"]["epochs_done"], spec.train.epochs, store.run_dir(run_id) / checkpoint.FILE)
+    else:
+        run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)
     try:
-        metrics = perform(prep, run_id, run_dir, progress)
+        metrics = perform(prep, run_id, run_dir, progress, checkpoints=True, resume=resume)
     except KeyboardInterrupt as exc:
         reason = str(exc) or "interrupted"
         store.fail(run_id, reason)
@@ -304,7 +342,17 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
         raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
     store.finish(run_id, metrics)
+    (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
     return metrics
+
+
+def resumable(spec: RunSpec, store: ResultStore) -> tuple[str, dict[str, Any] | None]:
+    """(run id, checkpoint payload) of the latest run of this run key when it was interrupted after at
+    least one epoch; ("", None) otherwise. A damaged checkpoint is a ConfigError saying how to start over."""
+    run_id = store.resumable(spec.run_key)
+    if run_id is None:
+        return "", None
+    return run_id, checkpoint.load(store.run_dir(run_id) / checkpoint.FILE, spec.run_key)
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -14,7 +14,9 @@ that only read (leaderboard, report, show) open the database read-only.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -23,12 +25,17 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from harness import __version__
 from harness.core.errors import ConfigError, RunFailure
 
 STORE_FILE = "results.sqlite"
+LOCK_FILE = ".sweep.lock"
+CHECKPOINT_FILE = "checkpoint.pt"  # in a run's folder (harness/checkpoint.py)
+JOURNAL_FILE = STORE_FILE + "-journal"
+# The store's own files: no output option may name one (nor anything under runs/).
+STORE_FILES = (STORE_FILE, JOURNAL_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", LOCK_FILE)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id       TEXT PRIMARY KEY,
@@ -48,7 +55,14 @@ CREATE INDEX IF NOT EXISTS runs_by_key ON runs (run_key, status);
 """
 COLUMNS = {"run_id", "run_key", "status", "config_json", "metrics_json", "error", "version", "started_at",
            "finished_at", "duration_s", "host", "pid"}
+# Columns added since the first store: a store that lacks only these is migrated in place (ALTER TABLE ADD).
+ADDED_COLUMNS = {"host": "TEXT", "pid": "INTEGER"}
 STALE_ERROR = "interrupted: its process is gone"
+# How the errors of interrupted runs begin (Ctrl-C, SIGTERM / SIGHUP, a process found gone): such a run
+# resumes from its checkpoint.
+INTERRUPTED = ("interrupted", "terminated by ")
+LOCK_WAIT_S = 30.0  # how long a command waits for another process's lock on the database
+log = logging.getLogger("dpeval")
 
 
 def _now() -> str:
@@ -67,11 +81,20 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: a reader (or a full disk) never leaves half a file
+    at ``path``; a failed write removes its temporary file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file + rename, so a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str)))
 
 
 def _damaged(exc: sqlite3.Error) -> bool:
@@ -127,6 +150,7 @@ class ResultStore:
             raise ConfigError(f"--results: {self.db_path} is not a file; move it aside")
         if create and not os.access(self.db_path, os.W_OK):
             raise ConfigError(f"--results: {self.db_path} is not writable")
+        self._recover_journal()
         try:
             with self._read() as conn:
                 (verdict,) = conn.execute("PRAGMA quick_check(1)").fetchone()
@@ -136,17 +160,71 @@ class ResultStore:
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
         except sqlite3.Error as exc:
             raise ConfigError(f"--results: {self.problem(exc)}") from None
-        if tables and not COLUMNS <= columns:
+        missing = COLUMNS - columns if tables else set()
+        if missing and not missing <= set(ADDED_COLUMNS):
             raise ConfigError(f"--results: {self.db_path} is an SQLite database but not a dpeval results store "
                               f"(no runs table with {', '.join(sorted(COLUMNS))}); dpeval leaves it untouched: "
                               "name another --results folder or move the file aside")
+        if missing and create:
+            self._migrate(sorted(missing))
+
+    def _recover_journal(self) -> None:
+        """A ``-journal`` left by a writer that crashed mid-transaction: SQLite rolls it back the first time
+        the store is opened for writing. A read-only open cannot, so open it once read-write here; where
+        the folder is not writable, say so in one line."""
+        journal = self.root / JOURNAL_FILE
+        if not journal.is_file() or journal.stat().st_size == 0:
+            return
+        if not os.access(self.root, os.W_OK | os.X_OK) or not os.access(self.db_path, os.W_OK):
+            raise ConfigError(f"--results: {self.db_path} has a leftover journal ({journal}) from a write that "
+                              f"was interrupted; it needs write access to {self.root} once to roll it back "
+                              "(any dpeval command there does it)")
+        try:
+            with contextlib.closing(sqlite3.connect(self.db_path, timeout=LOCK_WAIT_S)) as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reading rolls a hot journal back
+        except sqlite3.Error as exc:
+            raise ConfigError(f"--results: {self.problem(exc)}") from None
+        if not journal.exists() or journal.stat().st_size == 0:
+            log.warning("%s: rolled back a write that was interrupted (its leftover journal)", self.db_path)
+
+    def _migrate(self, missing: list[str]) -> None:
+        """Add the columns a store written by an earlier dpeval lacks, after a backup copy beside it."""
+        backup = self.db_path.with_name(f"{STORE_FILE}.before-migration")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = self.db_path.with_name(f"{STORE_FILE}.before-migration.{n}")
+        try:
+            with contextlib.closing(sqlite3.connect(self.db_path, timeout=LOCK_WAIT_S)) as conn, \
+                    contextlib.closing(sqlite3.connect(backup)) as copy:
+                conn.backup(copy)
+                with conn:
+                    for column in missing:
+                        conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {ADDED_COLUMNS[column]}")
+        except sqlite3.Error as exc:
+            raise ConfigError(f"--results: cannot migrate {self.db_path} (adding {', '.join(missing)}): "
+                              f"{' '.join(str(exc).split())}; the store is unchanged") from None
+        log.warning("%s: written by an earlier dpeval; added the column(s) %s (backup: %s)", self.db_path,
+                    ", ".join(missing), backup)
+
+    def refuse_output(self, out: str, option: str) -> None:
+        """An output file (``--out``) must not be one of the store's own files (the database, its journal,
+        the sweep lock, also through a link) nor lie inside a run's folder: writing there would destroy
+        results."""
+        target = Path(out).resolve()
+        root = self.root.resolve()
+        own = any(target == root / name or (target.exists() and (root / name).exists()
+                                           and os.path.samefile(target, root / name)) for name in STORE_FILES)
+        if own or target.is_relative_to(root / "runs"):
+            raise ConfigError(f"{option}: {out} is part of the results store in {self.root}; dpeval never "
+                              f"writes over it: name a file elsewhere (e.g. {self.root / 'report.html'})")
 
     # -- connections --------------------------------------------------------------------------------------------
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         """A read-write connection in one transaction (committed on success, rolled back on any exception)."""
         try:
-            conn = sqlite3.connect(self.db_path, timeout=30)
+            conn = sqlite3.connect(self.db_path, timeout=LOCK_WAIT_S)
         except sqlite3.Error as exc:
             raise RunFailure(self.problem(exc)) from None
         try:
@@ -166,7 +244,7 @@ class ResultStore:
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A read-only connection: reading never creates, migrates or rewrites the database."""
-        conn = sqlite3.connect(f"{self.db_path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+        conn = sqlite3.connect(f"{self.db_path.absolute().as_uri()}?mode=ro", uri=True, timeout=LOCK_WAIT_S)
         try:
             yield conn
         finally:
@@ -221,13 +299,33 @@ class ResultStore:
         return run_id
 
     def finish(self, run_id: str, metrics: dict[str, Any]) -> None:
-        write_json_atomic(self.run_dir(run_id) / "metrics.json", metrics)
-        duration = time.perf_counter() - self._t0.pop(run_id, time.perf_counter())
-        with self._connect() as conn:
-            conn.execute(
-                "UPDATE runs SET status='done', metrics_json=?, finished_at=?, duration_s=? WHERE run_id=?",
-                (json.dumps(metrics, sort_keys=True, default=str), _now(), duration, run_id),
-            )
+        """``metrics.json``, then the row ``done`` with its metrics. When either cannot be written (a full
+        disk, a lock held past ``LOCK_WAIT_S``), RunFailure naming the run, its log and what was kept."""
+        metrics_file = self.run_dir(run_id) / "metrics.json"
+        duration = time.perf_counter() - self._t0.get(run_id, time.perf_counter())
+        try:
+            write_json_atomic(metrics_file, metrics)
+            with self._connect() as conn:
+                conn.execute(
+                    "UPDATE runs SET status='done', metrics_json=?, finished_at=?, duration_s=? WHERE run_id=?",
+                    (json.dumps(metrics, sort_keys=True, default=str), _now(), duration, run_id),
+                )
+        except (OSError, RunFailure) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise RunFailure(f"run {run_id} finished but its result could not be recorded ({reason}); "
+                             f"{self._fail_unrecorded(run_id, reason)}; "
+                             f"{f'metrics: {metrics_file}; ' if metrics_file.is_file() else ''}"
+                             f"log: {self.run_dir(run_id) / 'log.txt'}") from None
+        self._t0.pop(run_id, None)
+
+    def _fail_unrecorded(self, run_id: str, reason: str) -> str:
+        """Try to mark a run whose result was lost ``failed``; says what became of its row."""
+        try:
+            self.fail(run_id, f"finished but not recorded: {reason}")
+        except RunFailure:
+            return ("its row stays `running` until the next dpeval run, sweep or show on the folder marks it "
+                    "failed")
+        return "recorded as failed"
 
     def fail(self, run_id: str, error: str) -> None:
         duration = time.perf_counter() - self._t0.pop(run_id, time.perf_counter())
@@ -236,6 +334,27 @@ class ResultStore:
                 "UPDATE runs SET status='failed', error=?, finished_at=?, duration_s=? WHERE run_id=?",
                 (error, _now(), duration, run_id),
             )
+
+    def interrupted(self, run_key: str) -> str | None:
+        """The id of the latest run of ``run_key`` when that run was interrupted (not failed by an error,
+        not done); else None."""
+        rows = self._query("SELECT run_id, status, error FROM runs WHERE run_key=? ORDER BY started_at DESC, "
+                           "run_id DESC LIMIT 1", (run_key,))
+        if rows and rows[0][1] == "failed" and str(rows[0][2] or "").startswith(INTERRUPTED):
+            return rows[0][0]
+        return None
+
+    def resumable(self, run_key: str) -> str | None:
+        """The id of the latest run of ``run_key`` when it was interrupted and left a checkpoint."""
+        run_id = self.interrupted(run_key)
+        return run_id if run_id and (self.run_dir(run_id) / CHECKPOINT_FILE).is_file() else None
+
+    def resume(self, run_id: str) -> None:
+        """Record an interrupted run as ``running`` again, by this process."""
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, duration_s=NULL, "
+                         "host=?, pid=? WHERE run_id=? AND status='failed'", (socket.gethostname(), os.getpid(), run_id))
+        self._t0[run_id] = time.perf_counter()
 
     def fail_stale(self) -> int:
         """Mark ``running`` rows whose recording process on this host is gone (killed, crashed, power loss)
@@ -276,7 +395,19 @@ class ResultStore:
 
     @staticmethod
     def _decode(row: dict[str, Any]) -> dict[str, Any]:
-        row["config"] = json.loads(row.pop("config_json"))
-        metrics = row.pop("metrics_json")
-        row["metrics"] = json.loads(metrics) if metrics else {}
+        """The row with ``config`` and ``metrics`` parsed; a column that is not a JSON object (a damaged
+        row) reads as empty and ``damaged`` says which."""
+        damaged = []
+        for column, key in (("config_json", "config"), ("metrics_json", "metrics")):
+            text = row.pop(column)
+            try:
+                value = json.loads(text) if text else {}
+            except (TypeError, ValueError):
+                value = None
+            if not isinstance(value, dict):
+                damaged.append(column)
+                value = {}
+            row[key] = value
+        if damaged:
+            row["damaged"] = f"{' and '.join(damaged)} not a JSON object"
         return row

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.core.errors import ConfigError, RunFailure
+from harness.core.errors import ConfigError, RunFailure, brief
 from harness.core.registry import DATASETS
 from harness.core.settings import DataConfig
 from harness.core.splits import Task, assemble
@@ -62,29 +62,29 @@ def validate_data_config(cfg: DataConfig) -> None:
     the private pool ends up non-empty depends on the dataset size, so ``load_task`` checks that.
     """
     if not isinstance(cfg.name, str):
-        raise ConfigError(f"data.name: must be a dataset name string, got {cfg.name!r}")
+        raise ConfigError(f"data.name: must be a dataset name string, got {brief(cfg.name)}")
     DATASETS.get(cfg.name, field="data.name")
     if not isinstance(cfg.root, (str, os.PathLike)) or str(cfg.root) == "":
-        raise ConfigError(f"data.root: must be a non-empty path, got {cfg.root!r}")
+        raise ConfigError(f"data.root: must be a non-empty path, got {brief(cfg.root)}")
     if not isinstance(cfg.download, bool):
-        raise ConfigError(f"data.download: must be true or false, got {cfg.download!r}")
+        raise ConfigError(f"data.download: must be true or false, got {brief(cfg.download)}")
     # Upper bound: torch.Generator.manual_seed accepts at most 64-bit values.
     if not _is_int(cfg.split_seed) or not 0 <= cfg.split_seed < 2**63:
-        raise ConfigError(f"data.split_seed: must be an integer in [0, 2**63), got {cfg.split_seed!r}")
+        raise ConfigError(f"data.split_seed: must be an integer in [0, 2**63), got {brief(cfg.split_seed)}")
     for field in ("test_fraction", "public_fraction"):
         v = getattr(cfg, field)
         # `not (0 <= v < 1)` also rejects NaN.
         if not _is_real(v) or not (0 <= v < 1):
-            raise ConfigError(f"data.{field}: must be in [0, 1), got {v!r}")
+            raise ConfigError(f"data.{field}: must be in [0, 1), got {brief(v)}")
     if not cfg.test_fraction + cfg.public_fraction < 1:
         raise ConfigError(
             f"data.test_fraction + data.public_fraction: must sum to < 1 so examples remain for the "
             f"private pool, got {cfg.test_fraction} + {cfg.public_fraction}"
         )
     if not _is_int(cfg.max_train) or cfg.max_train < 0:
-        raise ConfigError(f"data.max_train: must be an integer >= 0 (0 = no cap), got {cfg.max_train!r}")
+        raise ConfigError(f"data.max_train: must be an integer >= 0 (0 = no cap), got {brief(cfg.max_train)}")
     if not _is_int(cfg.image_size) or cfg.image_size < MIN_IMAGE_SIZE:
-        raise ConfigError(f"data.image_size: must be an integer >= {MIN_IMAGE_SIZE}, got {cfg.image_size!r}")
+        raise ConfigError(f"data.image_size: must be an integer >= {MIN_IMAGE_SIZE}, got {brief(cfg.image_size)}")
     if cfg.name == "synthetic":
         syn = cfg.synthetic
         shape = syn.shape
@@ -93,13 +93,13 @@ def validate_data_config(cfg: DataConfig) -> None:
             or len(shape) != 3
             or not all(_is_int(s) and s > 0 for s in shape)
         ):
-            raise ConfigError(f"data.synthetic.shape: must be 3 positive integers [C, H, W], got {shape!r}")
+            raise ConfigError(f"data.synthetic.shape: must be 3 positive integers [C, H, W], got {brief(shape)}")
         if not _is_int(syn.classes) or syn.classes < 2:
-            raise ConfigError(f"data.synthetic.classes: must be an integer >= 2, got {syn.classes!r}")
+            raise ConfigError(f"data.synthetic.classes: must be an integer >= 2, got {brief(syn.classes)}")
         if not _is_int(syn.size) or syn.size < syn.classes:
             raise ConfigError(
                 f"data.synthetic.size: must be an integer >= data.synthetic.classes ({syn.classes}), "
-                f"got {syn.size!r}"
+                f"got {brief(syn.size)}"
             )
 
 

@@ -18,7 +18,7 @@ import typing
 from dataclasses import field
 from typing import Any
 
-from harness.core.errors import ConfigError
+from harness.core.errors import ConfigError, brief
 
 _MISSING = dataclasses.MISSING
 
@@ -62,7 +62,7 @@ def check_range(where: str, value: float | None, *, low: float | None = None, hi
 
 def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
     if value is not None and value not in choices:
-        raise ConfigError(f"{where}: must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}, got {brief(value)}")
 
 
 def check_declared(obj: Any, prefix: str) -> None:
@@ -115,11 +115,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 raise error
         if len(inner) == 1:
             raise errors[0]
-        raise ConfigError(f"{where}: must be {' or '.join(_type_name(t) for t in inner)}, got {value!r}")
+        raise ConfigError(f"{where}: must be {' or '.join(_type_name(t) for t in inner)}, got {brief(value)}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: must be a list of {_type_name(item_tp)}, got {value!r}")
+            raise ConfigError(f"{where}: must be a list of {_type_name(item_tp)}, got {brief(value)}")
         return [coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -127,11 +127,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         return from_dict(tp, value, where)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: must be true or false, got {value!r}")
+            raise ConfigError(f"{where}: must be true or false, got {brief(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: must be an integer, got {value!r}")
+            raise ConfigError(f"{where}: must be an integer, got {brief(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; take the number meant
@@ -140,15 +140,15 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: must be a number, got {value!r}")
+            raise ConfigError(f"{where}: must be a number, got {brief(value)}")
         if math.isinf(value):
-            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
+            raise ConfigError(f"{where}: must be a finite number, got {brief(value)}")
         if math.isnan(value):
             raise ConfigError(f"{where}: must be a number, got nan")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: must be a string, got {value!r}")
+            raise ConfigError(f"{where}: must be a string, got {brief(value)}")
         return value
     return value
 

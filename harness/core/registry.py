@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
-from harness.core.errors import ConfigError
+from harness.core.errors import ConfigError, brief
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ class Registry(Generic[T]):
         if name not in self:
             where = field or self.kind
             known = ", ".join(self.names()) or "(none registered yet)"
-            raise ConfigError(f"{where}: unknown {self.kind} {name!r}; choose one of: {known}")
+            raise ConfigError(f"{where}: unknown {self.kind} {brief(name)}; choose one of: {known}")
 
     def get(self, name: str, field: str | None = None) -> T:
         self.check(name, field)

@@ -13,12 +13,16 @@ the defense shares. Per micro-batch, one of two engines (``train.engine``) feeds
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -122,17 +126,108 @@ def fraction_correct(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.T
     return correct / len(y)
 
 
+class Diverged(RuntimeError):
+    """Training produced a non-finite weight: every later step would only carry NaN."""
+
+
+def check_finite(params: dict[str, nn.Parameter], cfg: TrainConfig, epoch: int, step: int) -> None:
+    """Stop at the first step that leaves a weight NaN or infinite (a learning rate far too large, an
+    exploding loss), naming the setting to change instead of training on and recording NaN results."""
+    bad = next((name for name, p in params.items() if not bool(torch.isfinite(p).all())), None)
+    if bad is not None:
+        raise Diverged(f"training diverged: weight {bad} is NaN or infinite after step {step} (epoch {epoch + 1}); "
+                       f"lower train.lr (now {cfg.lr:g})")
+
+
+def global_rng_state() -> dict[str, Any]:
+    """Python's, NumPy's and torch's global generators (seeded from the ``global`` stream), as plain data."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
+
+
+def set_global_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+
+
+def defense_state(defense: Defense) -> dict[str, Any]:
+    """A defense's state between epochs: its ``state_dict`` (masks, statistics, anchors, counters) and the
+    position of every generator it holds (noise, mask, anchors)."""
+    generators = {name: g.get_state() for name, g in vars(defense).items() if isinstance(g, torch.Generator)}
+    return {"state": copy.deepcopy(defense.state_dict()), "generators": generators}
+
+
+def load_defense_state(defense: Defense, state: dict[str, Any]) -> None:
+    defense.load_state_dict(state["state"])
+    for name, generator_state in state["generators"].items():
+        getattr(defense, name).set_state(generator_state)
+
+
+@dataclass
+class Loop:
+    """What the loop needs to go on after ``epochs_done`` epochs exactly as it would have without a stop:
+    ``state()`` is plain data (tensors, numbers, lists) for a checkpoint, ``restore`` puts it back."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Any
+    sampler: BatchSampler
+    defense: Defense
+    result: TrainResult
+    densities: list[float]
+    sparse_bytes: list[int]
+
+    def state(self, epochs_done: int) -> dict[str, Any]:
+        return {
+            "epochs_done": epochs_done,
+            "model": copy.deepcopy(self.model.state_dict()),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            "sampler": self.sampler.generator.get_state(),
+            "defense": defense_state(self.defense),
+            "globals": global_rng_state(),
+            "history": copy.deepcopy(self.result.history),
+            "steps": self.result.steps,
+            "bytes_dense": self.result.bytes_dense,
+            "densities": list(self.densities),
+            "sparse_bytes": list(self.sparse_bytes),
+        }
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Put ``state`` back; returns the epoch to go on with."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        self.sampler.generator.set_state(state["sampler"])
+        load_defense_state(self.defense, state["defense"])
+        set_global_rng_state(state["globals"])
+        self.result.history = list(state["history"])
+        self.result.steps = int(state["steps"])
+        self.result.bytes_dense = state["bytes_dense"]
+        self.densities[:] = state["densities"]
+        self.sparse_bytes[:] = state["sparse_bytes"]
+        return int(state["epochs_done"])
+
+
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
           sampler: BatchSampler, device: torch.device, progress: bool = True,
           on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None,
           before_release: Callable[[int, int, Defense], None] | None = None,
-          after_release: Callable[[int, SharedGradient], None] | None = None) -> TrainResult:
+          after_release: Callable[[int, SharedGradient], None] | None = None,
+          on_epoch_end: Callable[[Loop, int], None] | None = None,
+          resume: dict[str, Any] | None = None) -> TrainResult:
     """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``.
 
     ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
     the weights and public defense state an attack targets). ``before_release(step, epoch, defense)`` runs
     after a step's batch entered the defense's running sum and before its release (the run-level audit adds
-    its canaries' per-sample gradients there), ``after_release(step, shared)`` sees every release."""
+    its canaries' per-sample gradients there), ``after_release(step, shared)`` sees every release.
+    ``on_epoch_end(loop, epochs_done)`` runs after each epoch (a checkpoint: ``loop.state(epochs_done)``).
+    ``resume``, such a state, continues training from its epoch exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     result = TrainResult(engine=select_engine(cfg.engine, model, defense))
     log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
@@ -149,8 +244,11 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     result.front_s, result.front_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
     densities: list[float] = []
     sparse_bytes: list[int] = []
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, leave=False)
-    for epoch in range(cfg.epochs):
+    loop = Loop(model, optimizer, schedule, sampler, defense, result, densities, sparse_bytes)
+    first = loop.restore(resume) if resume is not None else 0
+    bar = tqdm(total=total_steps, initial=result.steps, desc="train", unit="step", disable=not progress,
+               leave=False)
+    for epoch in range(first, cfg.epochs):
         defense.begin_epoch(epoch, cfg.epochs)
         if on_epoch_start is not None:
             on_epoch_start(epoch, model, defense)
@@ -168,6 +266,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             optimizer.zero_grad(set_to_none=True)
             if schedule is not None:
                 schedule.step()
+            check_finite(params, cfg, epoch, result.steps + 1)
             densities.append(shared.density)
             sparse_bytes.append(shared.bytes_sparse())
             result.bytes_dense = shared.bytes_dense()
@@ -177,6 +276,8 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         result.history.append({"epoch": epoch, "test_accuracy": test_acc})
         bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_acc:.3f}")
         log.info("epoch %d/%d test accuracy %.4f", epoch + 1, cfg.epochs, test_acc)
+        if on_epoch_end is not None:
+            on_epoch_end(loop, epoch + 1)
     bar.close()
     result.train_s = time.perf_counter() - start
     if densities:

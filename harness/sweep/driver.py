@@ -11,9 +11,11 @@ whose process is gone are marked ``failed`` when a sweep starts. One sweep per r
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +24,9 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from harness.config import RunSpec
-from harness.core.errors import RunFailure
+from harness.core.errors import ConfigError, RunFailure
 from harness.headlines import attacks_in, read
-from harness.store import ResultStore
+from harness.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
 from harness.sweep.executors import Executor
 from harness.sweep.grid import describe, swept_fields
 
@@ -40,27 +42,43 @@ class SweepSummary:
     failures: list[str] = field(default_factory=list)
 
 
+def open_lock_file(path: Path) -> int:
+    """The lock file's descriptor. Never through a symlink (``O_NOFOLLOW``: a link planted there would
+    have the sweep write into the file it points to) and only a regular file (a FIFO would block)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"--results: {path} is a symlink; dpeval does not follow it: remove it "
+                              f"(rm {path}) and start the sweep again") from None
+        raise ConfigError(f"--results: cannot open {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"--results: {path} is not a regular file; remove it and start the sweep again")
+    return fd
+
+
 @contextlib.contextmanager
 def sweep_lock(results: Path, wait_for_lock: bool) -> Iterator[None]:
     """One sweep per results folder: a second one waits or refuses (never interleaves its bookkeeping)."""
     results.mkdir(parents=True, exist_ok=True)
-    path = results / ".sweep.lock"
-    with open(path, "a+") as handle:
+    path = results / LOCK_FILE
+    fd = open_lock_file(path)
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait_for_lock else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait_for_lock else fcntl.LOCK_NB))
         except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             raise RunFailure(f"another dpeval sweep is running on {results} ({owner}); "
                              "wait for it, pass --wait, or use another --results") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, rerun: bool = False,
@@ -82,7 +100,12 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
         started: list[str] = []
 
         def dispatch(spec: RunSpec) -> tuple[RunSpec, str, Path]:
-            run_id = store.begin(spec.run_key, spec.canonical())
+            run_id = store.resumable(spec.run_key)
+            if run_id is not None:  # interrupted after an epoch: its worker goes on from the checkpoint
+                store.resume(run_id)
+                bar.write(f"resume  {run_id}  {describe(spec, swept)}  (from its checkpoint)", file=sys.stderr)
+            else:
+                run_id = store.begin(spec.run_key, spec.canonical())
             started.append(run_id)
             return spec, run_id, store.run_dir(run_id)
 
@@ -92,6 +115,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
             if metrics is not None:
                 metrics = {**metrics, **(annotations or {})}
                 store.finish(run_id, metrics)
+                (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)  # done: nothing left to resume
                 summary.done += 1
                 acc, eps = metrics["utility.test_accuracy"], metrics["privacy.epsilon"]
                 leakage = "  ".join(h.short() for a in attacks_in(metrics) if (h := read(metrics, a)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
@@ -15,18 +16,23 @@ from typing import Any, Callable
 
 from harness.config import RunSpec, build_spec
 from harness.core.errors import ConfigError
+from harness.store import CHECKPOINT_FILE
 
 
 
 def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int = 1) -> dict[str, Any]:
     """Execute one grid point in this process (also the body of worker processes), with the thread default
-    for one of ``workers`` concurrent processes (``harness.core.runtime.default_threads``)."""
+    for one of ``workers`` concurrent processes (``harness.core.runtime.default_threads``) and a checkpoint
+    after every epoch; a run folder that holds one (an interrupted point the driver resumes) goes on from it."""
+    from harness import checkpoint
     from harness.core.runtime import apply_thread_default
     from harness.runner import perform, prepare
 
     apply_thread_default(workers)
     spec = build_spec(canonical)
-    return perform(prepare(spec), run_id, Path(run_dir), progress=False)
+    saved = Path(run_dir) / checkpoint.FILE
+    resume = checkpoint.load(saved, spec.run_key) if saved.is_file() else None
+    return perform(prepare(spec), run_id, Path(run_dir), progress=False, checkpoints=True, resume=resume)
 
 
 def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -34,7 +40,8 @@ def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], di
     scratch = Path(tempfile.mkdtemp(prefix="dpeval-ray-"))
     try:
         metrics = run_job(canonical, run_id, str(scratch))
-        files = {str(p.relative_to(scratch)): p.read_bytes() for p in scratch.rglob("*") if p.is_file()}
+        files = {str(p.relative_to(scratch)): p.read_bytes() for p in scratch.rglob("*")
+                 if p.is_file() and p.name != CHECKPOINT_FILE}  # a Ray point starts over when resumed
         return metrics, files
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -66,18 +73,37 @@ class SequentialExecutor(Executor):
                 return
 
 
+def _start_worker(debug: bool) -> None:
+    """A worker's log records go to each run's log.txt (per-epoch lines included); its terminal gets
+    nothing but, with ``--debug``, warnings and tracebacks. Its (disabled) progress bars lock with a
+    thread lock: tqdm's default multiprocessing lock would outlive a terminated worker as a leaked
+    semaphore, which Python's resource tracker reports at exit."""
+    from tqdm import tqdm
+
+    from harness.logs import setup_logging
+
+    setup_logging(debug, terminal=debug)
+    tqdm.set_lock(threading.RLock())
+
+
 class ProcessExecutor(Executor):
     """``workers`` processes (spawned: fork and torch threads do not mix), the idle cores' threads split
-    among them."""
+    among them.
 
-    def __init__(self, workers: int) -> None:
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP raised in the driver), it records the points that finished and
+    terminates the workers at once, instead of waiting for the running points."""
+
+    def __init__(self, workers: int, debug: bool = False) -> None:
         self.workers = workers
+        self.debug = debug
 
     def run(self, specs, dispatch, on_result):
         queue = list(specs)
         pending: dict[Future, tuple] = {}
         stop = False
-        with ProcessPoolExecutor(self.workers, mp_context=get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                                   initargs=(self.debug,))
+        try:
             while (queue and not stop) or pending:
                 while queue and not stop and len(pending) < self.workers:
                     job = dispatch(queue.pop(0))
@@ -85,13 +111,28 @@ class ProcessExecutor(Executor):
                     pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.workers)] = job
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    job = pending.pop(future)
-                    try:
-                        metrics = future.result()
-                    except Exception as exc:
-                        stop = on_result(job, None, f"{type(exc).__name__}: {exc}") or stop
-                    else:
-                        stop = on_result(job, metrics, None) or stop
+                    stop = _report(future, pending.pop(future), on_result) or stop
+        except BaseException:
+            for future in [f for f in pending if f.done()]:  # finished before the interruption: keep them
+                _report(future, pending.pop(future), on_result)
+            _terminate(pool)
+            raise
+        pool.shutdown()
+
+
+def _report(future: Future, job: tuple, on_result: Callable) -> bool:
+    try:
+        metrics = future.result()
+    except Exception as exc:
+        return on_result(job, None, f"{type(exc).__name__}: {exc}")
+    return on_result(job, metrics, None)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now, running points included (Python 3.14 has ``terminate_workers`` for this)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RayExecutor(Executor):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.config import RunSpec, build_spec, load_yaml
-from harness.core.errors import ConfigError
+from harness.core.errors import ConfigError, brief
 from harness.core.params import Params, from_dict, param
 
 NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
@@ -111,7 +111,7 @@ def expand(raw: dict[str, Any], where: str = "sweep") -> list[dict[str, Any]]:
         if "seed" in raw:
             raise ConfigError(f"{where}: seeds: give either seed or seeds, not both")
         if not isinstance(seeds, list) or not seeds:
-            raise ConfigError(f"{where}: seeds: must be a non-empty list of integers, got {seeds!r}")
+            raise ConfigError(f"{where}: seeds: must be a non-empty list of integers, got {brief(seeds)}")
         raw["seed"] = seeds
     axes: list[tuple[str, list[Any]]] = []
     for path, value in _flatten(raw):

@@ -80,12 +80,29 @@ def template(tmp_path_factory):
                                                   "train": {"epochs": 1, "batch_size": 256}}))
     (base / "badgrid.yaml").write_text(yaml.safe_dump({"train": {"epochz": [1, 2]}}))
     (base / "store" / ".sweep.lock").write_text("pid 1")
+    (base / "bomb.yaml").write_text(BOMB)
+    (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
+                                                      "attack": {"targets": [6, 10**12]}}))
+    (base / "outside.txt").write_text("a file outside the results folder\n")
+    shutil.copytree(base / "store", base / "symlock")
+    (base / "symlock" / ".sweep.lock").unlink()
+    (base / "symlock" / ".sweep.lock").symlink_to("../outside.txt")
+    (base / "store.csv").symlink_to("store/results.sqlite")
+    (base / "store.html").symlink_to("store/results.sqlite")
     return base, os.path.commonprefix(ids)
 
 
+# "Billion laughs": nine levels of nine aliases, 9**9 strings once expanded.
+BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+SET_BOMB = "train.epochs=[&a [1,1,1,1,1,1,1,1,1,1]" + "".join(
+    f",&{b} [{','.join([f'*{a}'] * 10)}]" for a, b in zip("abcde", "bcdef")) + ",*f]"
+
+
 def snapshot(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    """Every path under ``root`` with the hash of its bytes (through links), or what else it is."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file()
+            else "dir" if p.is_dir() else "other" for p in sorted(root.rglob("*"))}
 
 
 PRIVACY = ["--delta", "1e-5", "--sample-rate", "0.01", "--epochs", "2"]
@@ -125,6 +142,13 @@ CASES = [
     case(["run", "--set", "train.epochs=0"], "train.epochs", id="run-epochs-zero"),
     case(["run", "--attack", "nope"], "attack", id="run-unknown-attack"),
     case(["run", "--set", "novalue"], "--set", id="run-set-without-value"),
+    case(["run", "--config", "bomb.yaml"], "--config: bomb.yaml holds more than", hang=True, id="run-yaml-alias-bomb"),
+    case(["run", "--set", SET_BOMB], "--set 'train.epochs': the value holds more than", hang=True,
+         id="run-set-alias-bomb"),
+    case(["run", "--config", "fifo.yaml"], "--config: fifo.yaml is not a regular file", hang=True,
+         id="run-config-is-a-fifo"),
+    case(["run", "--set", "attack.targets=1000000000000", "--attack", "ig", "--epochs", "1"], "attack.targets",
+         id="run-attack-targets-beyond-the-data"),
     # sweep
     case(["sweep", "missing.yaml"], "SWEEP_FILE: cannot read missing.yaml", id="sweep-missing-file"),
     case(["sweep", "bin.yaml"], "SWEEP_FILE", id="sweep-binary-file"),
@@ -138,6 +162,11 @@ CASES = [
     case(["sweep", "ok.yaml", "--results", ""], "--results", id="sweep-results-empty"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
+    case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
+    case(["sweep", "fifo.yaml"], "SWEEP_FILE: fifo.yaml is not a regular file", hang=True, id="sweep-file-is-a-fifo"),
+    case(["sweep", "targets.yaml"], "targets.yaml: point targets=1000000000000: attack.targets", hang=True,
+         id="sweep-attack-targets-beyond-the-data"),
+    case(["sweep", "ok.yaml", "--results", "symlock"], "symlock/.sweep.lock is a symlink", id="sweep-lock-is-a-symlink"),
     case(["sweep", "ok.yaml", "--results", "store"], "another dpeval sweep is running on store", code=1,
          hold_lock=True, id="sweep-folder-locked-exit-1"),
     # leaderboard
@@ -151,8 +180,18 @@ CASES = [
     case(["leaderboard", "--results", "foreign"], "foreign/results.sqlite", id="leaderboard-foreign-sqlite"),
     case(["leaderboard", "--results", "store", "--out", f"{UNWRITABLE}/board.csv"], "--out",
                  id="leaderboard-out-unwritable", marks=NEEDS_UNWRITABLE),
-    case(["leaderboard", "--results", "store", "--out", "afile/board.csv"], "--out",
+    case(["leaderboard", "--results", "store", "--out", "afile/board.csv"], "--out: cannot write afile/board.csv",
                  id="leaderboard-out-under-a-file"),
+    case(["leaderboard", "--results", "store", "--out", "store/results.sqlite"],
+         "--out: store/results.sqlite is part of the results store", id="leaderboard-out-is-the-store"),
+    case(["leaderboard", "--results", "store", "--out", "store/.sweep.lock"], "--out: store/.sweep.lock",
+         id="leaderboard-out-is-the-sweep-lock"),
+    case(["leaderboard", "--results", "store", "--out", "store/results.sqlite-journal"], "--out",
+         id="leaderboard-out-is-the-journal"),
+    case(["leaderboard", "--results", "store", "--out", "store.csv"], "--out: store.csv is part of the results",
+         id="leaderboard-out-links-to-the-store"),
+    case(["leaderboard", "--results", "store", "--out", "store/runs/{first}/board.csv"], "--out: store/runs/",
+         id="leaderboard-out-inside-a-run"),
     case(["leaderboard", "--results", "store", "--out", "store"], "--out", id="leaderboard-out-is-a-folder"),
     case(["leaderboard", "--results", "store", "--sort", "nope"], "--sort", id="leaderboard-unknown-column"),
     # report
@@ -166,6 +205,10 @@ CASES = [
     case(["report", "--results", "store", "--out", f"{UNWRITABLE}/r.html"], "--out",
                  id="report-out-unwritable", marks=NEEDS_UNWRITABLE),
     case(["report", "--results", "store"], "--out", id="report-out-missing"),
+    case(["report", "--results", "store", "--out", "store.html"], "--out: store.html is part of the results store",
+         id="report-out-links-to-the-store"),
+    case(["report", "--results", "store", "--out", "store/runs/{first}/r.html"], "--out: store/runs/",
+         id="report-out-inside-a-run"),
     # show
     case(["show", "2", "--results", "nowhere"], "nowhere", id="show-no-folder"),
     case(["show", "2", "--results", "afile"], "afile", id="show-results-is-a-file"),
@@ -176,6 +219,7 @@ CASES = [
     case(["show", "{common}", "--results", "store"], "is ambiguous: it starts 2 run ids",
                  id="show-ambiguous-prefix"),
     case(["show", "--results", "store"], "RUN_ID", id="show-missing-id"),
+    case(["show", "", "--results", "store"], "RUN_ID: empty", id="show-empty-id"),
     # privacy (nan / inf / huge targets used to spin forever)
     case(["privacy", "--noise-multiplier", "nan", *PRIVACY], "--noise-multiplier", process=True,
          id="privacy-sigma-nan"),
@@ -206,6 +250,8 @@ CASES = [
                  id="audit-sigma-nan"),
     case(["audit", "--defense", "dpsgd", "--trials", "0"], "--trials", id="audit-zero-trials"),
     case(["audit", "--defense", "dpsgd", "--config", "bin.yaml"], "--config", id="audit-binary-config"),
+    case(["audit", "--defense", "dpsgd", "--config", "fifo.yaml"], "not a regular file", hang=True,
+         id="audit-config-is-a-fifo"),
     case(["audit", "--defense", "dpsgd", "--set", "privacy.epsilon=3"], "privacy.epsilon",
                  id="audit-epsilon-given"),
     case(["audit"], "--defense", id="audit-missing-defense"),
@@ -255,8 +301,10 @@ def invoke(args, cwd, options):
 def test_bad_input_keeps_the_contract(args, names, code, options, template, tmp_path, monkeypatch):
     base, common = template
     work = tmp_path / "work"
-    shutil.copytree(base, work)
-    args = [a.replace("{common}", common) for a in args]
+    shutil.copytree(base, work, symlinks=True)
+    os.mkfifo(work / "fifo.yaml")  # made here: copying a FIFO would block
+    first = ResultStore(work / "store").rows()[0]["run_id"]
+    args = [a.replace("{common}", common).replace("{first}", first) for a in args]
     monkeypatch.chdir(work)
     before = snapshot(work)
     lock = None
@@ -311,3 +359,13 @@ def test_reading_a_store_never_writes_it(template, tmp_path):
     shown = runner.invoke(main, ["show", ResultStore(work).rows()[0]["run_id"], "--results", str(work)])
     assert shown.exit_code == 0 and "status: done" in shown.stdout
     assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("value", [f"{'9' * 20_000}x", "[" + "1, " * 20_000 + "2]", "{" + "a: 1, " * 2000 + "b: 2}"])
+def test_an_error_never_repeats_a_huge_value(value):
+    """The message about a bad value quotes at most a short prefix of it."""
+    with watchdog(60):
+        result = CliRunner().invoke(main, ["run", "--set", f"train.epochs={value}"])
+    (line,) = result.stderr.splitlines()
+    assert result.exit_code == 2 and line.startswith("dpeval: error: train.epochs: must be an integer, got ")
+    assert len(line) < 200, len(line)

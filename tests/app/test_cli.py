@@ -156,6 +156,55 @@ def test_runtime_failure_exits_1_and_records_failed(tmp_path, monkeypatch):
     assert row["status"] == "failed" and "simulated crash" in row["error"]
 
 
+def test_a_failed_run_is_one_line_its_traceback_in_the_log(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr("harness.runner.train", broken)
+    result = CliRunner().invoke(main, ["run", "--results", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dpeval: run ") and "simulated crash" in line
+    (row,) = ResultStore(tmp_path).rows()
+    log = (ResultStore(tmp_path).run_dir(row["run_id"]) / "log.txt").read_text()
+    assert "Traceback" in log and "simulated crash" in log
+    debug = CliRunner().invoke(main, ["run", "--results", str(tmp_path / "d"), "--quiet", "--debug"])
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr and "simulated crash" in debug.stderr
+
+
+def test_a_diverging_run_stops_and_names_the_learning_rate(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--defense", "dpsgd", "--attack", "none", "--set", "train.lr=1e30",
+                                       "--epochs", "3", "--results", str(tmp_path), "--quiet"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert "training diverged" in line and "train.lr" in line and "1e+30" in line and "log.txt" in line
+    (row,) = ResultStore(tmp_path).rows()
+    assert row["status"] == "failed" and "train.lr" in row["error"]
+    assert not (ResultStore(tmp_path).run_dir(row["run_id"]) / "model.pt").exists()
+
+
+@pytest.mark.parametrize("delta,shown", [(0.999999, "0.999999"), (1e-5, "1e-05"), (0.123456, "0.123"),
+                                         (1 - 1e-12, "0.999999999999")])
+def test_delta_is_printed_with_the_digits_it_needs(delta, shown):
+    from harness.cli import format_delta
+
+    assert format_delta(delta) == shown
+    result = invoke("privacy", "--noise-multiplier", "1", "--delta", delta, "--sample-rate", "0.01", "--steps", "10")
+    assert f"at δ = {shown} " in result.stdout
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["list"], ["privacy", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01",
+                                             "--steps", "10", "--json"]])
+def test_stdout_on_a_full_device_is_one_line(args):
+    root = Path(__file__).resolve().parents[2]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=root, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == ["dpeval: cannot write the output to stdout: No space left on device"]
+
+
 def test_interrupt_leaves_failed_not_done(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -232,3 +232,44 @@ def test_leaderboard_command_prints_the_selection_sentence(tmp_path):
     assert result.exit_code == 0, result.output
     assert "privacy.selection_epsilon" in result.stdout.splitlines()[0]
     assert "digits: best of 6 DP configurations (12 runs) at ε ≤ 3" in result.stdout
+
+
+def test_damaged_artefacts_are_one_line_each_and_the_rest_is_shown(tmp_path):
+    store = fake_results(tmp_path / "r", defenses=("rs",), rates=(0.0, 0.5), seeds=(0, 1))
+    rows = store.rows()
+    folder = [tmp_path / "r" / "runs" / r["run_id"] for r in rows]
+    (folder[0] / "lira" / "roc.json").write_text('{"fpr": [0.0, 0.5')  # cut short
+    (folder[1] / "lira" / "roc.json").write_text('{"fpr": ["a"], "tpr": [1.0]}')
+    npz = folder[2] / "ig" / "ig-images.npz"
+    npz.write_bytes(npz.read_bytes()[:200])  # truncated
+    np.savez(folder[3] / "ig" / "ig-images.npz", originals=np.array([object()], dtype=object),
+             states=np.array(STATES), psnr=np.zeros((3, 6, 1)), reconstructions=np.zeros(1))  # needs pickle
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", "--results", str(tmp_path / "r"), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (note,) = result.stderr.splitlines()
+    assert note.startswith("dpeval: note: 4 artefact(s) could not be read") and "Traceback" not in result.output
+    written = json.loads(result.stdout)
+    assert len(written["damaged"]) == 4
+    assert {line.split(":")[0] for line in written["damaged"]} == {f"run {r['run_id']}" for r in rows}
+    page = out.read_text()
+    assert "Damaged artefacts" in page and "ROC curves (lira)" in page and "Reconstructions (ig)" in page
+
+
+def test_artefacts_resolve_only_inside_their_run_folder(tmp_path):
+    store = fake_results(tmp_path / "r", defenses=("rs",), rates=(0.5,), seeds=(0,))
+    (row,) = store.rows()
+    secret = tmp_path / "secret.png"
+    Image.fromarray(np.full((8, 8), 7, np.uint8)).save(secret)
+    run_dir = tmp_path / "r" / "runs" / row["run_id"]
+    (run_dir / "ig" / "link.png").symlink_to(secret)
+    for value in (str(secret), f"runs/{row['run_id']}/../../../secret.png", f"runs/{row['run_id']}/ig/link.png",
+                  f"runs/{row['run_id']}/../{row['run_id']}/ig/ig-reconstruction.png"):
+        metrics = {k: v for k, v in row["metrics"].items() if k != "artefacts.ig.images"}
+        store.finish(row["run_id"], {**metrics, "artefacts.ig.png": value})
+        written = report(tmp_path / "r", tmp_path / "report.html")
+        page = (tmp_path / "report.html").read_text()
+        embedded = base64.b64encode(secret.read_bytes()).decode()
+        assert embedded not in page, value
+        inside = value.endswith("ig-reconstruction.png")
+        assert (written["missing"] == []) == inside, (value, written["missing"])

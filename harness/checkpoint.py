@@ -1,0 +1,57 @@
+"""A run's checkpoint: ``runs/<run_id>/checkpoint.pt``, written atomically at the end of every epoch, so an
+interrupted run (Ctrl-C, SIGTERM, ``kill -9``, a crash) resumes from its last finished epoch.
+
+One file, checked before use: an outer record (format version, run key, SHA-256 of the payload, the
+payload's bytes) and the payload itself (``harness.engine.training.LoopState`` as plain data, plus the
+model states and public defense states attacks asked for). Both are read with ``weights_only=True``: a
+checkpoint can hold tensors and plain data only, never code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.core.errors import ConfigError
+from harness.store import CHECKPOINT_FILE, write_atomic
+
+FORMAT = 1
+FILE = CHECKPOINT_FILE
+
+
+def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    record = {"format": FORMAT, "run_key": run_key, "sha256": hashlib.sha256(data).hexdigest(),
+              "payload": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+    write_atomic(path, lambda tmp: torch.save(record, tmp))
+
+
+def load(path: Path, run_key: str) -> dict[str, Any]:
+    """The payload of a checkpoint written for ``run_key``; ConfigError (one line, with the way to start
+    over) when it is damaged, of another format or of another run."""
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError(f"checkpoint {path} cannot be used ({problem}); to start the run over, remove it "
+                           f"(rm {path}) and run the same command again")
+
+    try:
+        record = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises many types for a file that is not its format
+        raise refuse(f"unreadable: {type(exc).__name__}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise refuse(f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
+    if record.get("run_key") != run_key:
+        raise refuse(f"written for run key {record.get('run_key')}, not {run_key}")
+    payload = record.get("payload")
+    data = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else b""
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise refuse("its content does not match its hash")
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise refuse(f"unreadable payload: {type(exc).__name__}") from None

@@ -1,0 +1,175 @@
+"""Exact resume: a run interrupted at a random step and run again with the same command on the same results
+folder goes on from its last epoch checkpoint and ends bit-identical (metrics and model.pt) to a run never
+interrupted — for every registered defense; a real ``kill -9`` too. A damaged checkpoint is refused in one
+line saying how to start over."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from defenses import DEFENSES
+from harness.cli import main
+from harness.store import ResultStore
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCHS, BATCH = 3, 256  # digits: 1258 private examples, 4 steps per epoch
+
+
+def command(defense, results, *extra):
+    return ["run", "--defense", defense, "--attack", "none", "--epochs", str(EPOCHS), "--set",
+            f"train.batch_size={BATCH}", "--quiet", "--json", "--results", str(results), *extra]
+
+
+def comparable(metrics):
+    """The metrics without timings, the run id written as RUN (in artefact paths too)."""
+    return {k: str(v).replace(metrics["run_id"], "RUN") if k.startswith("artefacts.") else v
+            for k, v in metrics.items() if not k.startswith("time.") and k != "run_id"}
+
+
+def interrupt_at(monkeypatch, step):
+    """The ``step``-th release of training raises KeyboardInterrupt (what Ctrl-C does), once."""
+    from harness.engine import training
+
+    real, calls = training.apply_release, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            monkeypatch.setattr(training, "apply_release", real)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "apply_release", interrupted)
+
+
+def model_of(results, run_id):
+    return torch.load(ResultStore(results).run_dir(run_id) / "model.pt", weights_only=True)
+
+
+def same_model(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def check_resumes_bit_identical(tmp_path, monkeypatch, defense, *extra):
+    reference = CliRunner().invoke(main, command(defense, tmp_path / "ref", *extra))
+    assert reference.exit_code == 0, reference.output
+    expected = json.loads(reference.stdout)
+
+    steps_per_epoch = 1258 // BATCH
+    stop_at = random.Random(defense).randrange(steps_per_epoch + 1, EPOCHS * steps_per_epoch + 1)
+    interrupt_at(monkeypatch, stop_at)
+    first = CliRunner().invoke(main, command(defense, tmp_path / "r", *extra))
+    assert first.exit_code == 130, first.output
+    (row,) = ResultStore(tmp_path / "r").rows()
+    assert row["status"] == "failed"
+
+    resumed = CliRunner().invoke(main, command(defense, tmp_path / "r", *extra))
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming run {row['run_id']} after epoch {(stop_at - 1) // steps_per_epoch}" in resumed.stderr
+    got = json.loads(resumed.stdout)
+    assert got["run_id"] == row["run_id"] and ResultStore(tmp_path / "r").get(row["run_id"])["status"] == "done"
+    assert comparable(got) == comparable(expected)
+    assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
+    assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("defense", DEFENSES.names())
+def test_an_interrupted_run_resumes_bit_identical(defense, tmp_path, monkeypatch):
+    check_resumes_bit_identical(tmp_path, monkeypatch, defense)
+
+
+def test_resume_keeps_optimizer_schedule_and_attacked_states(tmp_path, monkeypatch):
+    """Adam's moments, a cosine schedule, and the epoch snapshots an attack over the trajectory reads."""
+    check_resumes_bit_identical(tmp_path, monkeypatch, "rs", "--attack", "rgap", "--set", "attack.targets=2",
+                                "--set", "train.optimizer=adam", "--set", "train.lr_schedule=cosine",
+                                "--set", "train.lr=0.01")
+
+
+def test_kill_9_then_the_same_command_resumes(tmp_path):
+    """A real process killed with SIGKILL after its first checkpoint: the same command resumes it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    args = ["run", "--defense", "dpsgd", "--attack", "none", "--epochs", "6", "--set", "train.batch_size=32",
+            "--quiet", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args, "--results", str(tmp_path / "r")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "r").glob("runs/*/checkpoint.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    (row,) = ResultStore(tmp_path / "r").rows()
+    assert row["status"] == "running"
+
+    resumed = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r")])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming run {row['run_id']}" in resumed.stderr
+    reference = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "ref")])
+    got, expected = json.loads(resumed.stdout), json.loads(reference.stdout)
+    assert comparable(got) == comparable(expected)
+    assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other-key"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, damage):
+    interrupt_at(monkeypatch, 6)
+    assert CliRunner().invoke(main, command("dpsgd", tmp_path)).exit_code == 130
+    (row,) = ResultStore(tmp_path).rows()
+    path = ResultStore(tmp_path).run_dir(row["run_id"]) / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        from harness import checkpoint
+
+        checkpoint.save(path, "0" * 16, checkpoint.load(path, row["run_key"]))
+    result = CliRunner().invoke(main, command("dpsgd", tmp_path))
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"checkpoint {path} cannot be used" in line and f"rm {path}" in line
+    assert ResultStore(tmp_path).get(row["run_id"])["status"] == "failed"  # untouched
+    path.unlink()  # the way out the message names: the same command then starts over
+    again = CliRunner().invoke(main, command("dpsgd", tmp_path))
+    assert again.exit_code == 0 and "resuming" not in again.stderr
+
+
+def test_a_sweep_point_with_shadow_models_resumes_bit_identical(tmp_path, monkeypatch):
+    """A sweep interrupted while its point (a membership attack with shadow models) trains: the same sweep
+    command resumes the point from its checkpoint and records what an uninterrupted sweep records."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"defense": {"name": "dpsgd"}, "attacks": ["lira"],
+                                     "attack": {"shadows": 4, "mia_target": "shadows"},
+                                     "train": {"epochs": EPOCHS, "batch_size": BATCH}}))
+
+    def run_sweep(results):
+        return CliRunner().invoke(main, ["sweep", str(sweep), "--quiet", "--results", str(results)])
+
+    assert run_sweep(tmp_path / "ref").exit_code == 0
+    steps_per_epoch = 1258 // BATCH
+    interrupt_at(monkeypatch, random.Random("sweep").randrange(steps_per_epoch + 1, EPOCHS * steps_per_epoch + 1))
+    assert run_sweep(tmp_path / "r").exit_code == 130
+    (row,) = ResultStore(tmp_path / "r").rows()
+    assert row["status"] == "failed"
+    resumed = run_sweep(tmp_path / "r")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resume  {row['run_id']}" in resumed.stderr
+    (got,), (expected,) = ResultStore(tmp_path / "r").rows(), ResultStore(tmp_path / "ref").rows()
+    assert got["run_id"] == row["run_id"] and got["status"] == "done"
+    assert comparable(got["metrics"]) == comparable(expected["metrics"])
+    assert got["metrics"]["leakage.lira.auc"] == expected["metrics"]["leakage.lira.auc"]
+    assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
+    assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "checkpoint.pt").exists()
