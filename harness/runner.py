@@ -208,11 +208,25 @@ def artefact_path(path: str | Path, run_id: str, run_dir: Path) -> str:
     return (ResultStore(".").run_dir(run_id) / inside).as_posix()
 
 
+class AttacksFailed(RuntimeError):
+    """Some attacks of a run failed after training: ``metrics`` holds everything that finished (training and
+    the other attacks, ``leakage.<attack>.error`` for the failed ones), so it can be recorded, not lost."""
+
+    def __init__(self, message: str, metrics: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.metrics = metrics
+
+    def __reduce__(self):  # crosses process boundaries (sweep workers) with its metrics
+        return (AttacksFailed, (str(self), self.metrics))
+
+
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
                 trained_defense: Defense, out_dir: Path, run_id: str = "") -> dict[str, Any]:
     """Run every attack; artefact paths are stored with ``artefact_path`` (given the run's id) and each
-    attack's wall-clock time as ``time.<attack>_s``."""
+    attack's wall-clock time as ``time.<attack>_s``. An attack that raises does not stop the others: its
+    error is ``leakage.<attack>.error`` (the traceback goes to the log) and ``failed_attacks`` names it."""
     metrics: dict[str, Any] = {}
+    failed: list[str] = []
     for name, attack in attacks_of(prep.spec):
         context = AttackContext(
             model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
@@ -223,11 +237,20 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
         context.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
-        result = attack.run(context)
-        metrics[f"time.{name}_s"] = time.perf_counter() - start
+        try:
+            result = attack.run(context)
+        except Exception as exc:
+            log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
+            metrics[f"leakage.{name}.error"] = f"{type(exc).__name__}: {exc}"
+            failed.append(name)
+            continue
+        finally:
+            metrics[f"time.{name}_s"] = time.perf_counter() - start
         metrics.update({f"leakage.{name}.{k}": v for k, v in result.metrics.items()})
         metrics.update({f"artefacts.{name}.{k}": artefact_path(v, run_id, out_dir) if run_id else str(v)
                         for k, v in result.artefacts.items()})
+    if failed:
+        metrics["failed_attacks"] = failed
     return metrics
 
 
@@ -292,7 +315,13 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         attack_start = time.perf_counter()
         metrics.update(run_attacks(prep, states, defense_states, defense, run_dir, run_id))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
-        metrics["status"] = "done"
+        failed = metrics.pop("failed_attacks", [])
+        metrics["status"] = "failed" if failed else "done"
+        if failed:
+            errors = "; ".join(f"{a}: {metrics[f'leakage.{a}.error']}" for a in failed)
+            kept = [a for a in spec.attacks if a not in failed]
+            raise AttacksFailed(f"attack(s) failed after training ({errors}); recorded with the results that "
+                                f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", metrics)
         return metrics
     except Exception:
         log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
@@ -338,6 +367,9 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         store.fail(run_id, reason)
         exc.args = (f"{reason}; run {run_id} recorded as failed",)
         raise
+    except AttacksFailed as exc:
+        store.fail(run_id, str(exc), exc.metrics)
+        raise RunFailure(f"run {run_id}: {exc}; dpeval show {run_id} (log: {run_dir / 'log.txt'})") from exc
     except Exception as exc:
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
         raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc

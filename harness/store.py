@@ -327,12 +327,18 @@ class ResultStore:
                     "failed")
         return "recorded as failed"
 
-    def fail(self, run_id: str, error: str) -> None:
+    def fail(self, run_id: str, error: str, metrics: dict[str, Any] | None = None) -> None:
+        """The row ``failed`` with ``error``; with ``metrics`` (what finished, e.g. training and the attacks
+        that did not fail) also ``metrics.json`` and the row's metrics, so nothing finished is lost."""
         duration = time.perf_counter() - self._t0.pop(run_id, time.perf_counter())
+        if metrics is not None:
+            write_json_atomic(self.run_dir(run_id) / "metrics.json", metrics)
         with self._connect() as conn:
             conn.execute(
-                "UPDATE runs SET status='failed', error=?, finished_at=?, duration_s=? WHERE run_id=?",
-                (error, _now(), duration, run_id),
+                "UPDATE runs SET status='failed', error=?, metrics_json=?, finished_at=?, duration_s=? "
+                "WHERE run_id=?",
+                (error, None if metrics is None else json.dumps(metrics, sort_keys=True, default=str), _now(),
+                 duration, run_id),
             )
 
     def interrupted(self, run_key: str) -> str | None:

@@ -112,7 +112,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
         def on_result(job: tuple, metrics: dict[str, Any] | None, error: str | None) -> bool:
             spec, run_id, run_dir = job
             label = describe(spec, swept)
-            if metrics is not None:
+            if error is None:
                 metrics = {**metrics, **(annotations or {})}
                 store.finish(run_id, metrics)
                 (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)  # done: nothing left to resume
@@ -121,12 +121,12 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
                 leakage = "  ".join(h.short() for a in attacks_in(metrics) if (h := read(metrics, a)))
                 bar.write(f"done    {run_id}  {label}  acc={acc:.3f} ε={eps:.3g}  {leakage}".rstrip(), file=sys.stderr)
             else:
-                store.fail(run_id, error or "unknown error")
+                store.fail(run_id, error, metrics)  # metrics: what finished before an attack failed
                 summary.failed += 1
                 summary.failures.append(f"{run_id} ({label}): {error}")
                 bar.write(f"failed  {run_id}  {label}  {error} (log: {run_dir / 'log.txt'})", file=sys.stderr)
             bar.update(1)
-            return fail_fast and metrics is None
+            return fail_fast and error is not None
 
         interrupted = False
         try:

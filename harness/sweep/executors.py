@@ -49,7 +49,8 @@ def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], di
 
 class Executor:
     """Runs grid points. ``dispatch(spec) -> job`` records a point as running right before it starts;
-    ``on_result(job, metrics | None, error | None)`` records its outcome and returns True to stop."""
+    ``on_result(job, metrics | None, error | None)`` records its outcome and returns True to stop; metrics
+    with an error are what finished before it (training and the attacks that did not fail)."""
 
     def run(self, specs: list[RunSpec], dispatch: Callable, on_result: Callable) -> None:
         raise NotImplementedError
@@ -65,8 +66,8 @@ class SequentialExecutor(Executor):
             _, run_id, run_dir = job
             try:
                 metrics = run_job(spec.canonical(), run_id, str(run_dir))
-            except Exception as exc:  # recorded; the sweep goes on unless fail-fast
-                stop = on_result(job, None, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # recorded (with what finished, if any); the sweep goes on unless fail-fast
+                stop = on_result(job, getattr(exc, "metrics", None), f"{type(exc).__name__}: {exc}")
             else:
                 stop = on_result(job, metrics, None)
             if stop:
@@ -124,7 +125,7 @@ def _report(future: Future, job: tuple, on_result: Callable) -> bool:
     try:
         metrics = future.result()
     except Exception as exc:
-        return on_result(job, None, f"{type(exc).__name__}: {exc}")
+        return on_result(job, getattr(exc, "metrics", None), f"{type(exc).__name__}: {exc}")
     return on_result(job, metrics, None)
 
 

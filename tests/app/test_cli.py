@@ -305,3 +305,26 @@ def test_acceptance_default_dpsgd_run(tmp_path):
 def test_acceptance_no_defense_accuracy(tmp_path):
     m = json.loads(invoke("run", "--defense", "none", "--results", tmp_path, "--quiet", "--json").stdout)
     assert m["utility.test_accuracy"] >= 0.95
+
+
+def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, monkeypatch):
+    from attacks.loss import LossAttack
+
+    def broken(self, context):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(LossAttack, "run", broken)
+    results = tmp_path / "r"
+    result = CliRunner().invoke(main, ["run", "--attack", "grad-mia", "--attack", "loss", "--epochs", "1",
+                                       "--results", str(results), "--quiet"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "loss: RuntimeError: planted failure" in line and "(grad-mia)" in line and "Traceback" not in line
+    (row,) = ResultStore(results).rows()
+    assert row["status"] == "failed" and "planted failure" in row["error"]
+    metrics = row["metrics"]
+    assert 0 <= metrics["leakage.grad-mia.auc"] <= 1 and metrics["leakage.loss.error"] == "RuntimeError: planted failure"
+    assert metrics["utility.test_accuracy"] > 0.1
+    saved = json.loads((results / "runs" / row["run_id"] / "metrics.json").read_text())
+    assert saved["leakage.grad-mia.auc"] == metrics["leakage.grad-mia.auc"]
+    assert "planted failure" in (results / "runs" / row["run_id"] / "log.txt").read_text()  # the traceback
