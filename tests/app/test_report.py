@@ -191,7 +191,7 @@ def test_report_renders_in_a_headless_browser(tmp_path):
     assert pixels.std() > 10  # not a blank page: text, tables and plots were drawn
     assert "Uncaught" not in proc.stderr and "Failed to load resource" not in proc.stderr
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count("<img") == 6 and "Reconstructions (ig)" in dom and "<table>" in dom
+    assert dom.count("<img") == 7 and "Reconstructions (ig)" in dom and "<table>" in dom
 
 
 def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):

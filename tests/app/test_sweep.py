@@ -220,3 +220,23 @@ def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
     (row,) = ResultStore(tmp_path / "r").rows()
     m = row["metrics"]
     assert f"ig {m['leakage.ig.psnr']:.4g} {m['leakage.ig.verdict']} @{m['leakage.ig.state']}" in line
+
+
+def test_status_lines_name_only_the_settings_that_apply_to_a_point():
+    """A sweep over defenses lists each point's own swept settings: not another defense's parameters, not
+    the ε of the non-private run, not SGD's momentum under Adam."""
+    from harness.config import build_spec
+    from harness.sweep.grid import describe, swept_fields
+
+    specs = [build_spec({"defense": {"name": "rs", "final_rate": rate}, "privacy": {"epsilon": eps}})
+             for rate in (0.5, 0.9) for eps in (1.0, 3.0)]
+    specs += [build_spec({"defense": "none", "train": {"optimizer": "sgd", "momentum": 0.9}}),
+              build_spec({"defense": "gep"})]
+    swept = swept_fields(specs)
+    lines = {describe(s, swept) for s in specs}
+    assert lines == {"defense=rs final_rate=0.5 epsilon=1.0 optimizer=adam",
+                     "defense=rs final_rate=0.5 epsilon=3.0 optimizer=adam",
+                     "defense=rs final_rate=0.9 epsilon=1.0 optimizer=adam",
+                     "defense=rs final_rate=0.9 epsilon=3.0 optimizer=adam",
+                     "defense=none optimizer=sgd",  # no ε; momentum is set by one point only: not swept
+                     "defense=gep epsilon=3.0 optimizer=adam"}
