@@ -202,8 +202,8 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {m['privacy.delta']:.3g}  "
         f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
         f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
-        f"  communication   density {m['comm.density']:.3f}  {m['comm.bytes_sparse']:.0f} B sparse / "
-        f"{m['comm.bytes_dense']:.0f} B dense per step",
+        f"  communication   density {m['comm.density']:.3f} (mean fraction of the model's trainable coordinates "
+        f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / {m['comm.bytes_dense']:.0f} B dense per step",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
     from harness.headlines import attacks_in
@@ -221,6 +221,9 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
 
     head = read(m, attack)
     lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
+    floor = smallest_p(m, attack)
+    if floor:
+        lines.append(f"  {'':<15} {floor}")
     pictures = sorted(v for k, v in m.items() if k.startswith(f"artefacts.{attack}.") and str(v).endswith(".png"))
     for picture in pictures[:1]:
         lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
@@ -238,11 +241,32 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
         lines += [f"  {'':<15} " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
         shown |= {k for k in m if k.startswith(prefix) and k.count(".") >= 3}
         shown |= {f"{prefix}{c}" for c in (*columns, "epoch")}  # the worst state's row says them
-    rest = [f"{k[len(prefix):]} {fmt(v)}" for k, v in sorted(m.items())
+    empty = {k for k, v in m.items() if k.startswith(prefix) and (v is None or v == "")}
+    shown |= empty | {f"{k}_note" for k in empty}  # a null metric and the note saying why
+    rest = [f"{NAMES.get(k[len(prefix):], k[len(prefix):])} {fmt(v)}" for k, v in sorted(m.items())
             if k.startswith(prefix) and k not in shown and not isinstance(v, (list, dict))]
     for start in range(0, len(rest), 4):
         lines.append(f"  {'':<15} " + "   ".join(rest[start:start + 4]))
     return lines
+
+
+NAMES = {  # an attack's metrics whose bare name says too little
+    "density": "density of the attacked release (fraction of coordinates sent)",
+    "noise_std": "noise std of the attacked release",
+}
+
+
+def smallest_p(m: dict[str, Any], attack: str) -> str:
+    """For a sign-test verdict (T targets at S states, Bonferroni): the smallest p the run could give."""
+    from harness.headlines import fmt, states_of
+
+    targets = m.get(f"attack.{attack}.targets")
+    if not isinstance(targets, int) or m.get(f"leakage.{attack}.p_value") is None:
+        return ""
+    states = max(1, len(states_of(m, attack)))
+    floor = min(1.0, states * 2.0 ** -targets)
+    return (f"with {targets} targets × {states} states the smallest p is {states}·2^-{targets} = {fmt(floor, 2)}"
+            + (" (above 0.05: this run cannot give `leaks`)" if floor > 0.05 else ""))
 
 
 @main.command()
@@ -260,11 +284,19 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar or log lines")
+@click.option("--reference", type=click.Choice(["none", "dpsgd"]),
+              help="print deltas against a matching run of this defense in --results (same data, model, "
+                   "training, seed), running it first when there is none; without this option, deltas "
+                   "against the matching none / dpsgd runs already there")
 @handle_errors
 def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
         epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
-        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool) -> None:
-    """Train a victim with a defense, run attacks on it, store and print the result."""
+        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool,
+        reference: str | None) -> None:
+    """Train a victim with a defense, run attacks on it, store and print the result.
+
+    Every setting (--set KEY=VALUE, or in a --config YAML file): `dpeval list --params` for the defenses'
+    and attacks' parameters, docs/configuration.md for all of them."""
     from harness.config import build_spec
 
     flags = {
@@ -281,7 +313,36 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     setup_logging()
     metrics = execute(spec, store, progress=not quiet)
-    emit(metrics, as_json, format_run(metrics, results))
+    references = reference_runs(spec, store, reference, progress=not quiet)
+    text = format_run(metrics, results)
+    if references:
+        from harness.reference import deltas, format_deltas
+
+        metrics = {**metrics, "reference": {r["metrics"]["defense"]: deltas(metrics, r) for r in references}}
+        text += "\n  reference       this run − the reference run:\n" + "\n".join(
+            line for r in references for line in format_deltas(metrics, r))
+    emit(metrics, as_json, text)
+
+
+def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> list[dict[str, Any]]:
+    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``; the one ``asked`` for is run
+    first when none matches, or none ran the same attacks."""
+    from harness.reference import REFERENCES, covers, find_reference, reference_spec
+    from harness.runner import execute
+
+    found = []
+    for defense in REFERENCES:
+        if defense == spec.defense_name:
+            continue
+        row = find_reference(store.rows("done"), spec, defense)
+        wanted = reference_spec(spec, defense)
+        if defense == asked and (row is None or not covers(row, wanted.canonical())):
+            click.echo(f"dpeval: running the reference: --defense {defense} with the same settings", err=True)
+            execute(wanted, store, progress=progress)
+            row = find_reference(store.rows("done"), spec, defense)
+        if row is not None:
+            found.append(row)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------

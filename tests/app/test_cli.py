@@ -256,3 +256,26 @@ def test_acceptance_default_dpsgd_run(tmp_path):
 def test_acceptance_no_defense_accuracy(tmp_path):
     m = json.loads(invoke("run", "--defense", "none", "--results", tmp_path, "--quiet", "--json").stdout)
     assert m["utility.test_accuracy"] >= 0.95
+
+
+def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densities():
+    from harness.cli import format_run
+
+    m = {"run_id": "r", "dataset": "digits", "model": "cnn3", "defense": "rs", "attack": "ig+lira", "seed": 0,
+         "utility.test_accuracy": 0.9, "utility.train_accuracy": 0.92, "privacy.epsilon": 2.99,
+         "privacy.delta": 1e-5, "privacy.noise_multiplier": 1.3, "privacy.sample_rate": 0.1, "privacy.steps": 10,
+         "privacy.accountant": "rdp", "privacy.sampling": "poisson", "comm.density": 0.55,
+         "comm.bytes_sparse": 10.0, "comm.bytes_dense": 20.0, "time.train_s": 1.0, "time.attack_s": 2.0,
+         "attack.ig.targets": 6, "leakage.ig.psnr": 27.3, "leakage.ig.baseline_psnr": 12.1,
+         "leakage.ig.verdict": "leaks", "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
+         "leakage.ig.density": 0.1, "leakage.lira.auc": 0.6, "leakage.lira.tpr_at_0.1pct_fpr": None,
+         "leakage.lira.tpr_at_0.1pct_fpr_note": "not resolvable: 359 non-members",
+         "leakage.lira.tpr_at_1pct_fpr": 0.02}
+    for i, state in enumerate(("init", "epoch:5", "final")):
+        m[f"leakage.ig.{state}.psnr"] = 20.0 + i
+    text = format_run(m)
+    assert "tpr_at_0.1pct_fpr" not in text and "not resolvable" not in text  # an empty value and its note
+    assert "tpr_at_1pct_fpr 0.02" in text
+    assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text
+    assert "fraction of the model's trainable coordinates a training step releases" in text
+    assert "density of the attacked release (fraction of coordinates sent) 0.1" in text
