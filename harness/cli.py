@@ -279,7 +279,8 @@ def smallest_p(m: dict[str, Any], attack: str) -> str:
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--seed", type=int, help="run seed (default 0)")
 @click.option("--device", help="auto | cpu | cuda (default auto)")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting, e.g. train.lr=0.5")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="any setting, e.g. train.lr=0.5 (the list: `dpeval list --params`)")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
@@ -373,11 +374,14 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     specs = load_sweep(sweep_file)
+    from harness.runner import check_points
+
+    swept = swept_fields(specs)
+    check_points(specs, lambda s: describe(s, swept))  # every check `run` makes, before listing or running
     store = ResultStore(results)
     store.check(create=True)
     if dry_run:
         done = store.done_keys()
-        swept = swept_fields(specs)
         points = [{"run_key": s.run_key, "done": s.run_key in done, "point": describe(s, swept)} for s in specs]
         emit(points, as_json, "\n".join(f"{'done   ' if p['done'] else 'pending'} {p['run_key']}  {p['point']}"
                                          for p in points))
@@ -546,7 +550,10 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
             prefix = "defense" if section == "defenses" else "attack"
             for row in params.get(section, {}).get(name, []) if with_params else []:
                 allowed = f" ({row['allowed']})" if row["allowed"] else ""
-                text.append(f"      {prefix}.{row['name']} = {row['default']!r}{allowed}: {row['help']}")
+                own = name.replace("-", "_") + "_"
+                key = (f"{name}.{row['name'][len(own):]}" if prefix == "attack" and row["name"].startswith(own)
+                       else row["name"])  # attack.ig.iterations, not attack.ig_iterations
+                text.append(f"      {prefix}.{key} = {row['default']!r}{allowed}: {row['help']}")
     emit(data, as_json, "\n".join(text))
 
 
@@ -556,20 +563,23 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def show(run_id: str, results: str, as_json: bool) -> None:
-    """One stored run: status, config and metrics (a unique prefix of the id is enough)."""
+    """One stored run: status, config and metrics (any unique part of the id is enough, e.g. its run-key
+    part or its random suffix)."""
     from harness.store import ResultStore
 
     store = ResultStore(results)
     store.check(create=False)
     with suppress(RunFailure):  # a read-only store is still shown; its dead rows just stay `running`
         store.fail_stale()
+    if not run_id.strip():
+        raise ConfigError("RUN_ID: empty; give a run id or a unique part of one (dpeval leaderboard lists them)")
     matches = store.matching(run_id)
     if not matches:
-        raise ConfigError(f"RUN_ID: no run id starts with {run_id!r} in {results}")
+        raise ConfigError(f"RUN_ID: no run id contains {run_id!r} in {results}")
     if len(matches) > 1:
         more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
         ids = ", ".join(r["run_id"] for r in matches[:5]) + more
-        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it starts {len(matches)} run ids ({ids}); "
+        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it is part of {len(matches)} run ids ({ids}); "
                           "give more characters")
     row = matches[0]
     text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -138,6 +139,23 @@ def prepare(spec: RunSpec, defense_cls: type[Defense] | None = None,
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
+
+
+def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
+    """Every check ``prepare`` makes before a run (data found, attacks' and the defense's task and model
+    rules, ε reachable), for each distinct configuration of a grid (seeds change none of them): a
+    ConfigError names the first failing point (``describe``) before anything runs."""
+    seen: set[str] = set()
+    for spec in specs:
+        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device")},
+                           sort_keys=True, default=str)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        try:
+            prepare(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"grid point {describe(spec) or spec.run_key}: {exc}") from None
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
@@ -304,9 +322,15 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         raise
     except Exception as exc:
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
-        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
+        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc}{log_hint(run_dir)}") from exc
     store.finish(run_id, metrics)
     return metrics
+
+
+def log_hint(run_dir: Path) -> str:
+    """`` (log: <run_dir>/log.txt)`` when that file exists, else nothing: a message names only real files."""
+    path = run_dir / "log.txt"
+    return f" (log: {path})" if path.is_file() else ""
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from harness.config import RunSpec
 from harness.core.errors import RunFailure
 from harness.headlines import attacks_in, read
+from harness.runner import log_hint
 from harness.store import ResultStore
 from harness.sweep.executors import Executor
 from harness.sweep.grid import describe, swept_fields
@@ -100,7 +101,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
                 store.fail(run_id, error or "unknown error")
                 summary.failed += 1
                 summary.failures.append(f"{run_id} ({label}): {error}")
-                bar.write(f"failed  {run_id}  {label}  {error} (log: {run_dir / 'log.txt'})", file=sys.stderr)
+                bar.write(f"failed  {run_id}  {label}  {error}{log_hint(run_dir)}", file=sys.stderr)
             bar.update(1)
             return fail_fast and metrics is None
 

@@ -224,6 +224,8 @@ def test_show(tmp_path):
     m = run_json(tmp_path, "--defense", "none")
     shown = json.loads(invoke("show", m["run_id"][:22], "--results", tmp_path, "--json").stdout)
     assert shown["run_id"] == m["run_id"] and shown["metrics"]["utility.test_accuracy"] == m["utility.test_accuracy"]
+    for part in (m["run_id"][-4:], m["run_key"][:8]):  # any unique part: the random suffix, the run key
+        assert json.loads(invoke("show", part, "--results", tmp_path, "--json").stdout)["run_id"] == m["run_id"]
     missing = CliRunner().invoke(main, ["show", "nope", "--results", str(tmp_path)])
     assert missing.exit_code == 2
 
@@ -256,6 +258,10 @@ def test_acceptance_default_dpsgd_run(tmp_path):
 def test_acceptance_no_defense_accuracy(tmp_path):
     m = json.loads(invoke("run", "--defense", "none", "--results", tmp_path, "--quiet", "--json").stdout)
     assert m["utility.test_accuracy"] >= 0.95
+
+
+def test_run_help_points_to_the_parameter_list():
+    assert "`dpeval list --params`" in " ".join(invoke("run", "--help").stdout.split())
 
 
 def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densities():
