@@ -35,6 +35,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from harness import __version__  # noqa: E402
@@ -126,7 +127,8 @@ def axis_label(column: str, records: list[dict[str, Any]]) -> str:
     return "\n".join(textwrap.wrap(text, 60))
 
 
-SHORT_NAMES = {EPSILON: "requested ε", "train.lr": "lr", "train.optimizer": "optimizer", "train.epochs": "epochs",
+HEADERS = {EPSILON: "requested ε"}  # table headers that differ from the labels' names
+SHORT_NAMES = {EPSILON: "ε", "train.lr": "lr", "train.optimizer": "optimizer", "train.epochs": "epochs",
                "train.batch_size": "B", "train.momentum": "momentum", "attack": "attacks"}
 
 
@@ -169,9 +171,11 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
     """(one line of the settings every row shares, the leaderboard as an HTML table that fits the page)."""
     keys = {c for r in records for c in r}
     swept = swept_columns(records)
-    common = [f"{SHORT_NAMES.get(c, setting_name(c))} {html.escape(_fmt(records[0].get(c)))}" for c in SUMMARY
+    common = [f"{HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c)))} {html.escape(_fmt(records[0].get(c)))}"
+              for c in SUMMARY
               if all(c in r for r in records) and len({repr(r[c]) for r in records}) == 1]
-    columns: list[tuple[str, str]] = [("n", "n")] + [(c, SHORT_NAMES.get(c, setting_name(c))) for c in swept]
+    columns: list[tuple[str, str]] = [("n", "n")] + [(c, HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c))))
+                                                     for c in swept]
     columns.append((UTILITY, "test accuracy"))
     if "privacy.selection_epsilon" in keys:  # the price of choosing among the configurations
         columns += [(c, name) for c, name in (("privacy.epsilon", "ε (one run)"),
@@ -543,9 +547,16 @@ def spread_note(records: list[dict[str, Any]]) -> str:
 
 
 def colours(records: list[dict[str, Any]], swept: list[str]) -> dict[str, str]:
-    """One colour per configuration label, the same in every figure."""
+    """One colour per configuration label (learning and density curves)."""
     labels = [point_label(r, swept) for r in sorted(records, key=lambda r: _sort_key(r, swept))]
     return {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
+
+
+def line_colours(records: list[dict[str, Any]], swept: list[str]) -> dict[str, str]:
+    """One colour per configuration apart from ε (``_line_label``): a defense keeps its colour at every ε,
+    in the ε figure and the matched-ε figure alike."""
+    labels = sorted({_line_label(r, swept) for r in records if requested_epsilon(r) is not None})
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
 
 
 def _metrics_of(records: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
@@ -595,7 +606,7 @@ def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> l
     lines: dict[str, list] = defaultdict(list)
     for r in dp:
         lines[_line_label(r, swept)].append(r)
-    palette = {label: f"C{i % 10}" for i, label in enumerate(sorted(lines))}
+    palette = line_colours(records, swept)
     ticks = sorted({requested_epsilon(r) for r in dp})
     for ax, (metric, label, attack) in zip(axes.flat, metrics):
         for name, rs in sorted(lines.items()):
@@ -635,7 +646,7 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
     if not groups:
         return []
     metrics = _metrics_of(records)
-    palette = colours(records, swept)
+    palette = line_colours(records, swept)
     width = max(4.8, 0.55 * max(len(rs) for rs in groups.values()) + 2.0)
     fig, axes = plt.subplots(len(metrics), len(groups), figsize=(width * len(groups), 3.9 * len(metrics)),
                              squeeze=False)
@@ -648,7 +659,7 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
                 if not is_number(r.get(metric)):
                     continue
                 marker, fill = CATEGORIES[category(r, attack)] if attack else ("o", "full")
-                colour = palette[point_label(r, swept)]
+                colour = palette[names[x]]
                 ax.errorbar([x], [r[metric]], yerr=[r.get(f"{metric}.sem", 0)], fmt=marker, color=colour, ms=7,
                             capsize=4, fillstyle=fill, markerfacecolor=colour if fill != "none" else "white")
             _non_private_lines(ax, records, metric, swept)
@@ -716,6 +727,7 @@ def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], o
         if "loss" in name and finite and max(finite) / min(finite) > 50:
             ax.set_yscale("log")
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     _legend_outside(axes[0][-1])
@@ -737,6 +749,7 @@ def density_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], ou
     _draw_curves(ax, curves, labels, colours(records, swept))
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("released fraction of the trainable coordinates\n(mean per step over the epoch)", fontsize=9)
     ax.set_title("Communication density over training (sparsifying defenses)", fontsize=10)
     ax.grid(alpha=0.3)
@@ -783,7 +796,8 @@ def utility_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
     for eps, rs in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         where = "non-private" if eps is None else f"ε = {fmt(eps)}"
         best = max(rs, key=lambda r: r[UTILITY])
-        text = f"{where}: most accurate {point_label(best, swept)} — {_value(best, UTILITY)}"
+        swept_here = [c for c in swept if c != EPSILON]  # the line says the ε once
+        text = f"{where}: most accurate {point_label(best, swept_here)} — {_value(best, UTILITY)}"
         if len(rs) > 1:
             below, within, unknown = [], [], []
             for r in rs:
@@ -792,11 +806,11 @@ def utility_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
                 diff = best[UTILITY] - r[UTILITY]
                 sems = [best.get(f"{UTILITY}.sem") or 0, r.get(f"{UTILITY}.sem") or 0]
                 if best.get("n", 1) == 1 or r.get("n", 1) == 1:
-                    unknown.append(f"{point_label(r, swept)} (−{fmt(diff, 2)})")
+                    unknown.append(f"{point_label(r, swept_here)} (−{fmt(diff, 2)})")
                 elif diff > math.hypot(*sems):
-                    below.append(f"{point_label(r, swept)} (−{fmt(diff, 2)})")
+                    below.append(f"{point_label(r, swept_here)} (−{fmt(diff, 2)})")
                 else:
-                    within.append(point_label(r, swept))
+                    within.append(point_label(r, swept_here))
             if below:
                 text += f"; below it by more than their SEM: {', '.join(below)}"
             if within:

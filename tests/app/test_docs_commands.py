@@ -1,8 +1,9 @@
 """The shipped commands of the README and docs run as written, in small form: every ``dpeval`` line of a
 fenced shell block, with one epoch, a small private pool and tiny attacks appended (later ``--set`` wins);
 a sweep as ``--dry-run`` (which applies every check of ``run``); ``RUN_ID`` as the id of a run made
-before. Lines that are synopses (``NAME``, ``FILE``, ``[--option]``), shell loops, or recipes whose data
-must be downloaded first (``configs/papers/``) are left out."""
+before. Lines that are synopses (``NAME``, ``FILE``, ``[--option]``), shell loops, recipes whose data
+must be downloaded first (``configs/papers/``) and the commands reading what those would write are left
+out."""
 
 import re
 import shlex
@@ -15,7 +16,7 @@ from harness.cli import main
 from harness.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_RUN = ["--set", "train.epochs=1", "--set", "data.max_train=256", "--quiet"]
+SMALL_RUN = ["--set", "data.max_train=256", "--quiet"]  # and the fewest epochs the command's states allow
 SMALL_ATTACK = {"ig": ["attack.ig.iterations=2", "attack.ig.targets=1"], "rgap": ["attack.rgap.targets=1"],
                 "lira": ["attack.lira.shadows=4"], "rmia": ["attack.rmia.shadows=4"]}
 PLACEHOLDER = re.compile(r"\b(NAME|FILE|DIR|COLUMN|E|D|N|S)\b|\s\[--|\$|\\$")
@@ -35,8 +36,15 @@ def shell_lines(doc: Path) -> list[str]:
 
 
 def commands(doc: Path) -> list[str]:
-    return [c for c in shell_lines(doc) if not PLACEHOLDER.search(c.replace("RUN_ID", ""))
-            and "configs/papers/" not in c]
+    """The runnable lines: not synopses, no downloads, and nothing reading a folder only those would fill."""
+    kept, unfilled = [], set()
+    for line in shell_lines(doc):
+        folder = re.search(r"--results\s+(\S+)", line)
+        if PLACEHOLDER.search(line.replace("RUN_ID", "")) or "configs/papers/" in line:
+            unfilled |= {folder.group(1)} if folder else set()
+        elif not (folder and folder.group(1) in unfilled):
+            kept.append(line)
+    return kept
 
 
 def small(args: list[str]) -> list[str]:
@@ -44,7 +52,8 @@ def small(args: list[str]) -> list[str]:
     if args[0] == "run":
         attacks = [args[i + 1] for i, a in enumerate(args) if a == "--attack"]
         extra = [s for a in attacks for item in SMALL_ATTACK.get(a, []) for s in ("--set", item)]
-        return args + SMALL_RUN + extra
+        epochs = max([int(e) + 1 for e in re.findall(r"epoch:(\d+)", " ".join(args))], default=1)
+        return args + SMALL_RUN + ["--set", f"train.epochs={epochs}"] + extra
     if args[0] == "sweep":
         return args + ["--dry-run"]
     return args
@@ -81,4 +90,5 @@ def test_synopses_and_downloads_are_what_is_left_out():
     left = {c for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] for c in shell_lines(p)}
     left -= {c for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] for c in commands(p)}
     for line in left:
-        assert PLACEHOLDER.search(line.replace("RUN_ID", "")) or "configs/papers/" in line, line
+        assert PLACEHOLDER.search(line.replace("RUN_ID", "")) or "configs/papers/" in line \
+            or "--results runs/" in line, line

@@ -12,7 +12,7 @@ from harness.report import spread_note
 from harness.store import ResultStore
 
 
-def utility_store(root, points, seeds=(0, 1)):
+def utility_store(root, points, seeds=(0, 1), extra=None):
     """Runs without attacks: ``points`` = [(defense, requested ε, train settings)], each at every seed, with
     per-epoch curves and the configuration as the runner stores it (requested ε in the config, accounted ε
     in the metrics)."""
@@ -31,7 +31,7 @@ def utility_store(root, points, seeds=(0, 1)):
                 "privacy.epsilon": eps * 0.998 if dp else float("inf"), "data.test_size": 359,
                 "utility.test_accuracy": acc, "utility.test_accuracy_by_epoch": [acc - 0.2, acc - 0.05, acc],
                 "utility.train_loss_by_epoch": [2.2, 1.0, 0.5], "comm.density": sum(density) / 3,
-                "comm.density_by_epoch": density})
+                "comm.density_by_epoch": density, **(extra(defense, eps) if extra else {})})
     return store
 
 
@@ -56,7 +56,7 @@ def test_a_utility_only_folder_gets_the_standard_figures(tmp_path):
     curves = (tmp_path / "report_learning_curves.svg").read_text()
     assert "mean training loss" in curves and "test accuracy" in curves
     density = (tmp_path / "report_density.svg").read_text()
-    assert "rs, requested ε=1" in density and "dpsgd" not in density  # only sparsifying defenses
+    assert "rs, ε=1" in density and "dpsgd" not in density  # only sparsifying defenses
     page = out.read_text()
     assert "<h2>Summary</h2>" in page and "1/359 = 0.0028" in page
     assert "ε = 3: most accurate" in page
@@ -98,3 +98,21 @@ def test_spread_note_says_n_1_instead_of_sem():
     assert spread_note([{"n": 1}, {"n": 1}]) == "n = 1: one seed, no error bars"
     assert spread_note([{"n": 3}]) == "mean ± SEM over 3 seeds"
     assert "n = 1 points have no bar" in spread_note([{"n": 1}, {"n": 2}])
+
+
+def test_leakage_vs_epsilon_per_attack_and_paper_markers(tmp_path):
+    def extra(defense, eps):
+        leak = {"attack": "ig", "leakage.ig.psnr": 30.0 if defense == "none" else 8 + eps,
+                "leakage.ig.baseline_psnr": 11.5, "leakage.ig.p_value": 1.0,
+                "leakage.ig.verdict": "leaks" if defense == "none" else "no-leak-detected"}
+        return {**leak, "paper.test_accuracy": 0.85} if defense == "dpsgd" else leak
+
+    utility_store(tmp_path / "r", [("none", 3.0, {}), ("dpsgd", 1.0, {}), ("dpsgd", 8.0, {})], extra=extra)
+    report(tmp_path / "r", tmp_path / "report.html")
+    versus = (tmp_path / "report_versus_epsilon.svg").read_text()
+    assert "IG PSNR (dB), higher = more leakage" in versus and "best data-free guess (11.5 dB)" in versus
+    assert "non-private: none (30)" in versus  # the non-private leakage as the reference line
+    assert "paper's reported accuracy" in versus
+    page = (tmp_path / "report.html").read_text()
+    assert "<b>ig</b>: leaks in none (leaks)" in page
+
