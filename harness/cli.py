@@ -217,7 +217,7 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
     """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
     per-state table of an attack over several model states, and its other metrics. Configuration
     echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
-    from harness.headlines import fmt, read, states_of
+    from harness.headlines import fmt, read, smallest_p, states_of
 
     head = read(m, attack)
     lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
@@ -254,19 +254,6 @@ NAMES = {  # an attack's metrics whose bare name says too little
     "density": "density of the attacked release (fraction of coordinates sent)",
     "noise_std": "noise std of the attacked release",
 }
-
-
-def smallest_p(m: dict[str, Any], attack: str) -> str:
-    """For a sign-test verdict (T targets at S states, Bonferroni): the smallest p the run could give."""
-    from harness.headlines import fmt, states_of
-
-    targets = m.get(f"attack.{attack}.targets")
-    if not isinstance(targets, int) or m.get(f"leakage.{attack}.p_value") is None:
-        return ""
-    states = max(1, len(states_of(m, attack)))
-    floor = min(1.0, states * 2.0 ** -targets)
-    return (f"with {targets} targets × {states} states the smallest p is {states}·2^-{targets} = {fmt(floor, 2)}"
-            + (" (above 0.05: this run cannot give `leaks`)" if floor > 0.05 else ""))
 
 
 @main.command()

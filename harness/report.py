@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from harness import __version__  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
-from harness.headlines import fmt, headline_label, is_number, metric_label, read, states_of  # noqa: E402
+from harness.headlines import fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
@@ -781,6 +781,9 @@ def leak_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
         else:
             lines.append(f"<b>{attack}</b>: no configuration leaks ({len(heads)} configuration(s); "
                          "“no leak detected” is not a proof of privacy).")
+        floors = sorted({floor for r, _ in heads if (floor := smallest_p(r, attack))})
+        if floors:
+            lines[-1] += f" {'; '.join(floors)}."
     return lines
 
 

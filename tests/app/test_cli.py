@@ -282,6 +282,6 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
     text = format_run(m)
     assert "tpr_at_0.1pct_fpr" not in text and "not resolvable" not in text  # an empty value and its note
     assert "tpr_at_1pct_fpr 0.02" in text
-    assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text
+    assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text and "out of reach" not in text
     assert "fraction of the model's trainable coordinates a training step releases" in text
     assert "density of the attacked release (fraction of coordinates sent) 0.1" in text

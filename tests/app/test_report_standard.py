@@ -102,7 +102,7 @@ def test_spread_note_says_n_1_instead_of_sem():
 
 def test_leakage_vs_epsilon_per_attack_and_paper_markers(tmp_path):
     def extra(defense, eps):
-        leak = {"attack": "ig", "leakage.ig.psnr": 30.0 if defense == "none" else 8 + eps,
+        leak = {"attack": "ig", "attack.ig.targets": 3, "leakage.ig.psnr": 30.0 if defense == "none" else 8 + eps,
                 "leakage.ig.baseline_psnr": 11.5, "leakage.ig.p_value": 1.0,
                 "leakage.ig.verdict": "leaks" if defense == "none" else "no-leak-detected"}
         return {**leak, "paper.test_accuracy": 0.85} if defense == "dpsgd" else leak
@@ -115,4 +115,5 @@ def test_leakage_vs_epsilon_per_attack_and_paper_markers(tmp_path):
     assert "paper's reported accuracy" in versus
     page = (tmp_path / "report.html").read_text()
     assert "<b>ig</b>: leaks in none (leaks)" in page
+    assert "with 3 targets × 1 state the smallest p is 1·2^-3 = 0.12 (above 0.05: `leaks` is out of reach)" in page
 
