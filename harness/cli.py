@@ -612,7 +612,9 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def report(results: str, out: str, as_json: bool) -> None:
-    """One self-contained HTML page: leaderboard, utility vs leakage, rate trends, ROC curves, pictures."""
+    """One self-contained HTML page: a generated summary, the leaderboard, accuracy and leakage vs ε,
+    configurations at matched ε, learning curves, density over training, utility vs leakage, trends,
+    ROC curves, reconstructions."""
     from harness.report import write_report
     from harness.store import ResultStore
 

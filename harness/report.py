@@ -2,8 +2,12 @@
 needs, every figure also written beside the HTML as PNG and as vector SVG (``<stem>_<figure>.png|svg``;
 text stays text, so labels can be edited or searched).
 
-Sections: the seed-grouped leaderboard (what was swept, accuracy, each attack's headline, verdict and
-worst state, Pareto marks; settings common to every row in one line above it); utility vs leakage per
+Sections: a generated summary (what leaks under which attack, which accuracy differences exceed their
+SEM, the test-set resolution, identical results, recipe differences); the seed-grouped leaderboard (every
+varying setting, accuracy, each attack's headline, verdict and worst state, Pareto marks; settings common
+to every run in one line above it); the standard DP figures — accuracy and leakage vs the requested ε with
+the non-private runs as reference lines, configurations at matched ε, learning curves (test accuracy,
+training loss), communication density over training — each when the runs make it meaningful; utility vs leakage per
 attack (every point labelled with its swept value, filled = leaks / hollow = no leak detected, the
 data-free baseline or chance level as a line, the Pareto front through the marked points only); leakage
 over the training trajectory per attack (per-state headline against the attacked states); accuracy and
