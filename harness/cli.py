@@ -364,7 +364,8 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
     from harness.runner import check_points
 
     swept = swept_fields(specs)
-    check_points(specs, lambda s: describe(s, swept))  # every check `run` makes, before listing or running
+    if dry_run or executor != "ray":  # Ray workers may hold data the driver does not: each run checks itself
+        check_points(specs, lambda s: describe(s, swept))  # every check `run` makes, before listing or running
     store = ResultStore(results)
     store.check(create=True)
     if dry_run:
