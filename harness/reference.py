@@ -80,6 +80,7 @@ def format_deltas(metrics: dict[str, Any], reference: dict[str, Any]) -> list[st
         change = delta[head.column]
         direction = "same" if change == 0 else "more" if (change > 0) == head.higher_leaks else "less"
         lines.append(f"  {'':<15} {name} {fmt(head.value)} vs {fmt(other.value)}{f' {unit}' if unit else ''}: "
-                     f"Δ {delta[head.column]:+.4g} ({direction} leakage; verdicts {head.verdict or 'none'} vs "
+                     f"Δ {delta[head.column]:+.4g}{f' {unit}' if unit else ''} ({direction} leakage; verdicts "
+                     f"{head.verdict or 'none'} vs "
                      f"{other.verdict or 'none'})")
     return lines

@@ -43,3 +43,18 @@ def test_a_reference_must_share_data_model_training_and_seed(tmp_path):
                        "train": {"epochs": 1, "batch_size": 64}, "seed": 1, "privacy": {"epsilon": 8.0}})
     assert find_reference(rows, spec, "none") is not None  # a non-private reference ignores privacy settings
     assert find_reference(rows, spec, "dpsgd") is None
+
+
+def test_deltas_name_both_headlines_and_the_direction_of_leakage():
+    from harness.reference import deltas, format_deltas
+
+    mine = {"defense": "rs", "utility.test_accuracy": 0.85, "attack.ig.targets": 6, "leakage.ig.psnr": 7.6,
+            "leakage.ig.baseline_psnr": 12.1, "leakage.ig.verdict": "no-leak-detected"}
+    ref = {"run_id": "ref", "metrics": {**mine, "defense": "none", "utility.test_accuracy": 0.97,
+                                        "leakage.ig.psnr": 27.3, "leakage.ig.verdict": "leaks"}}
+    delta = deltas(mine, ref)
+    assert delta["utility.test_accuracy"] == 0.85 - 0.97 and delta["leakage.ig.psnr"] == 7.6 - 27.3
+    text = "\n".join(format_deltas(mine, ref))
+    assert "IG PSNR 7.6 vs 27.3 dB: Δ -19.7 dB (less leakage; verdicts no-leak-detected vs leaks)" in text
+    other = {"run_id": "ref", "metrics": {**ref["metrics"], "attack.ig.targets": 3}}
+    assert "leakage.ig.psnr" not in deltas(mine, other)  # another attack setting: no leakage delta
