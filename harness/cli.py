@@ -292,7 +292,10 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         "privacy.delta": delta, "train.epochs": epochs, "seed": seed, "device": device,
         "attacks": list(attacks) if attacks else None,
     }
-    spec = build_spec(raw_config(config, flags, sets))
+    raw = raw_config(config, flags, sets)
+    spec = build_spec(raw)
+    for note in spelling_notes(raw):
+        click.echo(note, err=True)
     from harness.store import ResultStore
 
     store = ResultStore(results)
@@ -310,6 +313,19 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         text += "\n  reference       this run − the reference run:\n" + "\n".join(
             line for r in references for line in format_deltas(metrics, r))
     emit(metrics, as_json, text)
+
+
+def spelling_notes(raw: dict[str, Any]) -> list[str]:
+    """A note per attack parameter written with its doubled prefix (``attack.ig.ig_iterations``): accepted,
+    with the shorter spelling named (``attack.ig.iterations``)."""
+    notes = []
+    for name, given in (raw.get("attack") or {}).items():
+        prefix = str(name).replace("-", "_") + "_"
+        for key in given if isinstance(given, dict) else ():
+            if str(key).startswith(prefix):
+                notes.append(f"dpeval: note: attack.{name}.{key} can be written attack.{name}.{key[len(prefix):]} "
+                             f"(the same setting; results keep the key attack.{name}.{key})")
+    return notes
 
 
 def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> list[dict[str, Any]]:

@@ -206,3 +206,12 @@ def test_an_attack_parameter_may_drop_the_attack_prefix():
         build_spec({"attacks": ["ig"], "attack": {"ig": {"iterations": 7, "ig_iterations": 8}}})
     with pytest.raises(ConfigError, match="attack.iterations: unknown setting"):
         build_spec({"attacks": ["lira"], "attack": {"iterations": 7}})
+
+
+def test_the_doubled_spelling_is_accepted_with_a_note():
+    from harness.cli import spelling_notes
+
+    notes = spelling_notes({"attack": {"ig": {"ig_iterations": 5, "targets": 2}, "ig_restarts": 2}})
+    assert notes == ["dpeval: note: attack.ig.ig_iterations can be written attack.ig.iterations (the same setting; "
+                     "results keep the key attack.ig.ig_iterations)"]
+    assert spelling_notes({"attack": {"ig": {"iterations": 5}}}) == []
