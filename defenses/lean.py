@@ -69,9 +69,11 @@ class LeanPlan:
 @dataclass
 class LeanBatch:
     """What the engine returns for one micro-batch of ``count`` samples: ``sums[name]`` = Σ_i c_i g_i with
-    each parameter's group factors, ``factors[m]`` = c of group m [b], ``probes`` [b, k] (or None)."""
+    each parameter's group factors, ``factors[m]`` = c of group m [b], ``probes`` [b, k] (or None);
+    ``loss_sum``: the summed training loss of the micro-batch, as the forward pass computed it."""
 
     sums: dict[str, torch.Tensor]
     factors: list[torch.Tensor]
     probes: torch.Tensor | None
     count: int
+    loss_sum: torch.Tensor | None = None

@@ -214,8 +214,8 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {format_delta(m['privacy.delta'])}  "
         f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
         f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
-        f"  communication   density {m['comm.density']:.3f}  {m['comm.bytes_sparse']:.0f} B sparse / "
-        f"{m['comm.bytes_dense']:.0f} B dense per step",
+        f"  communication   density {m['comm.density']:.3f} (mean fraction of the model's trainable coordinates "
+        f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / {m['comm.bytes_dense']:.0f} B dense per step",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
     from harness.headlines import attacks_in
@@ -229,10 +229,13 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
     """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
     per-state table of an attack over several model states, and its other metrics. Configuration
     echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
-    from harness.headlines import fmt, read, states_of
+    from harness.headlines import fmt, read, smallest_p, states_of
 
     head = read(m, attack)
     lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
+    floor = smallest_p(m, attack)
+    if floor:
+        lines.append(f"  {'':<15} {floor}")
     pictures = sorted(v for k, v in m.items() if k.startswith(f"artefacts.{attack}.") and str(v).endswith(".png"))
     for picture in pictures[:1]:
         lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
@@ -250,11 +253,19 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
         lines += [f"  {'':<15} " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
         shown |= {k for k in m if k.startswith(prefix) and k.count(".") >= 3}
         shown |= {f"{prefix}{c}" for c in (*columns, "epoch")}  # the worst state's row says them
-    rest = [f"{k[len(prefix):]} {fmt(v)}" for k, v in sorted(m.items())
+    empty = {k for k, v in m.items() if k.startswith(prefix) and (v is None or v == "")}
+    shown |= empty | {f"{k}_note" for k in empty}  # a null metric and the note saying why
+    rest = [f"{NAMES.get(k[len(prefix):], k[len(prefix):])} {fmt(v)}" for k, v in sorted(m.items())
             if k.startswith(prefix) and k not in shown and not isinstance(v, (list, dict))]
     for start in range(0, len(rest), 4):
         lines.append(f"  {'':<15} " + "   ".join(rest[start:start + 4]))
     return lines
+
+
+NAMES = {  # an attack's metrics whose bare name says too little
+    "density": "density of the attacked release (fraction of coordinates sent)",
+    "noise_std": "noise std of the attacked release",
+}
 
 
 @main.command()
@@ -267,17 +278,26 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--seed", type=int, help="run seed (default 0)")
 @click.option("--device", help="auto | cpu | cuda (default auto)")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting, e.g. train.lr=0.5")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="any setting, e.g. train.lr=0.5 (the list: `dpeval list --params`)")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar or log lines")
+@click.option("--reference", type=click.Choice(["none", "dpsgd"]),
+              help="print deltas against a matching run of this defense in --results (same data, model, "
+                   "training, seed), running it first when there is none; without this option, deltas "
+                   "against the matching none / dpsgd runs already there")
 @click.option("--debug", is_flag=True, help="also print a failed run's traceback (always in its log.txt)")
 @handle_errors
 def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
         epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
-        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool, debug: bool) -> None:
-    """Train a victim with a defense, run attacks on it, store and print the result."""
+        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool,
+        reference: str | None, debug: bool) -> None:
+    """Train a victim with a defense, run attacks on it, store and print the result.
+
+    Every setting (--set KEY=VALUE, or in a --config YAML file): `dpeval list --params` for the defenses'
+    and attacks' parameters, docs/configuration.md for all of them."""
     from harness.config import build_spec
     from harness.logs import setup_logging
 
@@ -286,7 +306,10 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         "privacy.delta": delta, "train.epochs": epochs, "seed": seed, "device": device,
         "attacks": list(attacks) if attacks else None,
     }
-    spec = build_spec(raw_config(config, flags, sets))
+    raw = raw_config(config, flags, sets)
+    spec = build_spec(raw)
+    for note in spelling_notes(raw):
+        click.echo(note, err=True)
     from harness.store import ResultStore
 
     store = ResultStore(results)
@@ -295,7 +318,49 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     setup_logging(debug)
     metrics = execute(spec, store, progress=not quiet)
-    emit(metrics, as_json, format_run(metrics, results), f"; run {metrics['run_id']} is recorded in {results}")
+    references = reference_runs(spec, store, reference, progress=not quiet)
+    text = format_run(metrics, results)
+    if references:
+        from harness.reference import deltas, format_deltas
+
+        metrics = {**metrics, "reference": {r["metrics"]["defense"]: deltas(metrics, r) for r in references}}
+        text += "\n  reference       this run − the reference run:\n" + "\n".join(
+            line for r in references for line in format_deltas(metrics, r))
+    emit(metrics, as_json, text, f"; run {metrics['run_id']} is recorded in {results}")
+
+
+def spelling_notes(raw: dict[str, Any]) -> list[str]:
+    """A note per attack parameter written with its doubled prefix (``attack.ig.ig_iterations``): accepted,
+    with the shorter spelling named (``attack.ig.iterations``)."""
+    notes = []
+    for name, given in (raw.get("attack") or {}).items():
+        prefix = str(name).replace("-", "_") + "_"
+        for key in given if isinstance(given, dict) else ():
+            if str(key).startswith(prefix):
+                notes.append(f"dpeval: note: attack.{name}.{key} can be written attack.{name}.{key[len(prefix):]} "
+                             f"(the same setting; results keep the key attack.{name}.{key})")
+    return notes
+
+
+def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> list[dict[str, Any]]:
+    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``; the one ``asked`` for is run
+    first when none matches, or none ran the same attacks."""
+    from harness.reference import REFERENCES, covers, find_reference, reference_spec
+    from harness.runner import execute
+
+    found = []
+    for defense in REFERENCES:
+        if defense == spec.defense_name:
+            continue
+        row = find_reference(store.rows("done"), spec, defense)
+        wanted = reference_spec(spec, defense)
+        if defense == asked and (row is None or not covers(row, wanted.canonical())):
+            click.echo(f"dpeval: running the reference: --defense {defense} with the same settings", err=True)
+            execute(wanted, store, progress=progress)
+            row = find_reference(store.rows("done"), spec, defense)
+        if row is not None:
+            found.append(row)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -328,16 +393,19 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     specs = load_sweep(sweep_file)
+    from harness.runner import check_points
+
+    swept = swept_fields(specs)
+    if dry_run or executor != "ray":  # Ray workers may hold data the driver does not: each run checks itself
+        check_points(specs, lambda s: describe(s, swept))  # every check `run` makes, before listing or running
     store = ResultStore(results)
     store.check(create=True)
     if dry_run:
         done = store.done_keys()
-        swept = swept_fields(specs)
         points = [{"run_key": s.run_key, "done": s.run_key in done, "point": describe(s, swept)} for s in specs]
         emit(points, as_json, "\n".join(f"{'done   ' if p['done'] else 'pending'} {p['run_key']}  {p['point']}"
                                          for p in points))
         return
-    check_sweep(sweep_file, specs)
     setup_logging(debug)
     if executor == "ray":
         runner: executors.Executor = executors.RayExecutor(ray_address)
@@ -355,18 +423,6 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
             for line in summary.failures:
                 click.echo(f"  failed: {line}", err=True)
         sys.exit(1)
-
-
-def check_sweep(sweep_file: str, specs: list) -> None:
-    """Refuse the sweep before any point trains when one point cannot run (its field and its point named)."""
-    from harness.runner import check_points
-    from harness.sweep.grid import describe, swept_fields
-
-    swept = swept_fields(specs)
-    try:
-        check_points(specs, lambda spec: describe(spec, swept) or spec.run_key)
-    except ConfigError as exc:
-        raise ConfigError(f"{sweep_file}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -514,7 +570,10 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
             prefix = "defense" if section == "defenses" else "attack"
             for row in params.get(section, {}).get(name, []) if with_params else []:
                 allowed = f" ({row['allowed']})" if row["allowed"] else ""
-                text.append(f"      {prefix}.{row['name']} = {row['default']!r}{allowed}: {row['help']}")
+                own = name.replace("-", "_") + "_"
+                key = (f"{name}.{row['name'][len(own):]}" if prefix == "attack" and row["name"].startswith(own)
+                       else row["name"])  # attack.ig.iterations, not attack.ig_iterations
+                text.append(f"      {prefix}.{key} = {row['default']!r}{allowed}: {row['help']}")
     emit(data, as_json, "\n".join(text))
 
 
@@ -524,7 +583,8 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def show(run_id: str, results: str, as_json: bool) -> None:
-    """One stored run: status, config and metrics (a unique prefix of the id is enough)."""
+    """One stored run: status, config and metrics (any unique part of the id is enough, e.g. its run-key
+    part or its random suffix)."""
     from harness.store import ResultStore
 
     if not run_id.strip():
@@ -533,13 +593,15 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     store.check(create=False)
     with suppress(RunFailure):  # a read-only store is still shown; its dead rows just stay `running`
         store.fail_stale()
+    if not run_id.strip():
+        raise ConfigError("RUN_ID: empty; give a run id or a unique part of one (dpeval leaderboard lists them)")
     matches = store.matching(run_id)
     if not matches:
-        raise ConfigError(f"RUN_ID: no run id starts with {run_id!r} in {results}")
+        raise ConfigError(f"RUN_ID: no run id contains {run_id!r} in {results}")
     if len(matches) > 1:
         more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
         ids = ", ".join(r["run_id"] for r in matches[:5]) + more
-        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it starts {len(matches)} run ids ({ids}); "
+        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it is part of {len(matches)} run ids ({ids}); "
                           "give more characters")
     row = matches[0]
     text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",
@@ -597,7 +659,9 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def report(results: str, out: str, as_json: bool) -> None:
-    """One self-contained HTML page: leaderboard, utility vs leakage, rate trends, ROC curves, pictures."""
+    """One self-contained HTML page: a generated summary, the leaderboard, accuracy and leakage vs ε,
+    configurations at matched ε, learning curves, density over training, utility vs leakage, trends,
+    ROC curves, reconstructions."""
     from harness.report import write_report
     from harness.store import ResultStore
 

@@ -268,7 +268,8 @@ def _validate_attack_params(raw: Any, names: list[str], classes: list[type]) -> 
     if not isinstance(raw, dict):
         raise ConfigError("attack: must be a mapping of attack parameters")
     shared = {k: v for k, v in raw.items() if k not in names}
-    valid = sorted({f for cls in classes for f in field_names(cls.Params)})
+    valid = sorted({f for cls in classes for f in field_names(cls.Params)}
+                   | {short for name, cls in zip(names, classes) for short in short_names(name, cls)})
     for key in shared:
         if key not in valid:
             allowed = ", ".join(valid) if valid else f"none (no parameters for attacks {names or '[]'})"
@@ -276,10 +277,32 @@ def _validate_attack_params(raw: Any, names: list[str], classes: list[type]) -> 
     params: dict[str, Any] = {}
     for name, cls in zip(names, classes):
         fields = field_names(cls.Params)
-        own = {k: v for k, v in shared.items() if k in fields}
         specific = raw.get(name, {})
         if not isinstance(specific, dict):
             raise ConfigError(f"attack.{name}: must be a mapping of {name}'s parameters")
-        own.update(specific)
+        own = _full_names(name, fields, {k: v for k, v in shared.items() if k in fields or k in short_names(name, cls)},
+                          "attack")
+        own.update(_full_names(name, fields, specific, f"attack.{name}"))
         params[name] = from_dict(cls.Params, own, f"attack.{name}" if specific else "attack")
     return params
+
+
+def short_names(name: str, cls: type) -> dict[str, str]:
+    """An attack's parameters named without its own prefix: ``{"iterations": "ig_iterations"}`` for ``ig``
+    (``attack.ig.iterations`` and ``attack.ig.ig_iterations`` are the same setting; results keep the
+    declared name)."""
+    prefix = name.replace("-", "_") + "_"
+    return {f[len(prefix):]: f for f in field_names(cls.Params) if f.startswith(prefix)}
+
+
+def _full_names(name: str, fields: list[str], given: dict[str, Any], where: str) -> dict[str, Any]:
+    """``given`` with short names replaced by the declared ones; both spellings of one setting is an error."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in given.items():
+        full = key if key in fields else f"{name.replace('-', '_')}_{key}"
+        full = full if full in fields else key  # unknown: from_dict names it
+        if full in out:
+            raise ConfigError(f"{where}.{key}: the same setting as {where}.{spelled[full]}; give it once")
+        out[full], spelled[full] = value, key
+    return out

@@ -79,6 +79,20 @@ def states_of(record: dict[str, Any], attack: str) -> list[str]:
     return in_order(found)
 
 
+def smallest_p(record: dict[str, Any], attack: str) -> str:
+    """For a sign-test verdict over T targets at S states (Bonferroni), the smallest p the run could give,
+    in words; "" for an attack without a p-value or a target count."""
+    targets = record.get(f"attack.{attack}.targets")
+    if not isinstance(targets, int) or isinstance(targets, bool) or record.get(f"leakage.{attack}.p_value") is None:
+        return ""
+    states = max(1, len(states_of(record, attack)))
+    floor = min(1.0, states * 2.0 ** -targets)
+    plural = "s" if states != 1 else ""
+    return (f"with {targets} targets × {states} state{plural} the smallest p is {states}·2^-{targets} = "
+            f"{fmt(floor, 2)}"
+            + (" (above 0.05: `leaks` is out of reach)" if floor > 0.05 else ""))
+
+
 @dataclass
 class Headline:
     attack: str

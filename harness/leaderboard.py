@@ -31,7 +31,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from harness.core.accounting import composition, gaussian_rdp, random_stopping_cost
 from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
@@ -67,13 +67,58 @@ def with_paper(columns: list[str], present: set[str], brief: bool = False) -> li
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A store row as one flat record of scalar result keys (lists such as per-epoch curves are left out)."""
+    """A store row as one flat record of scalar result keys (lists such as per-epoch curves are left out),
+    plus the run's ``train.*`` / ``data.*`` settings and requested ε (``setting_columns``) and a digest of
+    its results (``results_digest``, what ``mark_identical`` compares)."""
     flat = {"run_id": row["run_id"], "run_key": row["run_key"], "status": row["status"]}
     flat.update({k: v for k, v in row["metrics"].items() if not isinstance(v, (list, dict))})
     curve = row["metrics"].get("utility.test_accuracy_by_epoch")
     if curve and all(is_number(v) for v in curve):  # what papers that report the best epoch compare with
         flat["utility.best_test_accuracy"] = max(curve)
+    dp = is_number(flat.get("privacy.epsilon")) and math.isfinite(flat["privacy.epsilon"])
+    for key, value in setting_columns(row.get("config") or {}, dp).items():
+        flat.setdefault(key, value)
+    flat["results_digest"] = results_digest(row["metrics"])
     return flat
+
+
+def _flatten(tree: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}.{key}")
+        else:
+            yield f"{prefix}.{key}", value
+
+
+NOT_SETTINGS = {"data.name", "data.root", "data.download"}  # the dataset column; where files lie
+
+
+def setting_columns(config: dict[str, Any], dp: bool) -> dict[str, Any]:
+    """A run's ``train.*`` and ``data.*`` settings that apply to it, flat (lists as comma-joined text), and
+    ``privacy.target_epsilon``, the ε it asked for (DP runs calibrated to a target ε only). Settings that do
+    not apply are left out: SGD momentum under Adam, the synthetic data's shape for another dataset, the
+    image size outside ``imagefolder``."""
+    flat = {}
+    for section in ("train", "data"):
+        for key, value in _flatten(config.get(section) or {}, section):
+            flat[key] = ", ".join(map(str, value)) if isinstance(value, list) else value
+    dataset = (config.get("data") or {}).get("name")
+    if flat.get("train.optimizer") != "sgd":
+        flat.pop("train.momentum", None)
+    flat = {k: v for k, v in flat.items() if k not in NOT_SETTINGS
+            and not (k.startswith("data.synthetic.") and dataset != "synthetic")
+            and not (k == "data.image_size" and dataset != "imagefolder")}
+    target = (config.get("privacy") or {}).get("epsilon")
+    if dp and is_number(target):
+        flat["privacy.target_epsilon"] = target
+    return flat
+
+
+def results_digest(metrics: dict[str, Any]) -> str:
+    """A hash of everything a run measured (utility and leakage, per-epoch curves included): two runs with
+    the same digest gave the same results."""
+    measured = {k: v for k, v in metrics.items() if k.startswith(("utility.", "leakage."))}
+    return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def group_key(row: dict[str, Any]) -> str:
@@ -178,11 +223,51 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
     return ordered + missing  # rows without the column go last either way
 
 
+SETTING_PREFIXES = ("defense.", "attack.", "train.", "data.", "privacy.target_epsilon", "privacy.delta",
+                    "privacy.accountant")
+NOT_VARYING = {"data.train_size", "data.test_size", "data.public_size", "train.engine_used"}  # results, not settings
+DP_ONLY = ("privacy.",)  # settings that mean nothing for a non-private run
+
+
+def applies(record: dict[str, Any], column: str) -> bool:
+    """Whether a setting bears on this record: it carries it, and a ``privacy.*`` setting only where the run
+    is private (finite ε)."""
+    if column not in record:
+        return False
+    eps = record.get("privacy.epsilon")
+    return not column.startswith(DP_ONLY) or (is_number(eps) and math.isfinite(eps))
+
+
 def varying_settings(records: list[dict[str, Any]]) -> list[str]:
-    """``defense.*`` and ``attack.*`` settings whose value differs between the records that have them: what
-    was swept. A setting that only some records carry (another defense's or attack's) is not a sweep."""
-    keys = {c for r in records for c in r if c.startswith(("defense.", "attack.")) and not c.endswith(".sem")}
-    return sorted(c for c in keys if len({repr(r[c]) for r in records if c in r}) > 1)
+    """The settings (``defense.*``, ``attack.*``, ``train.*``, ``data.*``, requested ε, δ, accountant) whose
+    value differs between the records they apply to: what was swept, or what differs in the recipe. A
+    setting that only some records carry (another defense's or attack's) is not a sweep, and two defenses'
+    parameters of the same name (GEP's and groupwise's ``groups``) are not one setting."""
+    keys = {c for r in records for c in r if c.startswith(SETTING_PREFIXES) and not c.endswith(".sem")
+            and c not in NOT_VARYING}
+
+    def varies(c: str) -> bool:  # a defense's parameter is compared among that defense's runs only
+        owner = "defense" if c.startswith("defense.") else None
+        values: dict[Any, set[str]] = {}
+        for r in records:
+            if applies(r, c):
+                values.setdefault(r.get(owner) if owner else None, set()).add(repr(r[c]))
+        return any(len(v) > 1 for v in values.values())
+
+    return sorted(c for c in keys if varies(c))
+
+
+def mark_identical(records: list[dict[str, Any]]) -> None:
+    """``identical_results``: the same short id on records of different configurations whose results are
+    the same (every utility and leakage value, per-epoch curves included; with seeds grouped, every seed's);
+    the digest column is dropped."""
+    owners: dict[str, set[str]] = {}
+    for r in records:
+        owners.setdefault(str(r.get("results_digest")), set()).add(str(r.get("group_key") or r.get("run_key")))
+    for r in records:
+        digest = str(r.pop("results_digest", None))
+        if len(owners.get(digest, ())) > 1:
+            r["identical_results"] = digest[:8]
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
@@ -193,7 +278,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     varying = varying_settings(records)
     leak = [c for a in attacks_in(records) if (h := headline(keys, a))
             for c in (h[0], f"leakage.{a}.verdict") if c in keys]
-    pareto = sorted(c for c in keys if c.startswith("pareto."))
+    pareto = sorted(c for c in keys if c.startswith("pareto.")) + [c for c in ("identical_results",) if c in keys]
     base = [c for c in TERMINAL if c != "seed" and c in keys | set(TERMINAL)]
     chosen = [c for c in SELECTION if c in keys]
     base[base.index("privacy.epsilon") + 1:base.index("privacy.epsilon") + 1] = chosen
@@ -304,6 +389,7 @@ def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: s
     records = group_seeds(done) if seeds_grouped else [flat_row(r) for r in done]
     mark_pareto(records)
     mark_selection(records, selection_costs(done))
+    mark_identical(records)
     return sort_records(records, sort, descending) if sort else records
 
 

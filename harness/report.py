@@ -2,8 +2,12 @@
 needs, every figure also written beside the HTML as PNG and as vector SVG (``<stem>_<figure>.png|svg``;
 text stays text, so labels can be edited or searched).
 
-Sections: the seed-grouped leaderboard (what was swept, accuracy, each attack's headline, verdict and
-worst state, Pareto marks; settings common to every row in one line above it); utility vs leakage per
+Sections: a generated summary (what leaks under which attack, which accuracy differences exceed their
+SEM, the test-set resolution, identical results, recipe differences); the seed-grouped leaderboard (every
+varying setting, accuracy, each attack's headline, verdict and worst state, Pareto marks; settings common
+to every run in one line above it); the standard DP figures — accuracy and leakage vs the requested ε with
+the non-private runs as reference lines, configurations at matched ε, learning curves (test accuracy,
+training loss), communication density over training — each when the runs make it meaningful; utility vs leakage per
 attack (every point labelled with its swept value, filled = leaks / hollow = no leak detected, the
 data-free baseline or chance level as a line, the Pareto front through the marked points only); leakage
 over the training trajectory per attack (per-state headline against the attacked states); accuracy and
@@ -34,23 +38,26 @@ import zipfile
 import zlib
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from harness import __version__  # noqa: E402
 from harness.core.errors import brief  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
-from harness.headlines import fmt, headline_label, is_number, metric_label, read, states_of  # noqa: E402
+from harness.headlines import fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
-SUMMARY = ["dataset", "model", "defense", "attack", "privacy.epsilon"]
+SUMMARY = ["dataset", "model", "defense", "attack", "privacy.target_epsilon", "train.optimizer", "train.lr",
+           "train.momentum", "train.epochs", "train.batch_size", "data.test_size"]
+EPSILON = "privacy.target_epsilon"
 UTILITY = "utility.test_accuracy"
 UTILITY_LABEL = "test accuracy, higher = better"
 
@@ -141,21 +148,35 @@ def axis_label(column: str, records: list[dict[str, Any]]) -> str:
     return "\n".join(textwrap.wrap(text, 60))
 
 
+HEADERS = {EPSILON: "requested ε"}  # table headers that differ from the labels' names
+SHORT_NAMES = {EPSILON: "ε", "train.lr": "lr", "train.optimizer": "optimizer", "train.epochs": "epochs",
+               "train.batch_size": "B", "train.momentum": "momentum", "attack": "attacks"}
+
+
 def point_label(record: dict[str, Any], swept: list[str]) -> str:
-    """What distinguishes this configuration: its swept values (``final_rate=0.5``)."""
-    return ", ".join(f"{setting_name(c)}={_fmt(record.get(c))}" for c in swept if c in record) or str(record.get("defense"))
+    """What distinguishes this configuration: the varying settings that apply to it (``final_rate=0.5``,
+    ``ε=3``), the defense and attacks by name; settings of other defenses or a non-private run's ε are
+    left out."""
+    parts = []
+    for c in swept:
+        if c in ("defense", "dataset", "model") and c in record:
+            parts.append(str(record[c]))
+        elif c == "attack" and c in record or lb.applies(record, c):
+            parts.append(f"{SHORT_NAMES.get(c, setting_name(c))}={_fmt(record.get(c))}")
+    return ", ".join(parts) or str(record.get("defense"))
 
 
 def swept_columns(records: list[dict[str, Any]]) -> list[str]:
-    """What varies between configurations: the summary columns and the settings (``varying_settings``)."""
-    summary = [c for c in ("defense", "dataset", "model", "privacy.epsilon")
-               if len({repr(r.get(c)) for r in records}) > 1]
+    """What varies between configurations: defense, dataset, model, attacks, and every setting that
+    differs among the runs it applies to (``varying_settings``: requested ε, train, data, defense and
+    attack settings)."""
+    summary = [c for c in ("defense", "dataset", "model", "attack") if len({repr(r.get(c)) for r in records}) > 1]
     return summary + lb.varying_settings(records)
 
 
 def swept_parameters(records: list[dict[str, Any]]) -> list[str]:
-    """Numeric ``defense.*`` / ``attack.*`` settings whose value varies across the records: the swept knobs."""
-    return [c for c in lb.varying_settings(records)
+    """Numeric settings whose value varies across the records: the swept knobs (ε has its own figure)."""
+    return [c for c in lb.varying_settings(records) if c != EPSILON
             if all(is_number(r.get(c)) for r in records if c in r) and any(c in r for r in records)]
 
 
@@ -171,9 +192,11 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
     """(one line of the settings every row shares, the leaderboard as an HTML table that fits the page)."""
     keys = {c for r in records for c in r}
     swept = swept_columns(records)
-    common = [f"{c.split('.')[-1]} {html.escape(_fmt(records[0].get(c)))}" for c in SUMMARY
-              if c in keys and c not in swept]
-    columns: list[tuple[str, str]] = [("n", "n")] + [(c, setting_name(c)) for c in swept]
+    common = [f"{HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c)))} {html.escape(_fmt(records[0].get(c)))}"
+              for c in SUMMARY
+              if all(c in r for r in records) and len({repr(r[c]) for r in records}) == 1]
+    columns: list[tuple[str, str]] = [("n", "n")] + [(c, HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c))))
+                                                     for c in swept]
     columns.append((UTILITY, "test accuracy"))
     if "privacy.selection_epsilon" in keys:  # the price of choosing among the configurations
         columns += [(c, name) for c, name in (("privacy.epsilon", "ε (one run)"),
@@ -188,6 +211,8 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
         columns += [(c, name) for c, name in ((f"leakage.{attack}.verdict", f"{attack} verdict"),
                                               (f"leakage.{attack}.state", f"{attack} worst state"),
                                               (f"pareto.{attack}", f"Pareto ({attack})")) if c in keys]
+    if "identical_results" in keys:
+        columns.append(("identical_results", "identical results"))
     names = dict(columns)
     columns = [(c, names.get(c, c)) for c in lb.with_paper(list(names), keys, brief=True) if c in keys]
     head = "".join(f'<th title="{html.escape(c)}">{html.escape(name)}</th>' for c, name in columns)
@@ -195,7 +220,8 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
     for r in sorted(records, key=lambda r: _sort_key(r, swept)):
         cells = []
         for c, _ in columns:
-            text = _fmt(r.get(c))
+            text = _fmt(r.get(c)) if c not in swept or c in ("defense", "dataset", "model", "attack") \
+                or lb.applies(r, c) else ""
             sem = r.get(f"{c}.sem")
             if is_number(sem) and sem > 0:
                 text += f" ± {sem:.2g}"
@@ -307,7 +333,7 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         ax.margins(x=0.15, y=0.12)  # room for the labels of the outermost points
         ax.set_xlabel(headline_label(attack))
         ax.set_ylabel(UTILITY_LABEL)
-        ax.set_title(f"Utility vs leakage: {attack} (mean ± SEM over seeds)", fontsize=10)
+        ax.set_title(f"Utility vs leakage: {attack} ({spread_note(points)})", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
         place_labels(ax, labels)
@@ -337,7 +363,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
         ax.set_xticks(range(len(states)), states)
         ax.set_xlabel("attacked model state (training order)")
         ax.set_ylabel(headline_label(attack))
-        ax.set_title(f"Leakage over training: {attack} (mean ± SEM over seeds)", fontsize=10)
+        ax.set_title(f"Leakage over training: {attack} ({spread_note(records)})", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
         plots.append((f"Leakage over training ({attack})", _save(fig, out_dir, stem, f"trajectory_{attack}")))
@@ -350,6 +376,12 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
     plots = []
     for param in swept_parameters(records):
         rated = [r for r in records if is_number(r.get(param))]
+        per_defense: dict[str, set] = defaultdict(set)
+        for r in rated:
+            per_defense[str(r.get("defense"))].add(r[param])
+        rated = [r for r in rated if len(per_defense[str(r.get("defense"))]) > 1]  # a line needs two values
+        if not rated:
+            continue
         keys = {c for r in rated for c in r}
         heads = [(a, h[0]) for a in lb.attacks_in(rated) if (h := lb.headline(keys, a))]
         metrics = [(UTILITY, UTILITY_LABEL, None)] + [(m, headline_label(a), a) for a, m in heads]
@@ -374,7 +406,7 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-        fig.suptitle(f"Accuracy and leakage vs {param} (mean ± SEM over seeds)", fontsize=10)
+        fig.suptitle(f"Accuracy and leakage vs {param} ({spread_note(rated)})", fontsize=10)
         fig.tight_layout()
         name = param.split(".", 1)[1].replace(".", "_")
         plots.append((f"Accuracy and leakage vs {param}", _save(fig, out_dir, stem, f"trend_{name}")))
@@ -415,10 +447,17 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
     for attack, items in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
         floor = min(i[3] for i in items)  # below 1/n_nonmembers no curve resolves a rate: the axes stop there
+        configs = list(dict.fromkeys(point_label(i[0], swept) for i in sorted(items, key=lambda i: _sort_key(i[0], swept))))
+        seeds = sorted({str(i[0].get("seed")) for i in items})
+        styles = ["-", "--", ":", "-."]
         for record, fpr, tpr, _ in sorted(items, key=lambda i: (_sort_key(i[0], swept), str(i[0].get("seed")))):
             auc = record.get(f"leakage.{attack}.auc")
-            label = f"{point_label(record, swept)}, seed {record.get('seed')}" + (f", AUC {auc:.3f}" if is_number(auc) else "")
-            ax.loglog([max(f, floor) for f in fpr], [max(t, floor) for t in tpr], label=label, lw=1)
+            config = point_label(record, swept)
+            label = f"{config}, seed {record.get('seed')}" + (f", AUC {auc:.3f}" if is_number(auc) else "")
+            # one colour per configuration, one line style per seed
+            ax.loglog([max(f, floor) for f in fpr], [max(t, floor) for t in tpr], label=label, lw=1,
+                      color=f"C{configs.index(config) % 10}",
+                      ls=styles[seeds.index(str(record.get("seed"))) % len(styles)])
         ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
         ax.set_xlim(floor, 1.05)
         ax.set_ylim(floor, 1.05)
@@ -532,6 +571,339 @@ def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
     return found[:MAX_PICTURES], missing
 
 
+# ---------------------------------------------------------------------------------------------------
+# The standard DP figures: accuracy and leakage vs ε, defenses at matched ε, learning curves, density
+
+
+def requested_epsilon(record: dict[str, Any]) -> float | None:
+    """The ε a private run asked for (``privacy.epsilon`` as configured), else its accounted ε; None for a
+    non-private run."""
+    if not private(record):
+        return None
+    return record[EPSILON] if is_number(record.get(EPSILON)) else record["privacy.epsilon"]
+
+
+def private(record: dict[str, Any]) -> bool:
+    eps = record.get("privacy.epsilon")
+    return is_number(eps) and math.isfinite(eps)
+
+
+def spread_note(records: list[dict[str, Any]]) -> str:
+    """What the error bars are: "mean ± SEM over 3 seeds", or "n = 1: one seed, no error bars"."""
+    ns = sorted({int(r.get("n", 1)) for r in records})
+    if ns == [1]:
+        return "n = 1: one seed, no error bars"
+    seeds = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+    return f"mean ± SEM over {seeds} seeds" + ("; n = 1 points have no bar" if ns[0] == 1 else "")
+
+
+def colours(records: list[dict[str, Any]], swept: list[str]) -> dict[str, str]:
+    """One colour per configuration label (learning and density curves)."""
+    labels = [point_label(r, swept) for r in sorted(records, key=lambda r: _sort_key(r, swept))]
+    return {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
+
+
+def line_colours(records: list[dict[str, Any]], swept: list[str]) -> dict[str, str]:
+    """One colour per configuration apart from ε (``_line_label``): a defense keeps its colour at every ε,
+    in the ε figure and the matched-ε figure alike."""
+    labels = sorted({_line_label(r, swept) for r in records if requested_epsilon(r) is not None})
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+
+
+def _metrics_of(records: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+    """(column, axis label, attack): accuracy, then each attack's headline."""
+    keys = {c for r in records for c in r}
+    heads = [(h[0], headline_label(a), a) for a in lb.attacks_in(records) if (h := lb.headline(keys, a))]
+    return [(UTILITY, UTILITY_LABEL, None)] + heads
+
+
+def _non_private_lines(ax: plt.Axes, records: list[dict[str, Any]], metric: str, swept: list[str]) -> None:
+    """Each non-private configuration's value as a horizontal reference line (± SEM as a band)."""
+    shown = [r for r in records if not private(r) and is_number(r.get(metric)) and math.isfinite(r[metric])]
+    for r, style in zip(shown, ["--", "-.", ":", (0, (5, 1, 1, 1))] * len(shown)):
+        value, sem = r[metric], r.get(f"{metric}.sem", 0) or 0
+        line = ax.axhline(value, color="0.2", ls=style, lw=1.1,
+                          label=f"non-private: {point_label(r, swept)} ({fmt(value, 3)})")
+        if sem:
+            ax.axhspan(value - sem, value + sem, color=line.get_color(), alpha=0.08)
+
+
+def _paper_markers(ax: plt.Axes, records: list[dict[str, Any]], x_of: Callable[[dict[str, Any]], Any]) -> None:
+    """The paper's reported accuracy where a recipe carries one (``paper.test_accuracy``)."""
+    marked = [r for r in records if is_number(r.get("paper.test_accuracy")) and x_of(r) is not None]
+    for i, r in enumerate(marked):
+        ax.errorbar([x_of(r)], [r["paper.test_accuracy"]], yerr=[r.get("paper.test_accuracy.sem") or 0],
+                    fmt="*", color="k", ms=9, capsize=3, label="paper's reported accuracy" if i == 0 else None)
+
+
+def _line_label(record: dict[str, Any], swept: list[str]) -> str:
+    return point_label(record, [c for c in swept if c != EPSILON])
+
+
+def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+    """Accuracy and each attack's headline against the requested ε, one line per configuration (defense
+    and its other varying settings), the non-private runs as reference lines: drawn when the private runs
+    ask for at least two values of ε."""
+    dp = [r for r in records if requested_epsilon(r) is not None]
+    if len({requested_epsilon(r) for r in dp}) < 2:
+        return []
+    swept = swept_columns(records)
+    metrics = _metrics_of(records)
+    cols = min(2, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(metrics):]:
+        ax.set_axis_off()
+    lines: dict[str, list] = defaultdict(list)
+    for r in dp:
+        lines[_line_label(r, swept)].append(r)
+    palette = line_colours(records, swept)
+    ticks = sorted({requested_epsilon(r) for r in dp})
+    for ax, (metric, label, attack) in zip(axes.flat, metrics):
+        for name, rs in sorted(lines.items()):
+            rs = sorted((r for r in rs if is_number(r.get(metric))), key=requested_epsilon)
+            if rs:
+                ax.errorbar([requested_epsilon(r) for r in rs], [r[metric] for r in rs],
+                            yerr=[r.get(f"{metric}.sem", 0) for r in rs], marker="o", capsize=3,
+                            color=palette[name], label=name + (_states_text(rs, attack) if attack else ""))
+        _non_private_lines(ax, records, metric, swept)
+        if attack:
+            _reference_line(ax, dp, attack, vertical=False)
+        else:
+            _paper_markers(ax, dp, requested_epsilon)
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [fmt(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("requested ε (privacy.epsilon as configured)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.08, y=0.1)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"Accuracy and leakage vs ε ({spread_note(dp)})", fontsize=10)
+    fig.tight_layout()
+    return [("Accuracy and leakage vs ε", _save(fig, out_dir, stem, "versus_epsilon"))]
+
+
+def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+    """Configurations side by side at each requested ε that at least two of them share: accuracy and each
+    attack's headline as points with error bars (filled = leaks), the non-private runs as reference
+    lines and the attack's baseline or chance level."""
+    swept = swept_columns(records)
+    by_eps: dict[float, list] = defaultdict(list)
+    for r in records:
+        if requested_epsilon(r) is not None:
+            by_eps[requested_epsilon(r)].append(r)
+    groups = {e: rs for e, rs in sorted(by_eps.items()) if len(rs) >= 2}
+    if not groups:
+        return []
+    metrics = _metrics_of(records)
+    palette = line_colours(records, swept)
+    width = max(4.8, 0.55 * max(len(rs) for rs in groups.values()) + 2.0)
+    fig, axes = plt.subplots(len(metrics), len(groups), figsize=(width * len(groups), 3.9 * len(metrics)),
+                             squeeze=False)
+    for j, (eps, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: _sort_key(r, swept))
+        names = [_line_label(r, swept) for r in rs]
+        for i, (metric, label, attack) in enumerate(metrics):
+            ax = axes[i][j]
+            for x, r in enumerate(rs):
+                if not is_number(r.get(metric)):
+                    continue
+                marker, fill = CATEGORIES[category(r, attack)] if attack else ("o", "full")
+                colour = palette[names[x]]
+                ax.errorbar([x], [r[metric]], yerr=[r.get(f"{metric}.sem", 0)], fmt=marker, color=colour, ms=7,
+                            capsize=4, fillstyle=fill, markerfacecolor=colour if fill != "none" else "white")
+            _non_private_lines(ax, records, metric, swept)
+            if attack:
+                _reference_line(ax, rs, attack, vertical=False)
+            else:
+                _paper_markers(ax, rs, lambda r: rs.index(r))
+            ax.set_xticks(range(len(rs)), names if i == len(metrics) - 1 else [""] * len(rs), rotation=30,
+                          ha="right", fontsize=8)
+            ax.set_xlim(-0.6, len(rs) - 0.4)
+            ax.margins(y=0.12)
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(alpha=0.3, axis="y")
+            if i == 0:
+                ax.set_title(f"requested ε = {fmt(eps)}", fontsize=9)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="best")
+    note = "filled = leaks, hollow = no leak detected; " if len(metrics) > 1 else ""
+    fig.suptitle(f"Configurations at matched ε ({note}{spread_note(records)})", fontsize=10)
+    fig.tight_layout()
+    return [("Configurations at matched ε", _save(fig, out_dir, stem, "matched_epsilon"))]
+
+
+def _curves(rows: list[dict[str, Any]], key: str) -> dict[str, list[list[float]]]:
+    """Per configuration (``group_key``), each seed's per-epoch list ``key``."""
+    found: dict[str, list] = defaultdict(list)
+    for row in rows:
+        curve = row["metrics"].get(key)
+        if isinstance(curve, list) and len(curve) >= 2 and all(is_number(v) for v in curve):
+            found[lb.group_key(row)].append(curve)
+    return found
+
+
+def _draw_curves(ax: plt.Axes, curves: dict[str, list], labels: dict[str, str], palette: dict[str, str]) -> None:
+    """Mean over seeds per epoch (epochs counted from 1), ± SEM as a band."""
+    for key, runs in sorted(curves.items(), key=lambda kv: labels.get(kv[0], "")):
+        if key not in labels:
+            continue
+        length = min(len(c) for c in runs)
+        data = np.array([c[:length] for c in runs], dtype=float)
+        mean = data.mean(axis=0)
+        epochs = np.arange(1, length + 1)
+        colour = palette.get(labels[key])
+        ax.plot(epochs, mean, marker="o", ms=3, color=colour, label=labels[key])
+        if len(runs) > 1:
+            sem = data.std(axis=0, ddof=1) / math.sqrt(len(runs))
+            ax.fill_between(epochs, mean - sem, mean + sem, color=colour, alpha=0.15, lw=0)
+
+
+def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
+                    stem: str) -> list[tuple[str, Path]]:
+    """Test accuracy and mean training loss per epoch, one line per configuration."""
+    accuracy, loss = _curves(rows, "utility.test_accuracy_by_epoch"), _curves(rows, "utility.train_loss_by_epoch")
+    if not accuracy and not loss:
+        return []
+    swept = swept_columns(records)
+    labels = {str(r.get("group_key")): point_label(r, swept) for r in records}
+    palette = colours(records, swept)
+    panels = [(c, name) for c, name in ((accuracy, "test accuracy, higher = better"),
+                                         (loss, "mean training loss (cross-entropy), lower = better")) if c]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
+    for ax, (curves, name) in zip(axes[0], panels):
+        _draw_curves(ax, curves, labels, palette)
+        finite = [v for runs in curves.values() for c in runs for v in c if math.isfinite(v) and v > 0]
+        if "loss" in name and finite and max(finite) / min(finite) > 50:
+            ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    _legend_outside(axes[0][-1])
+    fig.suptitle(f"Learning curves ({spread_note(records)})", fontsize=10)
+    fig.tight_layout()
+    return [("Learning curves", _save(fig, out_dir, stem, "learning_curves"))]
+
+
+def density_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
+                   stem: str) -> list[tuple[str, Path]]:
+    """The released density per epoch for the configurations that sparsify (any epoch below 1)."""
+    curves = {k: runs for k, runs in _curves(rows, "comm.density_by_epoch").items()
+              if any(v < 1 for c in runs for v in c)}
+    if not curves:
+        return []
+    swept = swept_columns(records)
+    labels = {str(r.get("group_key")): point_label(r, swept) for r in records}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    _draw_curves(ax, curves, labels, colours(records, swept))
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("released fraction of the trainable coordinates\n(mean per step over the epoch)", fontsize=9)
+    ax.set_title("Communication density over training (sparsifying defenses)", fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend_outside(ax)
+    return [("Communication density over training", _save(fig, out_dir, stem, "density"))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The generated summary
+
+
+def _value(r: dict[str, Any], metric: str) -> str:
+    sem = r.get(f"{metric}.sem")
+    return fmt(r[metric], 3) + (f" ± {fmt(sem, 2)}" if is_number(sem) and sem > 0 else "")
+
+
+def leak_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
+    """Per attack: which configurations leak (by their verdict), and how many do not."""
+    lines = []
+    for attack in lb.attacks_in(records):
+        heads = [(r, h) for r in records if (h := read(r, attack)) is not None and h.value is not None]
+        if not heads:
+            continue
+        leaking = [f"{point_label(r, swept)} ({h.verdict or 'beats its reference'})" for r, h in heads if h.leaks]
+        quiet = len(heads) - len(leaking)
+        if leaking:
+            lines.append(f"<b>{attack}</b>: leaks in {', '.join(leaking)}; no leak detected in {quiet} other "
+                         f"configuration(s).")
+        else:
+            lines.append(f"<b>{attack}</b>: no configuration leaks ({len(heads)} configuration(s); "
+                         "“no leak detected” is not a proof of privacy).")
+        floors = sorted({floor for r, _ in heads if (floor := smallest_p(r, attack))})
+        if floors:
+            lines[-1] += f" {'; '.join(floors)}."
+    return lines
+
+
+def utility_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
+    """At each requested ε (and among the non-private runs): the most accurate configuration, which others
+    are below it by more than the combined SEM, and the cost against the non-private reference."""
+    groups: dict[Any, list] = defaultdict(list)
+    for r in records:
+        if is_number(r.get(UTILITY)):
+            groups[requested_epsilon(r)].append(r)
+    reference = max(groups.get(None, []), key=lambda r: r[UTILITY], default=None)
+    lines = []
+    for eps, rs in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        where = "non-private" if eps is None else f"ε = {fmt(eps)}"
+        best = max(rs, key=lambda r: r[UTILITY])
+        swept_here = [c for c in swept if c != EPSILON]  # the line says the ε once
+        text = f"{where}: most accurate {point_label(best, swept_here)} — {_value(best, UTILITY)}"
+        if len(rs) > 1:
+            below, within, unknown = [], [], []
+            for r in rs:
+                if r is best:
+                    continue
+                diff = best[UTILITY] - r[UTILITY]
+                sems = [best.get(f"{UTILITY}.sem") or 0, r.get(f"{UTILITY}.sem") or 0]
+                if best.get("n", 1) == 1 or r.get("n", 1) == 1:
+                    unknown.append(f"{point_label(r, swept_here)} (−{fmt(diff, 2)})")
+                elif diff > math.hypot(*sems):
+                    below.append(f"{point_label(r, swept_here)} (−{fmt(diff, 2)})")
+                else:
+                    within.append(point_label(r, swept_here))
+            if below:
+                text += f"; below it by more than their SEM: {', '.join(below)}"
+            if within:
+                text += f"; within their SEM of it: {', '.join(within)}"
+            if unknown:
+                text += f"; one seed, no SEM to compare with: {', '.join(unknown)}"
+        if eps is not None and reference is not None:
+            text += (f"; the non-private {point_label(reference, swept)} reaches {_value(reference, UTILITY)} "
+                     f"(most accurate private − non-private = {best[UTILITY] - reference[UTILITY]:+.3f})")
+        lines.append(text + ".")
+    return lines
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The report's opening: what leaks, which utility differences exceed their SEM, the test set's
+    resolution, configurations with identical results and settings that differ between the runs."""
+    if not records:
+        return []
+    swept = swept_columns(records)
+    lines = leak_lines(records, swept) + utility_lines(records, swept)
+    sizes = sorted({int(r["data.test_size"]) for r in records if is_number(r.get("data.test_size"))})
+    if sizes:
+        steps = ", ".join(f"1/{n} = {fmt(1 / n, 2)}" for n in sizes)
+        lines.append(f"Test-set resolution: one test example moves accuracy by {steps}; smaller differences "
+                     "are ties.")
+    same: dict[str, list] = defaultdict(list)
+    for r in records:
+        if r.get("identical_results"):
+            same[r["identical_results"]].append(point_label(r, swept))
+    for names in same.values():
+        lines.append(f"Identical results (every utility and leakage value, every seed): {' and '.join(names)} — "
+                     "the same algorithm under two names, or a setting that changes nothing here.")
+    recipe = [c for c in swept if c.startswith(("train.", "data."))]
+    if recipe:
+        lines.append(f"The training recipe differs between runs ({', '.join(recipe)}): it is part of every "
+                     "label; compare configurations with the same recipe.")
+    return lines
+
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; padding: 0 1em; }
 table { border-collapse: collapse; font-size: 0.78em; margin: 0.6em 0; width: 100%; table-layout: auto; }
@@ -562,13 +934,20 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str) -> 
     records = lb.leaderboard(done, seeds_grouped=True)
     swept = swept_columns(records)
     grids, covered = reconstruction_grids(done, root, swept, out.parent, stem, damaged)
-    plots = utility_vs_leakage(records, out.parent, stem) + trajectories(records, out.parent, stem) \
+    plots = versus_epsilon(records, out.parent, stem) + matched_epsilon(records, out.parent, stem) \
+        + learning_curves(done, records, out.parent, stem) + density_curves(done, records, out.parent, stem) \
+        + utility_vs_leakage(records, out.parent, stem) + trajectories(records, out.parent, stem) \
         + trends(records, out.parent, stem) + roc_curves(done, root, swept, out.parent, stem, damaged) + grids
     pics, missing = pictures(done, root, swept, covered)
     common, board = table(records) if records else ("", "<p>No finished runs.</p>")
+    summary = summary_lines(records)
     sections = [f"<h1>dpeval report</h1><p>{len(done)} finished runs in {len(records)} configurations "
-                f"(mean ± SEM over seeds); dpeval {__version__}.{f' All runs: {common}.' if common else ''}</p>",
-                f"<p class='note'>{RULES}</p>", "<h2>Leaderboard</h2>", board]
+                f"({spread_note(records) if records else 'none'}); dpeval {__version__}."
+                f"{f' All runs: {common}.' if common else ''}</p>"]
+    if summary:
+        sections.append("<h2>Summary</h2><ul class='summary'>" + "".join(f"<li>{line}</li>" for line in summary)
+                        + "</ul>")
+    sections += [f"<p class='note'>{RULES}</p>", "<h2>Leaderboard</h2>", board]
     sections += [f"<p class='selection'>{html.escape(line)}</p>"
                  for line in lb.selection_sentences(lb.selection_costs(done))]
     for title, path in plots:

@@ -144,19 +144,25 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
 
 
-def check_points(specs: list[RunSpec], name: Callable[[RunSpec], str]) -> None:
-    """Every point of a sweep passes ``prepare``'s checks (data, model, attacks against the data, privacy)
-    before any point trains, so a bad point is refused at once, not after the others ran; the ConfigError
-    names the point (``name(spec)``). Each dataset is loaded once."""
+def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
+    """Every check ``prepare`` makes before a run (data found, attacks' and the defense's task and model
+    rules, ε reachable), for each distinct configuration of a grid (seeds change none of them), each dataset
+    loaded once: a ConfigError names the first failing point (``describe``) before anything runs."""
+    seen: set[str] = set()
     tasks: dict[str, Task] = {}
     for spec in specs:
+        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device")},
+                           sort_keys=True, default=str)
+        if shape in seen:
+            continue
+        seen.add(shape)
         data = json.dumps(dataclasses.asdict(spec.data), sort_keys=True, default=str)
         try:
             if data not in tasks:
                 tasks[data] = load_task(spec.data)
             prepare(spec, tasks[data])
         except ConfigError as exc:
-            raise ConfigError(f"point {name(spec)}: {exc}") from None
+            raise ConfigError(f"grid point {describe(spec) or spec.run_key}: {exc}") from None
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
@@ -305,7 +311,9 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
             "utility.test_accuracy": result.history[-1]["test_accuracy"],
             "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
             "utility.test_accuracy_by_epoch": [h["test_accuracy"] for h in result.history],
+            "utility.train_loss_by_epoch": [h["train_loss"] for h in result.history],
             "comm.density": result.density,
+            "comm.density_by_epoch": [h["density"] for h in result.history],
             "comm.bytes_sparse": result.bytes_sparse,
             "comm.bytes_dense": result.bytes_dense,
             "time.train_s": result.train_s,
@@ -369,10 +377,10 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         raise
     except AttacksFailed as exc:
         store.fail(run_id, str(exc), exc.metrics)
-        raise RunFailure(f"run {run_id}: {exc}; dpeval show {run_id} (log: {run_dir / 'log.txt'})") from exc
+        raise RunFailure(f"run {run_id}: {exc}; dpeval show {run_id}{log_hint(run_dir)}") from exc
     except Exception as exc:
         store.fail(run_id, f"{type(exc).__name__}: {exc}")
-        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc} (log: {run_dir / 'log.txt'})") from exc
+        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc}{log_hint(run_dir)}") from exc
     store.finish(run_id, metrics)
     (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
     return metrics
@@ -385,6 +393,12 @@ def resumable(spec: RunSpec, store: ResultStore) -> tuple[str, dict[str, Any] | 
     if run_id is None:
         return "", None
     return run_id, checkpoint.load(store.run_dir(run_id) / checkpoint.FILE, spec.run_key)
+
+
+def log_hint(run_dir: Path) -> str:
+    """`` (log: <run_dir>/log.txt)`` when that file exists, else nothing: a message names only real files."""
+    path = run_dir / "log.txt"
+    return f" (log: {path})" if path.is_file() else ""
 
 
 def json_line(data: dict[str, Any]) -> str:

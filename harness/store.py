@@ -389,13 +389,15 @@ class ResultStore:
         return [self._decode(r) for r in self._query(query, (status,) if status else (), as_dict=True)]
 
     def matching(self, run_id: str) -> list[dict[str, Any]]:
-        """The row whose id is ``run_id``, else every row whose id starts with it."""
-        matches = [r for r in self.rows() if r["run_id"].startswith(run_id)]
+        """The row whose id is ``run_id``, else every row whose id contains it (none for an empty string)."""
+        if not run_id:
+            return []
+        matches = [r for r in self.rows() if run_id in r["run_id"]]
         exact = [r for r in matches if r["run_id"] == run_id]
         return exact or matches
 
     def get(self, run_id: str) -> dict[str, Any] | None:
-        """The row whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
+        """The row whose id is ``run_id`` or contains it (a unique part is enough)."""
         matches = self.matching(run_id)
         return matches[0] if len(matches) == 1 else None
 

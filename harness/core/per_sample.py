@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 
 @dataclass
@@ -86,7 +86,9 @@ def fixed_front(model: nn.Module) -> FixedFront:
 class PerSampleGradients:
     """``psg(x, y) -> {name: Tensor[b, *param.shape]}`` for the trainable parameters of ``model``.
 
-    Reads the model's current parameters at every call (no copy is kept), so it follows training.
+    Reads the model's current parameters at every call (no copy is kept), so it follows training. The
+    per-sample losses come with the gradients at no extra cost: ``loss_sum`` holds the summed loss of the
+    last call.
     """
 
     def __init__(self, model: nn.Module, features: bool = False) -> None:
@@ -102,13 +104,15 @@ class PerSampleGradients:
             logits = functional_call(head, (params, buffers), (x.unsqueeze(0),))
             return F.cross_entropy(logits, y.unsqueeze(0))
 
-        self._per_sample = vmap(grad(loss_one), in_dims=(None, None, 0, 0))
+        self._per_sample = vmap(grad_and_value(loss_one), in_dims=(None, None, 0, 0))
+        self.loss_sum: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         head = self.split.head
         params = {n: p.detach() for n, p in head.named_parameters() if p.requires_grad}
         buffers = {n: b.detach() for n, b in head.named_buffers()}
-        grads = self._per_sample(params, buffers, self.split.front(x), y)
+        grads, losses = self._per_sample(params, buffers, self.split.front(x), y)
+        self.loss_sum = losses.detach().sum()
         return {n: grads[self._head_name[n]] for n in self.names}
 
 

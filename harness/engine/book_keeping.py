@@ -268,7 +268,7 @@ class BookKeeping:
         if any(pending):
             unseen = [n for m, g in enumerate(plan.groups) if pending[m] for n in g]
             raise RunFailure(f"train.engine: no gradient reached {unseen} (is the layer unused?)")
-        return LeanBatch({n: sums[n] for n in plan.names if n in sums}, factors, probes, b)
+        return LeanBatch({n: sums[n] for n in plan.names if n in sums}, factors, probes, b, loss.detach())
 
     def _plain_sum(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
         """No per-sample statistic: Σ_i g_i is the gradient of the summed loss (plain autograd)."""
@@ -277,7 +277,7 @@ class BookKeeping:
         loss = F.cross_entropy(self.split.head(self.split.front(x)), y, reduction="sum")
         grads = torch.autograd.grad(loss, [params[n] for n in names])
         ones = torch.ones(x.shape[0], device=x.device)
-        return LeanBatch(dict(zip(names, grads)), [ones] * len(plan.groups), None, x.shape[0])
+        return LeanBatch(dict(zip(names, grads)), [ones] * len(plan.groups), None, x.shape[0], loss.detach())
 
     # -- per-layer work, through the kernel table ------------------------------------------------------
     def _statistics(self, module: nn.Module, k: _Kept, trainable: set[str], prefix: str, plan: LeanPlan,

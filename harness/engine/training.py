@@ -70,7 +70,7 @@ class BatchSampler:
 
 @dataclass
 class TrainResult:
-    history: list[dict[str, float]] = field(default_factory=list)  # one entry per epoch
+    history: list[dict[str, float]] = field(default_factory=list)  # per epoch: test_accuracy, train_loss, density
     steps: int = 0
     train_s: float = 0.0
     density: float = 1.0           # mean fraction of released coordinates per step
@@ -81,14 +81,27 @@ class TrainResult:
     front_cpu_s: float = 0.0       # its CPU time (this process)
 
 
-def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], None]:
+def clipped_sum_feeder(engine: str, model: nn.Module,
+                       defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``feed(features, y)``: add one micro-batch, given as the model's ``front_features``, to the defense's
-    running sum with the chosen engine."""
+    running sum with the chosen engine; returns the micro-batch's summed training loss, as the engine's
+    forward pass computed it (no extra pass)."""
     if engine == "lean":
         book_keeping = BookKeeping(model, features=True)
-        return lambda x, y: defense.accumulate_lean(book_keeping(x, y, defense.lean_plan()))
+
+        def feed_lean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            batch = book_keeping(x, y, defense.lean_plan())
+            defense.accumulate_lean(batch)
+            return batch.loss_sum
+
+        return feed_lean
     psg = PerSampleGradients(model, features=True)
-    return lambda x, y: defense.clip_and_accumulate(psg(x, y))
+
+    def feed_func(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        defense.clip_and_accumulate(psg(x, y))
+        return psg.loss_sum
+
+    return feed_func
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -252,10 +265,14 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         defense.begin_epoch(epoch, cfg.epochs)
         if on_epoch_start is not None:
             on_epoch_start(epoch, model, defense)
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # summed on the device: no sync per step
+        seen = 0
+        first_step = len(densities)
         for batch in sampler.epoch():
             batch = batch.to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
-                feed(xb, yb)
+                loss_sum += feed(xb, yb)
+                seen += len(yb)
             if before_release is not None:
                 before_release(result.steps, epoch, defense)
             shared = defense.release(sampler.batch_size)
@@ -273,7 +290,10 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             result.steps += 1
             bar.update(1)
         test_acc = fraction_correct(cut.head, test_x, test_split.y, device)
-        result.history.append({"epoch": epoch, "test_accuracy": test_acc})
+        epoch_densities = densities[first_step:]
+        result.history.append({"epoch": epoch, "test_accuracy": test_acc,
+                               "train_loss": float(loss_sum) / seen if seen else math.nan,
+                               "density": sum(epoch_densities) / len(epoch_densities) if epoch_densities else 1.0})
         bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_acc:.3f}")
         log.info("epoch %d/%d test accuracy %.4f", epoch + 1, cfg.epochs, test_acc)
         if on_epoch_end is not None:

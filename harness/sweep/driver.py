@@ -26,6 +26,7 @@ from tqdm import tqdm
 from harness.config import RunSpec
 from harness.core.errors import ConfigError, RunFailure
 from harness.headlines import attacks_in, read
+from harness.runner import log_hint
 from harness.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
 from harness.sweep.executors import Executor
 from harness.sweep.grid import describe, swept_fields
@@ -124,7 +125,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
                 store.fail(run_id, error, metrics)  # metrics: what finished before an attack failed
                 summary.failed += 1
                 summary.failures.append(f"{run_id} ({label}): {error}")
-                bar.write(f"failed  {run_id}  {label}  {error} (log: {run_dir / 'log.txt'})", file=sys.stderr)
+                bar.write(f"failed  {run_id}  {label}  {error}{log_hint(run_dir)}", file=sys.stderr)
             bar.update(1)
             return fail_fast and error is not None
 

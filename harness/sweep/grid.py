@@ -151,18 +151,42 @@ def load_sweep(path: str | Path) -> list[RunSpec]:
     return list(specs.values())
 
 
-def describe(spec: RunSpec, swept: list[str]) -> str:
+def settings_of(spec: RunSpec) -> dict[str, Any]:
+    """A grid point's settings that apply to it, flat as the leaderboard's columns: names of defense,
+    attacks, dataset, model, seed; its defense's and attacks' parameters; ``train.*`` / ``data.*``; for a
+    DP run the requested ε (``privacy.epsilon`` marks the point private, as in a result)."""
+    import math
+
+    from defenses import DEFENSES
+    from harness.leaderboard import setting_columns
+
+    dp = DEFENSES.get(spec.defense_name).is_dp(spec.defense)
     canonical = spec.canonical()
-    parts = []
-    for path in swept:
-        node: Any = canonical
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        parts.append(f"{path.split('.')[-1]}={node}")
-    return " ".join(parts)
+    flat: dict[str, Any] = {"defense": spec.defense_name, "dataset": spec.data.name, "model": spec.model.name,
+                            "attacks": "+".join(spec.attacks) or "none", "seed": spec.seed,
+                            "privacy.epsilon": (spec.privacy.epsilon or 1.0) if dp else math.inf}
+    flat.update(dict(_flatten(canonical["defense"], "defense.")))
+    flat.pop("defense.name")
+    flat.update(dict(_flatten(canonical["attack"], "attack.")))
+    flat.update(setting_columns(canonical, dp))
+    return flat
 
 
 def swept_fields(specs: list[RunSpec]) -> list[str]:
-    flat = [dict(_flatten(s.canonical())) for s in specs]
-    keys = sorted({k for f in flat for k in f})
-    return [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+    """What differs between the grid points, among the points each setting applies to."""
+    from harness.leaderboard import varying_settings
+
+    flats = [settings_of(s) for s in specs]
+    names = [k for k in ("defense", "dataset", "model", "attacks") if len({repr(f[k]) for f in flats}) > 1]
+    seeds = ["seed"] if len({f["seed"] for f in flats}) > 1 else []
+    return names + varying_settings(flats) + seeds
+
+
+def describe(spec: RunSpec, swept: list[str]) -> str:
+    """``name=rs final_rate=0.5 epsilon=3 seed=0``: the swept settings that apply to this point only."""
+    from harness.leaderboard import applies
+
+    flat = settings_of(spec)
+    names = {"privacy.target_epsilon": "epsilon"}
+    return " ".join(f"{names.get(key, key.split('.')[-1])}={flat[key]}" for key in swept
+                    if key in ("defense", "dataset", "model", "attacks", "seed") or applies(flat, key))

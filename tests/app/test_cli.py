@@ -273,6 +273,8 @@ def test_show(tmp_path):
     m = run_json(tmp_path, "--defense", "none")
     shown = json.loads(invoke("show", m["run_id"][:22], "--results", tmp_path, "--json").stdout)
     assert shown["run_id"] == m["run_id"] and shown["metrics"]["utility.test_accuracy"] == m["utility.test_accuracy"]
+    for part in (m["run_id"][-4:], m["run_key"][:8]):  # any unique part: the random suffix, the run key
+        assert json.loads(invoke("show", part, "--results", tmp_path, "--json").stdout)["run_id"] == m["run_id"]
     missing = CliRunner().invoke(main, ["show", "nope", "--results", str(tmp_path)])
     assert missing.exit_code == 2
 
@@ -328,3 +330,30 @@ def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, 
     saved = json.loads((results / "runs" / row["run_id"] / "metrics.json").read_text())
     assert saved["leakage.grad-mia.auc"] == metrics["leakage.grad-mia.auc"]
     assert "planted failure" in (results / "runs" / row["run_id"] / "log.txt").read_text()  # the traceback
+
+
+def test_run_help_points_to_the_parameter_list():
+    assert "`dpeval list --params`" in " ".join(invoke("run", "--help").stdout.split())
+
+
+def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densities():
+    from harness.cli import format_run
+
+    m = {"run_id": "r", "dataset": "digits", "model": "cnn3", "defense": "rs", "attack": "ig+lira", "seed": 0,
+         "utility.test_accuracy": 0.9, "utility.train_accuracy": 0.92, "privacy.epsilon": 2.99,
+         "privacy.delta": 1e-5, "privacy.noise_multiplier": 1.3, "privacy.sample_rate": 0.1, "privacy.steps": 10,
+         "privacy.accountant": "rdp", "privacy.sampling": "poisson", "comm.density": 0.55,
+         "comm.bytes_sparse": 10.0, "comm.bytes_dense": 20.0, "time.train_s": 1.0, "time.attack_s": 2.0,
+         "attack.ig.targets": 6, "leakage.ig.psnr": 27.3, "leakage.ig.baseline_psnr": 12.1,
+         "leakage.ig.verdict": "leaks", "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
+         "leakage.ig.density": 0.1, "leakage.lira.auc": 0.6, "leakage.lira.tpr_at_0.1pct_fpr": None,
+         "leakage.lira.tpr_at_0.1pct_fpr_note": "not resolvable: 359 non-members",
+         "leakage.lira.tpr_at_1pct_fpr": 0.02}
+    for i, state in enumerate(("init", "epoch:5", "final")):
+        m[f"leakage.ig.{state}.psnr"] = 20.0 + i
+    text = format_run(m)
+    assert "tpr_at_0.1pct_fpr" not in text and "not resolvable" not in text  # an empty value and its note
+    assert "tpr_at_1pct_fpr 0.02" in text
+    assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text and "out of reach" not in text
+    assert "fraction of the model's trainable coordinates a training step releases" in text
+    assert "density of the attacked release (fraction of coordinates sent) 0.1" in text

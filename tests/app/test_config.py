@@ -192,3 +192,26 @@ def test_defense_that_needs_public_data_fails_before_the_run(tmp_path):
                                        "--results", str(results)])
     assert result.exit_code == 2 and "data.public_fraction" in result.stderr
     assert not results.exists()
+
+
+def test_an_attack_parameter_may_drop_the_attack_prefix():
+    """``attack.ig.iterations`` is ``attack.ig.ig_iterations`` (the same run key); both at once is refused."""
+    from harness.config import build_spec
+
+    short = build_spec({"attacks": ["ig", "lira"], "attack": {"ig": {"iterations": 7}, "restarts": 2}})
+    assert short.attack["ig"].ig_iterations == 7 and short.attack["ig"].ig_restarts == 2
+    assert short.run_key == build_spec({"attacks": ["ig", "lira"],
+                                        "attack": {"ig": {"ig_iterations": 7}, "ig_restarts": 2}}).run_key
+    with pytest.raises(ConfigError, match="attack.ig.ig_iterations: the same setting as attack.ig.iterations"):
+        build_spec({"attacks": ["ig"], "attack": {"ig": {"iterations": 7, "ig_iterations": 8}}})
+    with pytest.raises(ConfigError, match="attack.iterations: unknown setting"):
+        build_spec({"attacks": ["lira"], "attack": {"iterations": 7}})
+
+
+def test_the_doubled_spelling_is_accepted_with_a_note():
+    from harness.cli import spelling_notes
+
+    notes = spelling_notes({"attack": {"ig": {"ig_iterations": 5, "targets": 2}, "ig_restarts": 2}})
+    assert notes == ["dpeval: note: attack.ig.ig_iterations can be written attack.ig.iterations (the same setting; "
+                     "results keep the key attack.ig.ig_iterations)"]
+    assert spelling_notes({"attack": {"ig": {"iterations": 5}}}) == []

@@ -220,3 +220,45 @@ def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
     (row,) = ResultStore(tmp_path / "r").rows()
     m = row["metrics"]
     assert f"ig {m['leakage.ig.psnr']:.4g} {m['leakage.ig.verdict']} @{m['leakage.ig.state']}" in line
+
+
+def test_status_lines_name_only_the_settings_that_apply_to_a_point():
+    """A sweep over defenses lists each point's own swept settings: not another defense's parameters, not
+    the ε of the non-private run, not SGD's momentum under Adam."""
+    from harness.config import build_spec
+    from harness.sweep.grid import describe, swept_fields
+
+    specs = [build_spec({"defense": {"name": "rs", "final_rate": rate}, "privacy": {"epsilon": eps}})
+             for rate in (0.5, 0.9) for eps in (1.0, 3.0)]
+    specs += [build_spec({"defense": "none", "train": {"optimizer": "sgd", "momentum": 0.9}}),
+              build_spec({"defense": "gep"})]
+    swept = swept_fields(specs)
+    lines = {describe(s, swept) for s in specs}
+    assert lines == {"defense=rs final_rate=0.5 epsilon=1.0 optimizer=adam",
+                     "defense=rs final_rate=0.5 epsilon=3.0 optimizer=adam",
+                     "defense=rs final_rate=0.9 epsilon=1.0 optimizer=adam",
+                     "defense=rs final_rate=0.9 epsilon=3.0 optimizer=adam",
+                     "defense=none optimizer=sgd",  # no ε; momentum is set by one point only: not swept
+                     "defense=gep epsilon=3.0 optimizer=adam"}
+
+
+def test_dry_run_applies_the_checks_of_run_in_one_line(tmp_path):
+    """A grid every point of which `run` would refuse (too few shadow models for the victim game) is refused
+    by --dry-run before listing anything, in one line naming the point, and writes nothing."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text("defense: {name: rs, final_rate: [0.5, 0.9]}\nattacks: [lira]\nattack: {shadows: 4}\n"
+                    "train: {epochs: 1}\nseeds: [0, 1]\n")
+    result = CliRunner().invoke(main, ["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert "grid point final_rate=0.5 seed=0: attack.shadows" in result.stderr
+    assert "needs at least 5 shadow models" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_failure_names_a_log_only_when_it_exists(tmp_path):
+    from harness.runner import log_hint
+
+    assert log_hint(tmp_path) == ""
+    (tmp_path / "log.txt").write_text("x")
+    assert log_hint(tmp_path) == f" (log: {tmp_path / 'log.txt'})"

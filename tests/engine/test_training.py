@@ -112,3 +112,26 @@ def test_release_hooks_see_every_step_and_can_add_to_its_sum():
     steps = 2 * prep.sampler.steps_per_epoch
     assert calls == [(s, s // prep.sampler.steps_per_epoch) for s in range(steps)]
     assert [s for s, _ in released] == list(range(steps))
+
+
+@pytest.mark.parametrize("engine", ["func", "lean"])
+def test_history_records_the_mean_training_loss_and_density_of_each_epoch(engine):
+    """With one step per epoch over the whole pool, the epoch's training loss is the mean cross-entropy of
+    the pool at the weights that step started from (computed by the engine's own forward pass); the density
+    is the epoch's released fraction (RS withholds nothing in its first epoch)."""
+    spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}}, "defense": {"name": "rs"},
+                       "train": {"epochs": 2, "batch_size": 210, "sampling": "shuffle", "engine": engine},
+                       "device": "cpu"})
+    prep = prepare(spec)
+    x, y = prep.task.train.x, prep.task.train.y
+    assert len(y) == 210  # one step is the whole pool
+    with torch.no_grad():
+        initial_loss = float(torch.nn.functional.cross_entropy(prep.model(x), y))
+    result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")),
+                   spec.train, prep.sampler, torch.device("cpu"), progress=False)
+    losses = [h["train_loss"] for h in result.history]
+    densities = [h["density"] for h in result.history]
+    assert losses[0] == pytest.approx(initial_loss, rel=1e-5)
+    assert len(losses) == 2 and losses[1] != losses[0]
+    assert densities[0] == pytest.approx(1.0) and densities[1] < 0.5
+    assert sum(densities) / 2 == pytest.approx(result.density)
