@@ -397,7 +397,10 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 
     swept = swept_fields(specs)
     if dry_run or executor != "ray":  # Ray workers may hold data the driver does not: each run checks itself
-        check_points(specs, lambda s: describe(s, swept))  # every check `run` makes, before listing or running
+        try:  # every check `run` makes, before listing or running
+            check_points(specs, lambda s: describe(s, swept))
+        except ConfigError as exc:
+            raise ConfigError(f"{sweep_file}: {exc}") from None
     store = ResultStore(results)
     store.check(create=True)
     if dry_run:

@@ -164,7 +164,7 @@ CASES = [
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
     case(["sweep", "fifo.yaml"], "SWEEP_FILE: fifo.yaml is not a regular file", hang=True, id="sweep-file-is-a-fifo"),
-    case(["sweep", "targets.yaml"], "targets.yaml: point targets=1000000000000: attack.targets", hang=True,
+    case(["sweep", "targets.yaml"], "targets.yaml: grid point targets=1000000000000: attack.targets", hang=True,
          id="sweep-attack-targets-beyond-the-data"),
     case(["sweep", "ok.yaml", "--results", "symlock"], "symlock/.sweep.lock is a symlink", id="sweep-lock-is-a-symlink"),
     case(["sweep", "ok.yaml", "--results", "store"], "another dpeval sweep is running on store", code=1,
