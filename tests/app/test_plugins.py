@@ -32,7 +32,7 @@ def plugins():
 
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout
 
 
 def test_the_documented_recipe_is_the_fixture():
@@ -46,7 +46,7 @@ def test_plugins_run_everywhere(plugins, tmp_path):
     for seed in ("0", "1"):
         code, out = invoke("run", "--defense", "plugin-dpsgd", "--attack", "plugin-confidence", "--attack", "ig",
                            "--epochs", "2", "--seed", seed, "--set", "defense.clip=0.8",
-                           "--set", "attack.ig.ig_iterations=20", "--set", "attack.temperature=2.0",
+                           "--set", "attack.ig.iterations=20", "--set", "attack.temperature=2.0",
                            "--results", str(results), "--json", "--quiet")
         assert code == 0, out
         row = json.loads(out)

@@ -163,7 +163,7 @@ def test_every_defense_runs_lean_by_default(tmp_path):
         result = CliRunner().invoke(main, ["run", "--defense", name, "--attack", "none", "--epochs", "1",
                                            "--results", str(tmp_path), "--json", "--quiet"])
         assert result.exit_code == 0, result.output
-        assert json.loads(result.output)["train.engine_used"] == "lean", name
+        assert json.loads(result.stdout)["train.engine_used"] == "lean", name
 
 
 # -- the engines train alike; the clipping bound ----------------------------------------------------------
