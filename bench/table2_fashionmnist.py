@@ -4,13 +4,15 @@ a 95% interval, and per cell whether the paper's effect is reproduced in sign an
     # one CSV of every finished run of the eight recipes (their results folders, one per recipe)
     .venv/bin/python bench/table2_fashionmnist.py --export RESULTS_DIR... --out docs/results/rs-t2-fashionmnist.csv
     # the Markdown table from that CSV
-    .venv/bin/python bench/table2_fashionmnist.py docs/results/rs-t2-fashionmnist.csv
+    .venv/bin/python bench/table2_fashionmnist.py docs/results/rs-t2-fashionmnist.csv [--doc docs/reproducing.md]
 
 A cell is (model, ε); its baseline runs are the `dpsgd` recipe's, its RS runs the `rs` recipe's (rows carry the
 recipe's `paper.*` columns). Ours: mean ± SEM over seeds (sample std / √n), n. RS − baseline: difference of
 means with Welch's 95% t interval (none while an arm has one seed). Reading, per cell: *sign reproduced* when
 our interval lies on the paper's side of 0 (with one seed per arm: the point estimate does, said as
-"not yet testable"); *size reproduced* when the paper's difference lies inside our interval.
+"not yet testable"); once the sign is, *size reproduced* when the paper's difference lies inside our interval
+(while the interval spans 0 it holds almost any size, so no size is read). "ours − paper" is each arm's mean
+minus the paper's.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def table(path: Path) -> str:
         eps = round(float(r["privacy.epsilon"]))
         cells.setdefault((r["model"], eps), {}).setdefault("rs" if r["defense"] == "rs" else "baseline", []).append(r)
     out = ["| model | ε | paper baseline | paper RS | paper RS − base | ours baseline (n) | ours RS (n) | "
-           "ours RS − base [95% interval] | reading |", "|---|---|---|---|---|---|---|---|---|"]
+           "ours − paper: baseline, RS | ours RS − base [95% interval] | reading |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for (model, eps), arms in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         base, rs = arms.get("baseline", []), arms.get("rs", [])
         paper = {arm: (float(v[0]["paper.test_accuracy"]) * 100, float(v[0]["paper.test_accuracy.sem"]) * 100)
@@ -96,8 +99,11 @@ def table(path: Path) -> str:
         else:
             interval, reading = "–", "an arm has no run yet"
         paper_gap = f"{paper_diff:+.1f}" if math.isfinite(paper_diff) else "–"
+        offsets = ", ".join(f"{round(statistics.fmean(ours[arm][0]) - paper[arm][0], 1) + 0.0:+.1f}" if arm in ours and arm in paper
+                            else "–" for arm in ("baseline", "rs"))
         out.append(f"| {MODELS.get(model, model)} | {eps} | {fmt('baseline')} | {fmt('rs')} | {paper_gap} | "
-                   f"{ours.get('baseline', (0, '–'))[1]} | {ours.get('rs', (0, '–'))[1]} | {interval} | {reading} |")
+                   f"{ours.get('baseline', (0, '–'))[1]} | {ours.get('rs', (0, '–'))[1]} | {offsets} | {interval} | "
+                   f"{reading} |")
     return "\n".join(out)
 
 
@@ -109,8 +115,10 @@ def reading_of(paper_diff: float, diff: float, low: float, high: float) -> str:
         sign = "reproduced" if low > 0 else "not reproduced" if high < 0 else "not resolved (interval spans 0)"
     else:
         sign = "reproduced" if high < 0 else "not reproduced" if low > 0 else "not resolved (interval spans 0)"
+    if sign != "reproduced":  # an interval spanning 0 holds almost any size: no reading of the size yet
+        return f"sign {sign}"
     size = "reproduced" if low <= paper_diff <= high else "not reproduced"
-    return f"sign {sign}; size {size}"
+    return f"sign {sign}; size {size} (the paper's difference {'inside' if size == 'reproduced' else 'outside'} ours)"
 
 
 def main() -> None:
@@ -118,11 +126,28 @@ def main() -> None:
     parser.add_argument("csv", nargs="?", type=Path)
     parser.add_argument("--export", nargs="+", type=Path, help="results folders to export into --out")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--doc", type=Path, help=f"write the table into this Markdown file between {START} and {END}")
     args = parser.parse_args()
     if args.export:
         export(args.export, args.out)
     if args.csv:
-        print(table(args.csv))
+        text = table(args.csv)
+        if args.doc:
+            write_into(args.doc, text)
+        print(text)
+
+
+START, END = "<!-- table2:start -->", "<!-- table2:end -->"
+
+
+def write_into(doc: Path, text: str) -> None:
+    """Replace what lies between the two markers of ``doc`` with ``text`` (both markers must be there)."""
+    page = doc.read_text()
+    if page.count(START) != 1 or page.count(END) != 1:
+        sys.exit(f"{doc}: needs exactly one {START} and one {END} line")
+    head, rest = page.split(START)
+    page = f"{head}{START}\n{text}\n{END}{rest.split(END, 1)[1]}"
+    doc.write_text(page)
 
 
 if __name__ == "__main__":
