@@ -15,7 +15,7 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import field
+from dataclasses import MISSING, field, fields, is_dataclass
 from typing import Any
 
 from harness.core.errors import ConfigError, brief
@@ -25,14 +25,33 @@ _MISSING = dataclasses.MISSING
 
 def param(default: Any = _MISSING, help: str = "", *, factory: Any = None, low: float | None = None,
           high: float | None = None, low_open: bool = False, high_open: bool = False,
-          choices: tuple[str, ...] | None = None) -> Any:
+          choices: tuple[str, ...] | None = None, added: bool = False) -> Any:
     """A declared parameter: ``low``/``high`` bound numbers (``*_open`` for strict bounds), ``choices``
-    lists the allowed strings, ``help`` is the one-line description shown to users."""
+    lists the allowed strings, ``help`` is the one-line description shown to users.
+
+    ``added=True`` marks a setting added after results were stored: while it holds its default it is left
+    out of the run key, so every stored run keeps its key (sweeps still find their finished points, resumes
+    their checkpoints) and only runs that change it get a new one. Every setting added to a released
+    version is declared so."""
     meta = {"help": help, "low": low, "high": high, "low_open": low_open, "high_open": high_open,
-            "choices": tuple(choices) if choices else None}
+            "choices": tuple(choices) if choices else None, "added": added}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def added_defaults(obj: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths of ``obj``'s ``added`` settings (nested Params included) that hold their defaults."""
+    found = []
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            found += added_defaults(value, (*path, f.name))
+        elif f.metadata.get("added"):
+            default = f.default_factory() if f.default is MISSING else f.default
+            if value == default:
+                found.append((*path, f.name))
+    return found
 
 
 class Params:

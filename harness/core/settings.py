@@ -38,6 +38,9 @@ class DataConfig(Params):
                                    low=0, high=1, high_open=True)
     max_train: int = param(0, "cap on the private pool (0 = all); smaller caps are prefixes of larger ones",
                            low=0)
+    normalize: str = param("auto", "inputs as the model sees them: `auto` = (x − mean) / std per channel with the "
+                                   "public split's statistics (0.5 / 0.25 without a public split); `none` = the "
+                                   "pixels in [0, 1] as loaded", choices=("auto", "none"), added=True)
     image_size: int = param(32, "`imagefolder`: resize the shorter side, centre-crop to this square", low=4)
     synthetic: SyntheticConfig = param(factory=SyntheticConfig, help="the synthetic dataset")
 

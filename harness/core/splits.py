@@ -150,8 +150,10 @@ def assemble(
     c, h, w = (int(s) for s in train.x.shape[1:])
     # Normalisation statistics are public information: they come from the public split, never from the
     # private pool (that would be a data-dependent release outside the accountant); with no public split,
-    # a fixed 0.5 / 0.25 per channel.
-    if len(public):
+    # a fixed 0.5 / 0.25 per channel; ``normalize: none`` feeds the pixels unchanged.
+    if cfg.normalize == "none":
+        mean, std = (0.0,) * c, (1.0,) * c
+    elif len(public):
         mean, std = _channel_stats(public.x)
     else:
         mean, std = (NO_PUBLIC_MEAN,) * c, (NO_PUBLIC_STD,) * c

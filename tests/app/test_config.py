@@ -215,3 +215,21 @@ def test_the_doubled_spelling_is_accepted_with_a_note():
     assert notes == ["dpeval: note: attack.ig.ig_iterations can be written attack.ig.iterations (the same setting; "
                      "results keep the key attack.ig.ig_iterations)"]
     assert spelling_notes({"attack": {"ig": {"iterations": 5}}}) == []
+
+
+def test_a_setting_added_later_keeps_stored_run_keys():
+    """``data.normalize`` arrived after results were stored: at its default the key is the hash of the
+    configuration without it (what every earlier version hashed); set, it is keyed like any setting."""
+    import hashlib
+    import json
+
+    spec = build_spec({"data": {"name": "fashionmnist"}})
+    content = {k: v for k, v in spec.canonical().items() if k != "device"}
+    assert content["data"].pop("normalize") == "auto"
+    earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+                             .encode()).hexdigest()[:16]
+    assert spec.run_key == earlier
+    assert spec_from(data__normalize="auto").run_key == build_spec({}).run_key
+    assert spec_from(data__normalize="none").run_key != build_spec({}).run_key
+    with pytest.raises(ConfigError, match="data.normalize"):
+        spec_from(data__normalize="dataset")

@@ -516,3 +516,9 @@ def test_validation_message_says_what_is_allowed() -> None:
 def test_synthetic_fields_ignored_for_other_datasets() -> None:
     task = load_task(cfg_with(synthetic=SyntheticConfig(classes=1)))
     assert task.dataset == "digits"
+
+
+def test_normalize_none_feeds_the_pixels_unchanged() -> None:
+    auto, raw = load_task(cfg_with(name="digits")), load_task(cfg_with(name="digits", normalize="none"))
+    assert raw.mean == (0.0,) and raw.std == (1.0,)
+    assert auto.mean != raw.mean and torch.equal(auto.train.x, raw.train.x)  # the data, not the model input
