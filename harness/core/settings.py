@@ -44,9 +44,26 @@ class DataConfig(Params):
 
 @dataclass
 class ModelConfig(Params):
-    """Model registry name; ``None`` means the dataset's default model."""
+    """Model registry name (``None``: the dataset's default model) and the transformers' shape settings.
+
+    The shape settings are read by the models that declare them (``vit``, ``gpt``); ``None`` means the model's
+    default, and a setting given to a model that takes none is refused. Settings left at ``None`` are left
+    out of the run's canonical form, so runs of the other models keep their run keys."""
 
     name: str | None = param(None, "model (flag `--model`); null = the dataset's default model")
+    depth: int | None = param(None, "`vit`, `gpt`: transformer blocks; null = 2", low=1)
+    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64", low=1)
+    heads: int | None = param(None, "`vit`, `gpt`: attention heads; null = 4", low=1)
+    patch: int | None = param(None, "`vit`: patch side, dividing the image's height and width; null = 4", low=1)
+    seq_len: int | None = param(None, "`gpt`: positions, at least the data's sequence length; null = that "
+                                      "length", low=1)
+    vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1)
+
+    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab")
+
+    def given(self) -> dict[str, int]:
+        """The shape settings that are set (not ``None``)."""
+        return {k: getattr(self, k) for k in self.SHAPE if getattr(self, k) is not None}
 
 
 @dataclass

@@ -329,3 +329,29 @@ def check_layer_against_torch_func(build, reshape, shape):
             scale = ref[n].abs().max().clamp(min=1e-12)
             assert float((ref[n] - got.sums[n]).abs().max() / scale) < 1e-5, (spec, n)
         assert any(float((f < 1).float().mean()) >= 0.5 for f in got.factors), spec  # clipping was active
+
+
+# -- the transformers end to end: every layer type together, float64, clipping active --------------------------
+@pytest.mark.parametrize("name", ["vit", "gpt"])
+def test_transformers_match_torch_func_with_clipping_active(name):
+    from harness.core.settings import ModelConfig
+
+    torch.manual_seed(0)
+    settings = ModelConfig(width=16, heads=2)
+    if name == "vit":
+        model, x = build_model("vit", (1, 8, 8), 4, (0.5,), (0.25,), settings), torch.rand(6, 1, 8, 8)
+    else:
+        model = build_model("gpt", (1, 1, 10), 4, (0.0,), (1.0,), settings, 7)
+        x = torch.randint(0, 7, (6, 1, 1, 10)).float()
+    model, x, y = model.double(), x.double(), torch.randint(0, 4, (6,))
+    names = [n for n, _ in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    trainable_layers(model)  # every layer is in the kernel table
+    for spec in ("all", "layer", "param"):
+        for fn in ("auto", "abadi"):
+            clipping = GroupClipping.of(resolve_groups(spec, names), 0.05, fn)
+            ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan())
+            for n in names:
+                assert float((ref[n] - got.sums[n]).abs().max() / ref[n].abs().max()) < 1e-9, (spec, fn, n)
+            if fn == "abadi":
+                assert all(float((f < 1).float().mean()) >= 0.5 for f in got.factors), spec  # clipping is active
