@@ -24,6 +24,17 @@ class SyntheticConfig(Params):
 
 
 @dataclass
+class TokensConfig(Params):
+    """The synthetic token-sequence dataset: one random prototype sequence per class, tokens redrawn at random."""
+
+    length: int = param(16, "`tokens`: tokens per sequence", low=1)
+    vocab: int = param(32, "`tokens`: vocabulary size (token ids 0 … vocab−1)", low=2)
+    classes: int = param(4, "`tokens`: number of classes", low=2)
+    size: int = param(1000, "`tokens`: number of sequences (at least `classes`)", low=1)
+    noise: float = param(0.5, "`tokens`: chance that each token of a sequence is redrawn uniformly", low=0, high=1)
+
+
+@dataclass
 class DataConfig(Params):
     """Which dataset to load and how its roles (private train pool, test, public) are split."""
 
@@ -40,6 +51,7 @@ class DataConfig(Params):
                            low=0)
     image_size: int = param(32, "`imagefolder`: resize the shorter side, centre-crop to this square", low=4)
     synthetic: SyntheticConfig = param(factory=SyntheticConfig, help="the synthetic dataset")
+    tokens: TokensConfig = param(factory=TokensConfig, help="the synthetic token-sequence dataset")
 
 
 @dataclass
