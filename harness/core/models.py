@@ -21,12 +21,10 @@ blocks are ``blocks.<i>`` so block-wise clipping styles (``defenses/groupwise.py
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from harness.core.errors import ConfigError
