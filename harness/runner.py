@@ -119,7 +119,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     victim = streams.scope("victim")
 
     def build() -> nn.Module:
-        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std)
+        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std, spec.model, task.vocab)
 
     with victim.torch_global("init"):
         model = build()

@@ -221,7 +221,8 @@ def prepare_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None
     if spec.model.name is None:
         model = probe_model(task).to(device)
     else:
-        model = build_model(spec.model.name, task.shape, task.num_classes, task.mean, task.std).to(device)
+        model = build_model(spec.model.name, task.shape, task.num_classes, task.mean, task.std, spec.model,
+                            task.vocab).to(device)
     defense_cls.check_model(spec.defense, model)
     epochs = spec.train.epochs
     warmup = min(WARMUP_STEPS, epochs - options.steps)

@@ -24,6 +24,17 @@ class SyntheticConfig(Params):
 
 
 @dataclass
+class TokensConfig(Params):
+    """The synthetic token-sequence dataset: one random prototype sequence per class, tokens redrawn at random."""
+
+    length: int = param(16, "`tokens`: tokens per sequence", low=1)
+    vocab: int = param(32, "`tokens`: vocabulary size (token ids 0 … vocab−1)", low=2)
+    classes: int = param(4, "`tokens`: number of classes", low=2)
+    size: int = param(1000, "`tokens`: number of sequences (at least `classes`)", low=1)
+    noise: float = param(0.5, "`tokens`: chance that each token of a sequence is redrawn uniformly", low=0, high=1)
+
+
+@dataclass
 class DataConfig(Params):
     """Which dataset to load and how its roles (private train pool, test, public) are split."""
 
@@ -43,13 +54,31 @@ class DataConfig(Params):
                                    "pixels in [0, 1] as loaded", choices=("auto", "none"), added=True)
     image_size: int = param(32, "`imagefolder`: resize the shorter side, centre-crop to this square", low=4)
     synthetic: SyntheticConfig = param(factory=SyntheticConfig, help="the synthetic dataset")
+    tokens: TokensConfig = param(factory=TokensConfig, help="the synthetic token-sequence dataset")
 
 
 @dataclass
 class ModelConfig(Params):
-    """Model registry name; ``None`` means the dataset's default model."""
+    """Model registry name (``None``: the dataset's default model) and the transformers' shape settings.
+
+    The shape settings are read by the models that declare them (``vit``, ``gpt``); ``None`` means the model's
+    default, and a setting given to a model that takes none is refused. Settings left at ``None`` are left
+    out of the run's canonical form, so runs of the other models keep their run keys."""
 
     name: str | None = param(None, "model (flag `--model`); null = the dataset's default model")
+    depth: int | None = param(None, "`vit`, `gpt`: transformer blocks; null = 2", low=1)
+    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64", low=1)
+    heads: int | None = param(None, "`vit`, `gpt`: attention heads; null = 4", low=1)
+    patch: int | None = param(None, "`vit`: patch side, dividing the image's height and width; null = 4", low=1)
+    seq_len: int | None = param(None, "`gpt`: positions, at least the data's sequence length; null = that "
+                                      "length", low=1)
+    vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1)
+
+    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab")
+
+    def given(self) -> dict[str, int]:
+        """The shape settings that are set (not ``None``)."""
+        return {k: getattr(self, k) for k in self.SHAPE if getattr(self, k) is not None}
 
 
 @dataclass

@@ -88,6 +88,7 @@ class Task:
     shape: tuple[int, int, int]  # C, H, W
     mean: tuple[float, ...]  # per-channel mean of public.x (0.5 without a public split)
     std: tuple[float, ...]  # per-channel std of public.x, floored at STD_FLOOR
+    vocab: int | None = None  # token datasets: x holds token ids in [0, vocab) (as floats); None for images
 
 
 def _to_unit_float(x: torch.Tensor) -> torch.Tensor:

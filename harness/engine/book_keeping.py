@@ -26,8 +26,13 @@ scattering transform, a parameter-free norm: ``harness.core.per_sample.fixed_fro
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
 Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type, looked up by
-exact type; adding a layer type is one entry): Linear, Conv2d (any stride / padding / dilation, groups = 1, zero
-padding), GroupNorm and LayerNorm (per-sample gradients instantiated; they are small). A model with any other
+exact type; adding a layer type is one entry): Linear over any number T of tokens (input [b, *, d]: the attention
+projections and MLPs of a transformer), Conv2d (any stride / padding / dilation, groups = 1, zero padding),
+Embedding (plain lookups: no padding_idx, max_norm, scale_grad_by_freq or sparse gradients; its per-sample
+gradient is the scatter-add of the output-gradient rows into the looked-up rows), GroupNorm and LayerNorm
+(affine parameters; per-sample gradients instantiated, they are small). A layer whose output does not depend
+on the input features (an Embedding of token ids or of positions) is joined to backprop by adding a zero
+"anchor" scalar to its output, so its output-gradient hook still fires; the values are unchanged. A model with any other
 trainable parameter (named in the message) or a layer used twice in one forward is refused — nothing is
 ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
 (training runs the model in eval mode; the registry has no batch norm).
@@ -84,6 +89,16 @@ class LayerKernel:
         """Elements of transient workspace per sample (beyond the kept tensors), 0 if none."""
         return 0
 
+    def token_count(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> int:
+        """T: the tokens (or output pixels) of one sample, for the ghost-norm rule."""
+        return self.tokens(module, a[:1], ds[:1])[0].shape[1]
+
+    def grams(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-sample T×T Gram matrices (of the inputs and of the output gradients) whose inner product is
+        ‖∂L_i/∂W‖² (the ghost norm)."""
+        a, ds = self.tokens(module, a, ds)  # [c, T, d], [c, T, p]
+        return a @ a.transpose(1, 2), ds @ ds.transpose(1, 2)
+
 
 class LinearKernel(LayerKernel):
     def tokens(self, module, a, ds):
@@ -120,6 +135,35 @@ class Conv2dKernel(LayerKernel):
         return a[0].numel() * kh * kw  # the unfolded input
 
 
+class EmbeddingKernel(LayerKernel):
+    """A lookup s_i[t] = W[idx_i[t]]: the weight layer of one-hot inputs, without forming them. Its per-sample
+    gradient scatter-adds ds_i's rows into the looked-up rows; the ghost norm's input Gram matrix is
+    [idx_i[t] == idx_i[t']] (exact: rows of repeated tokens add up)."""
+
+    def supports(self, module):
+        return (module.padding_idx is None and module.max_norm is None and not module.scale_grad_by_freq
+                and not module.sparse)
+
+    def small_grads(self, module, a, ds):
+        return {}  # no bias
+
+    def token_count(self, module, a, ds):
+        return a[0].numel()
+
+    def grams(self, module, a, ds):
+        idx, ds = a.reshape(a.shape[0], -1), ds.reshape(a.shape[0], -1, ds.shape[-1])
+        return (idx[:, :, None] == idx[:, None, :]).to(ds.dtype), ds @ ds.transpose(1, 2)
+
+    def weight_grads(self, module, a, ds):
+        b, d = a.shape[0], ds.shape[-1]
+        idx, ds = a.reshape(b, -1, 1).expand(-1, -1, d), ds.reshape(b, -1, d)
+        return ds.new_zeros(b, *module.weight.shape).scatter_add_(1, idx, ds)
+
+    def weight_sum(self, module, a, ds):
+        d = ds.shape[-1]
+        return ds.new_zeros(module.weight.shape).index_add_(0, a.reshape(-1), ds.reshape(-1, d))
+
+
 class GroupNormKernel(LayerKernel):
     weight_layer = False
 
@@ -139,7 +183,14 @@ class LayerNormKernel(LayerKernel):
 
 
 KERNELS: dict[type, LayerKernel] = {nn.Linear: LinearKernel(), nn.Conv2d: Conv2dKernel(),
-                                    nn.GroupNorm: GroupNormKernel(), nn.LayerNorm: LayerNormKernel()}
+                                    nn.Embedding: EmbeddingKernel(), nn.GroupNorm: GroupNormKernel(),
+                                    nn.LayerNorm: LayerNormKernel()}
+
+
+def ghost_norm_pays(tokens: int, weight_numel: int) -> bool:
+    """FastDP's rule for a weight layer's per-sample norm: the ghost norm (two T×T Gram matrices per sample)
+    when 2T² < p·d (the weight's size), else instantiate the per-sample gradient [p, d]."""
+    return 2 * tokens * tokens < weight_numel
 
 
 def kernel_of(module: nn.Module) -> LayerKernel | None:
@@ -164,7 +215,8 @@ def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
     if refused:
         raise ConfigError(
             f"train.engine: the book-keeping engine cannot compute per-sample norms of {refused} "
-            f"(supported: Linear, Conv2d with groups=1 and zero padding, GroupNorm, LayerNorm); "
+            f"(supported: Linear, Conv2d with groups=1 and zero padding, Embedding without padding_idx / "
+            f"max_norm / scale_grad_by_freq / sparse, GroupNorm, LayerNorm); "
             f"use train.engine=func for this model")
     return layers
 
@@ -242,13 +294,19 @@ class BookKeeping:
                 if pending[group] == 0:
                     close(group)
 
+        # joins outputs that do not depend on the features (lookups of token ids or positions) to backprop
+        anchor = torch.zeros((), device=x.device, requires_grad=True)
+
         def forward_hook(path: str):
-            def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
                 if path in kept:
                     raise RunFailure(f"train.engine: layer {path!r} runs more than once per forward pass; "
                                      "book-keeping needs each layer once (use train.engine=func)")
                 kept[path] = _Kept(a=inputs[0].detach(), open_groups=len(layer_groups[path]))
+                if not output.requires_grad:
+                    output = output + anchor
                 output.register_hook(lambda g: on_backward(path, module, g))
+                return output
             return hook
 
         handles = [m.register_forward_hook(forward_hook(p)) for p, m in self.layers.items()]
@@ -258,10 +316,13 @@ class BookKeeping:
             buffers = dict(head.named_buffers())
             with torch.no_grad():
                 features = self.split.front(x.detach())
-            features = features.detach().requires_grad_(True)  # never the caller's tensor
+            features = features.detach()  # never the caller's tensor
+            roots = [anchor]
+            if features.is_floating_point():
+                roots.append(features.requires_grad_(True))
             logits = functional_call(head, (params, buffers), (features,))
             loss = F.cross_entropy(logits, y, reduction="sum")
-            torch.autograd.grad(loss, features)
+            torch.autograd.grad(loss, roots, allow_unused=True)
         finally:
             for h in handles:
                 h.remove()
@@ -328,21 +389,22 @@ class BookKeeping:
     def _weight_square_norms(self, kernel: LayerKernel, module: nn.Module, k: _Kept) -> torch.Tensor:
         """‖∂L_i/∂W‖² of a weight layer, by ghost norm or by instantiation (then kept in ``k``).
 
-        The rule is FastDP's: ghost norm when the T×T Gram matrices are smaller than the per-sample
-        gradient (2T² ≤ p·d; T tokens or output pixels, d inputs, p outputs), else instantiate."""
+        The rule is FastDP's (``ghost_norm_pays``): ghost norm when the two T×T Gram matrices are smaller than
+        the per-sample gradient (2T² < p·d; T tokens or output pixels, d inputs, p outputs), else
+        instantiate."""
         b, w = k.a.shape[0], module.weight
         step = self._chunk(kernel, module, k.a)
-        a, ds = kernel.tokens(module, k.a[:1], k.ds[:1])
-        t, d, p = a.shape[1], a.shape[2], ds.shape[2]
-        if t == 1:  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
+        t = kernel.token_count(module, k.a, k.ds)
+        if t == 1 and isinstance(kernel, LinearKernel):  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
             a, ds = kernel.tokens(module, k.a, k.ds)
             return a.pow(2).sum((1, 2)) * ds.pow(2).sum((1, 2))
-        if 2 * t * t <= p * d:  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
+        if ghost_norm_pays(t, w.numel()):  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
             squares = []
             for lo in range(0, b, step):
-                a, ds = kernel.tokens(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, d], [c, T, p]
-                squares.append((a @ a.transpose(1, 2)).mul_(ds @ ds.transpose(1, 2)).sum((1, 2)))
+                ga, gs = kernel.grams(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, T] each
+                squares.append(ga.mul_(gs).sum((1, 2)))
             return torch.cat(squares)
+        step = self._chunk(kernel, module, k.a, w)
         g = torch.cat([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
                        for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():

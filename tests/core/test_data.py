@@ -61,7 +61,7 @@ def digits() -> Task:
 
 
 def test_registry_names() -> None:
-    expected = ["cifar10", "digits", "fashionmnist", "imagefolder", "mnist", "svhn", "synthetic"]
+    expected = ["cifar10", "digits", "fashionmnist", "imagefolder", "mnist", "svhn", "synthetic", "textfile", "tokens"]
     assert DATASETS.names() == expected
     assert all(DATASETS.describe()[name] for name in expected)
 

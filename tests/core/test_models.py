@@ -14,7 +14,10 @@ from harness.core.per_sample import PerSampleGradients
 from harness.core.registry import MODELS
 
 ALL = MODELS.names()
-EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small"}
+EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small", "vit", "gpt"}
+# Models of token sequences (tested below with token inputs); the rest take images.
+TOKEN_MODELS = {"gpt"}
+IMAGE = [n for n in ALL if n not in TOKEN_MODELS]
 
 # Smallest cheap shape each model accepts; used by the per-sample gradient and seeding tests.
 SMALL_SHAPE = {
@@ -27,11 +30,13 @@ SMALL_SHAPE = {
     "resnet20-gn": (3, 4, 4),
     "hcnn": (1, 8, 8),
     "hcnn-small": (1, 4, 4),
+    "vit": (1, 8, 8),
+    "gpt": (1, 1, 6),
 }
 
 SHAPES = [(1, 8, 8), (3, 32, 32), (1, 28, 28), (2, 17, 13)]
 # dpcnn-small needs H, W >= 16; everything else takes all the shapes above.
-INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13))}
+INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13)), ("vit", (2, 17, 13))}
 # Models whose fixed scattering front cannot run inside vmap (the engines apply it outside: fixed_front).
 FIXED_FRONT = {"hcnn", "hcnn-small"}
 
@@ -56,6 +61,8 @@ def test_default_models_are_registered() -> None:
         "cifar10": "dpcnn",
         "svhn": "dpcnn",
         "imagefolder": "resnet20-gn",
+        "tokens": "gpt",
+        "textfile": "gpt",
     }
     assert all(m in MODELS for m in DEFAULT_MODELS.values())
 
@@ -97,12 +104,12 @@ def test_flatten_sizes_of_reference_architectures() -> None:
     assert fcn3[1].in_features == 784
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", IMAGE)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("classes", [2, 10])
 def test_forward_shape(name: str, shape: tuple[int, int, int], classes: int) -> None:
     if (name, shape) in INVALID:
-        with pytest.raises(ConfigError, match="model.name"):
+        with pytest.raises(ConfigError, match="model.patch" if name == "vit" else "model.name"):
             build_model(name, shape, classes, *_stats(shape[0]))
         return
     model = build_model(name, shape, classes, *_stats(shape[0]))
@@ -186,7 +193,7 @@ def test_build_model_rejects_stats_channel_mismatch() -> None:
         build_model("mlp", (1, 8, 8), 10, (0.5, 0.5, 0.5), (0.2, 0.2, 0.2))
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", IMAGE)
 def test_no_batchnorm(name: str) -> None:
     model = build_model(name, (3, 32, 32), 10, *_stats(3))
     bad = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm2d)
@@ -194,7 +201,7 @@ def test_no_batchnorm(name: str) -> None:
     assert not any("BatchNorm" in type(m).__name__ for m in model.modules())
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", IMAGE)
 def test_per_sample_grads_match_loop(name: str) -> None:
     shape = SMALL_SHAPE[name]
     torch.manual_seed(0)
@@ -223,7 +230,7 @@ def test_per_sample_grads_match_loop(name: str) -> None:
     assert not torch.allclose(batched[first][0], batched[first][1])
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", IMAGE)
 def test_same_seed_same_init(name: str) -> None:
     shape = SMALL_SHAPE[name]
 
@@ -239,14 +246,14 @@ def test_same_seed_same_init(name: str) -> None:
 
 def test_opacus_accepts_models() -> None:
     validator = pytest.importorskip("opacus.validators").ModuleValidator
-    for name in ALL:
+    for name in IMAGE:
         shape = SMALL_SHAPE[name]
         model = build_model(name, shape, 10, *_stats(shape[0]))
         assert validator.validate(model, strict=False) == [], name
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", IMAGE)
 def test_opacus_grad_samples_match_loop(name: str) -> None:
     grad_sample_module = pytest.importorskip("opacus").GradSampleModule
     shape = SMALL_SHAPE[name]
@@ -267,3 +274,79 @@ def test_opacus_grad_samples_match_loop(name: str) -> None:
             torch.testing.assert_close(
                 p.grad_sample[i], loop[i][k], atol=1e-5, rtol=1e-4, msg=f"{name}:{k}"
             )
+
+
+# -- the transformers: settings, shape checks, sample independence --------------------------------------------
+def _gpt(settings=None, seq: int = 6, vocab: int = 7, classes: int = 5) -> nn.Module:
+    from harness.core.settings import ModelConfig
+
+    return build_model("gpt", (1, 1, seq), classes, (0.0,), (1.0,), settings or ModelConfig(), vocab)
+
+
+def test_transformer_settings_reach_the_modules() -> None:
+    from harness.core.models import SelfAttention
+    from harness.core.settings import ModelConfig
+
+    vit = build_model("vit", (3, 32, 32), 10, *_stats(3), ModelConfig(depth=3, width=48, heads=6, patch=8))
+    assert len(vit[1].blocks) == 3 and vit[1].patch.kernel_size == (8, 8) and vit[1].pos.num_embeddings == 16
+    assert all(m.heads == 6 for m in vit.modules() if isinstance(m, SelfAttention))
+    assert not any(isinstance(m, nn.MultiheadAttention) for m in vit.modules())
+    gpt2 = _gpt(ModelConfig(depth=12, width=768, heads=12, seq_len=1024, vocab=50257), seq=128, vocab=256)
+    assert len(gpt2[1].blocks) == 12 and gpt2[1].tok.weight.shape == (50257, 768)
+    assert gpt2[1].pos.num_embeddings == 1024
+    # GPT-2 small's body (124M with tied head; here the head is a 2-class Linear and keys carry no bias)
+    body = sum(p.numel() for n, p in gpt2.named_parameters() if not n.startswith("1.head"))
+    assert body == 124_439_808 - 12 * 768
+
+
+@pytest.mark.parametrize("build,field", [
+    (lambda M: build_model("vit", (1, 28, 28), 10, *_stats(1), M(patch=5)), "model.patch"),
+    (lambda M: build_model("vit", (1, 8, 8), 10, *_stats(1), M(width=30, heads=4)), "model.width"),
+    (lambda M: build_model("vit", (1, 8, 8), 10, *_stats(1), M(vocab=10)), "model.vocab"),
+    (lambda M: build_model("cnn3", (1, 8, 8), 10, *_stats(1), M(depth=4)), "model.depth"),
+    (lambda M: build_model("gpt", (1, 8, 8), 10, *_stats(1), M()), "model.name"),
+    (lambda M: build_model("gpt", (1, 1, 8), 10, (0.0,), (1.0,), M()), "model.vocab"),
+    (lambda M: _gpt(M(vocab=5)), "model.vocab"),
+    (lambda M: _gpt(M(seq_len=4)), "model.seq_len"),
+    (lambda M: _gpt(M(patch=2)), "model.patch"),
+])
+def test_transformer_settings_are_checked(build, field) -> None:
+    from harness.core.settings import ModelConfig
+
+    with pytest.raises(ConfigError, match=field):
+        build(ModelConfig)
+
+
+def test_gpt_is_causal_and_per_sample() -> None:
+    torch.manual_seed(0)
+    model = _gpt()
+    x = torch.randint(0, 7, (4, 1, 1, 6)).float()
+    with torch.no_grad():
+        out = model(x)
+        other = x.clone()
+        other[1:] = (other[1:] + 1) % 7  # the other samples change: sample 0's output does not
+        assert torch.equal(model(other)[0], out[0])
+        # causal: the last position's state depends on earlier tokens, and no earlier position sees later ones
+        h = model[1].tok(x.reshape(4, -1).long()) + model[1].pos(torch.arange(6).expand(4, -1))
+        h2 = model[1].tok(other.reshape(4, -1).long()) + model[1].pos(torch.arange(6).expand(4, -1))
+        h2[0, :3] = h[0, :3]
+        h2[0, 3:] = h[0, 3:] + 1
+        a, b = model[1].blocks(h[:1]), model[1].blocks(h2[:1])
+        assert torch.allclose(a[0, :3], b[0, :3]) and not torch.allclose(a[0, 3:], b[0, 3:])
+    assert out.shape == (4, 5) and not torch.allclose(out[0], out[1])
+
+
+@pytest.mark.parametrize("name", ["vit", "gpt"])
+def test_transformer_per_sample_grads_match_loop(name: str) -> None:
+    torch.manual_seed(0)
+    if name == "gpt":
+        model, x = _gpt(), torch.randint(0, 7, (4, 1, 1, 6)).float()
+    else:
+        model, x = build_model("vit", (1, 8, 8), 5, *_stats(1)), torch.rand(4, 1, 8, 8)
+    y = torch.tensor([0, 3, 1, 4])
+    batched = PerSampleGradients(model)(x, y)
+    for i in range(4):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(batched[k][i], p.grad, atol=1e-5, rtol=1e-4, msg=f"{name}:{k}")

@@ -49,6 +49,66 @@ def test_bad_groupings_are_refused(groups, match):
         resolve_groups(groups, NAMES)
 
 
+# device:N and boundary:X on a transformer's layer names
+VIT = build_model("vit", (1, 8, 8), 10, (0.5,), (0.25,))  # 2 blocks
+VIT_SIZES = {n: p.numel() for n, p in VIT.named_parameters()}
+VIT_NAMES = list(VIT_SIZES)
+
+
+def test_device_stages_are_contiguous_and_balanced_by_parameter_count():
+    sizes = {"a.weight": 10, "b.weight": 10, "c.weight": 70, "d.weight": 5, "d.bias": 5}
+    names = list(sizes)
+    # P = 100, cumulative counts at the boundaries 10, 20, 90: the cut nearest 50 is after b (|20 − 50| = 30)
+    assert resolve_groups("device:2", names, sizes) == [["a.weight", "b.weight"], ["c.weight", "d.weight", "d.bias"]]
+    assert resolve_groups("device:1", names, sizes) == [names]
+    # 3 stages: targets 33.3 and 66.7; cumulative 10, 20, 90, 100 → cuts at 20 (|13.3|) then 90 (|23.3|)
+    assert resolve_groups("device:3", names, sizes) == [["a.weight", "b.weight"], ["c.weight"], ["d.weight", "d.bias"]]
+    # 4 stages over 4 layers: one each, whatever the counts
+    assert len(resolve_groups("device:4", names, sizes)) == 4
+    for n in range(1, 6):  # on the ViT: a partition in forward order, stage sizes near P/N
+        groups = resolve_groups(f"device:{n}", VIT_NAMES, VIT_SIZES)
+        assert [p for g in groups for p in g] == VIT_NAMES and len(groups) == n
+        counts = [sum(VIT_SIZES[p] for p in g) for g in groups]
+        largest_layer = max(VIT_SIZES[p] + VIT_SIZES.get(p[:-6] + "bias", 0) for p in VIT_NAMES if p.endswith("weight"))
+        assert max(counts) - min(counts) <= 2 * largest_layer, (n, counts)
+
+
+def test_boundary_splits_after_x_blocks():
+    for x in range(3):
+        first, second = resolve_groups(f"boundary:{x}", VIT_NAMES)
+        assert first + second == VIT_NAMES
+        assert {n.split(".")[2] for n in first if ".blocks." in n} == {str(i) for i in range(x)}
+        assert {n.split(".")[2] for n in second if ".blocks." in n} == {str(i) for i in range(x, 2)}
+        assert "1.patch.weight" in first and "1.pos.weight" in first and "1.head.weight" in second
+
+
+@pytest.mark.parametrize("groups,names,match", [
+    ("boundary:1", NAMES, "transformer blocks"), ("boundary:3", VIT_NAMES, "out of range"),
+    ("boundary:-1", VIT_NAMES, "X >= 0"), ("device:0", VIT_NAMES, "N >= 1"), ("device:x", VIT_NAMES, "N >= 1"),
+    ("device:99", VIT_NAMES, "more stages than the model has layers"),
+])
+def test_bad_device_and_boundary_groupings_are_refused(groups, names, match):
+    with pytest.raises(ConfigError, match=match):
+        GroupwiseParams(groups=groups).validate()
+        resolve_groups(groups, names, {n: 1 for n in names})
+
+
+def test_boundary_on_a_model_without_blocks_fails_before_training(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
+                                       "defense.groups=boundary:1", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "transformer blocks" in result.output
+
+
+@pytest.mark.parametrize("groups", ["device:3", "boundary:1"])
+def test_vit_trains_on_the_lean_engine_with_the_block_styles(tmp_path, groups):
+    result = CliRunner().invoke(main, ["run", "--model", "vit", "--defense", "groupwise", "--attack", "none",
+                                       "--set", f"defense.groups={groups}", "--set", "model.width=16",
+                                       "--set", "data.max_train=256", "--epochs", "1",
+                                       "--results", str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["train.engine_used"] == "lean"
+
+
 def test_bad_groupings_fail_before_training_with_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["run", "--defense", "groupwise", "--attack", "none", "--set",
                                        "defense.groups=[nope]", "--results", str(tmp_path)])
