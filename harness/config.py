@@ -50,7 +50,7 @@ class RunSpec:
         """The fully-defaulted nested form: what is hashed, stored and shown."""
         return {
             "data": dataclasses.asdict(self.data),
-            "model": {"name": self.model.name, **self.model.given()},
+            "model": dataclasses.asdict(self.model),
             "defense": {"name": self.defense_name, **dataclasses.asdict(self.defense)},
             "attacks": list(self.attacks),
             "attack": {name: dataclasses.asdict(params) for name, params in sorted(self.attack.items())},

@@ -45,12 +45,10 @@ def added_defaults(obj: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]
     found = []
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if is_dataclass(value):
+        if f.metadata.get("added") and value == (f.default_factory() if f.default is MISSING else f.default):
+            found.append((*path, f.name))
+        elif is_dataclass(value):
             found += added_defaults(value, (*path, f.name))
-        elif f.metadata.get("added"):
-            default = f.default_factory() if f.default is MISSING else f.default
-            if value == default:
-                found.append((*path, f.name))
     return found
 
 

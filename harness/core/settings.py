@@ -54,7 +54,7 @@ class DataConfig(Params):
                                    "pixels in [0, 1] as loaded", choices=("auto", "none"), added=True)
     image_size: int = param(32, "`imagefolder`: resize the shorter side, centre-crop to this square", low=4)
     synthetic: SyntheticConfig = param(factory=SyntheticConfig, help="the synthetic dataset")
-    tokens: TokensConfig = param(factory=TokensConfig, help="the synthetic token-sequence dataset")
+    tokens: TokensConfig = param(factory=TokensConfig, help="the synthetic token-sequence dataset", added=True)
 
 
 @dataclass
@@ -62,17 +62,17 @@ class ModelConfig(Params):
     """Model registry name (``None``: the dataset's default model) and the transformers' shape settings.
 
     The shape settings are read by the models that declare them (``vit``, ``gpt``); ``None`` means the model's
-    default, and a setting given to a model that takes none is refused. Settings left at ``None`` are left
-    out of the run's canonical form, so runs of the other models keep their run keys."""
+    default, and a setting given to a model that takes none is refused."""
 
     name: str | None = param(None, "model (flag `--model`); null = the dataset's default model")
-    depth: int | None = param(None, "`vit`, `gpt`: transformer blocks; null = 2", low=1)
-    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64", low=1)
-    heads: int | None = param(None, "`vit`, `gpt`: attention heads; null = 4", low=1)
-    patch: int | None = param(None, "`vit`: patch side, dividing the image's height and width; null = 4", low=1)
+    depth: int | None = param(None, "`vit`, `gpt`: transformer blocks; null = 2", low=1, added=True)
+    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64", low=1, added=True)
+    heads: int | None = param(None, "`vit`, `gpt`: attention heads; null = 4", low=1, added=True)
+    patch: int | None = param(None, "`vit`: patch side, dividing the image's height and width; null = 4", low=1,
+                              added=True)
     seq_len: int | None = param(None, "`gpt`: positions, at least the data's sequence length; null = that "
-                                      "length", low=1)
-    vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1)
+                                      "length", low=1, added=True)
+    vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1, added=True)
 
     SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab")
 

@@ -218,18 +218,22 @@ def test_the_doubled_spelling_is_accepted_with_a_note():
 
 
 def test_a_setting_added_later_keeps_stored_run_keys():
-    """``data.normalize`` arrived after results were stored: at its default the key is the hash of the
-    configuration without it (what every earlier version hashed); set, it is keyed like any setting."""
+    """Settings that arrived after results were stored: at their defaults the key is the hash of the
+    configuration without them (what earlier versions hashed); set, they are keyed like any setting."""
     import hashlib
     import json
 
     spec = build_spec({"data": {"name": "fashionmnist"}})
     content = {k: v for k, v in spec.canonical().items() if k != "device"}
     assert content["data"].pop("normalize") == "auto"
+    assert content["data"].pop("tokens")["length"] == 16
+    assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab")] == [None] * 6
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
                              .encode()).hexdigest()[:16]
     assert spec.run_key == earlier
     assert spec_from(data__normalize="auto").run_key == build_spec({}).run_key
     assert spec_from(data__normalize="none").run_key != build_spec({}).run_key
+    assert spec_from(data__tokens__length=8).run_key != build_spec({}).run_key
+    assert spec_from(model__name="vit", model__depth=3).run_key != spec_from(model__name="vit").run_key
     with pytest.raises(ConfigError, match="data.normalize"):
         spec_from(data__normalize="dataset")
