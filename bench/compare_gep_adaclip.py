@@ -33,8 +33,8 @@ import torch  # noqa: E402
 
 from harness.config import build_spec, parse_set, set_dotted  # noqa: E402
 from harness.core.streams import seed_globals  # noqa: E402
-from harness.runner import prepare  # noqa: E402
 from harness.engine.training import train  # noqa: E402
+from harness.runner import prepare  # noqa: E402
 
 
 def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -16,8 +16,8 @@ import time
 
 from harness.config import build_spec, set_dotted
 from harness.core.streams import seed_globals
-from harness.runner import prepare
 from harness.engine.training import accuracy, train
+from harness.runner import prepare
 
 
 def run_once(sigma: float, clip: float, rate: float, seed: int, args: argparse.Namespace) -> tuple[float, float]:

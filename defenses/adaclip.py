@@ -37,11 +37,11 @@ import torch
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
 from defenses.lean import LeanBatch, LeanPlan
-from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
+from harness.core.canaries import Canaries, flatten
+from harness.core.errors import ConfigError
 from harness.core.params import param
 from harness.core.streams import Streams
-from harness.core.errors import ConfigError
 
 log = logging.getLogger("dpeval")
 

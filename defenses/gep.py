@@ -39,12 +39,12 @@ import torch
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient
 from defenses.lean import LeanBatch, LeanPlan
-from harness.core.canaries import Canaries, flatten
 from defenses.registry import DEFENSES
-from harness.core.params import param
-from harness.core.streams import Streams
+from harness.core.canaries import Canaries, flatten
 from harness.core.errors import ConfigError
+from harness.core.params import param
 from harness.core.per_sample import PerSampleGradients
+from harness.core.streams import Streams
 
 ANCHOR_BUDGET = 1 << 25  # elements (128 MiB float32) of anchor gradients held at once
 LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool

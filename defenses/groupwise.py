@@ -44,8 +44,8 @@ from defenses.base import DefenseParams
 from defenses.clipping import CLIP_FUNCTIONS, GroupClipping
 from defenses.dpsgd import DPSGD
 from defenses.registry import DEFENSES
-from harness.core.params import param
 from harness.core.errors import ConfigError
+from harness.core.params import param
 
 GROUPINGS = ("all", "layer", "param", "uniform:M", "device:N", "boundary:X", "[layer names]")
 

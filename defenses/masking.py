@@ -41,8 +41,8 @@ from defenses.auditing import CanaryDesign
 from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
 from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, axis_canaries, pick
-from harness.core.params import param
 from harness.core.errors import ConfigError
+from harness.core.params import param
 
 
 @dataclass

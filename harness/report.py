@@ -44,12 +44,12 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from harness import __version__  # noqa: E402
-from harness.core.errors import brief  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
+from harness.core.errors import brief  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
 from harness.headlines import fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 

@@ -28,11 +28,11 @@ from torch import nn
 from tqdm import tqdm
 
 from defenses.base import Defense, SharedGradient
-from harness.engine.book_keeping import BookKeeping, select_engine
-from harness.engine.release import apply_release
+from harness.core.per_sample import PerSampleGradients, fixed_front, front_features, micro_batches
 from harness.core.settings import TrainConfig
 from harness.core.splits import Split
-from harness.core.per_sample import PerSampleGradients, fixed_front, front_features, micro_batches
+from harness.engine.book_keeping import BookKeeping, select_engine
+from harness.engine.release import apply_release
 
 log = logging.getLogger("dpeval")
 

@@ -19,7 +19,6 @@ from harness.core.errors import ConfigError
 from harness.store import CHECKPOINT_FILE
 
 
-
 def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int = 1) -> dict[str, Any]:
     """Execute one grid point in this process (also the body of worker processes), with the thread default
     for one of ``workers`` concurrent processes (``harness.core.runtime.default_threads``) and a checkpoint

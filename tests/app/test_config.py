@@ -5,8 +5,8 @@ import re
 import pytest
 
 from harness.config import build_spec, load_yaml, parse_set, set_dotted
-from harness.core.settings import DEFAULT_EPSILON
 from harness.core.errors import ConfigError
+from harness.core.settings import DEFAULT_EPSILON
 
 
 def spec_from(**sets):

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.settings import DataConfig, SyntheticConfig
 from harness.core import datasets
 from harness.core.datasets import load_task, read_idx
-from harness.core.registry import DATASETS
-from harness.core.splits import Split, Task
 from harness.core.errors import ConfigError, RunFailure
+from harness.core.registry import DATASETS
+from harness.core.settings import DataConfig, SyntheticConfig
+from harness.core.splits import Split, Task
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5, write_idx
 
 

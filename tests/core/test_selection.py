@@ -7,8 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from harness.core.accounting import (RDP_ORDERS, composition, epsilon_for, gaussian_rdp, random_stopping_cost,
-                                     random_stopping_rdp, rdp_to_dp, tnb_gamma_for_mean, tnb_mean)
+from harness.core.accounting import (
+    RDP_ORDERS,
+    composition,
+    epsilon_for,
+    gaussian_rdp,
+    random_stopping_cost,
+    random_stopping_rdp,
+    rdp_to_dp,
+    tnb_gamma_for_mean,
+    tnb_mean,
+)
 
 
 def tnb_pmf(eta: float, gamma: float, k: int) -> float:

@@ -251,8 +251,8 @@ def test_accounting_is_dpsgd_accounting():
 
 
 def test_adaclip_trains_end_to_end_through_the_runner():
-    from harness.runner import prepare
     from harness.engine.training import train
+    from harness.runner import prepare
 
     spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}}, "defense": {"name": "adaclip"},
                        "train": {"epochs": 2, "batch_size": 50}, "privacy": {"epsilon": 8.0}, "device": "cpu"})

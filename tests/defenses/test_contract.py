@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from defenses import DEFENSES
-from defenses.base import Defense, SharedGradient
 from defenses.auditing import CanaryDesign
+from defenses.base import Defense, SharedGradient
 from harness.config import build_spec
 from harness.core.per_sample import PerSampleGradients
 from harness.core.streams import Streams

@@ -12,13 +12,13 @@ from scipy import special, stats
 
 from defenses import DEFENSES
 from defenses.gep import GEP, GEPParams, allocate_bases, group_bounds
-from harness.core.accounting import epsilon_for
 from harness.config import build_spec
-from harness.core.splits import Split, Task
+from harness.core.accounting import epsilon_for
 from harness.core.errors import ConfigError
 from harness.core.models import build_model
 from harness.core.params import from_dict
 from harness.core.per_sample import PerSampleGradients, micro_batches
+from harness.core.splits import Split, Task
 from harness.core.streams import Streams
 from harness.runner import plan_privacy
 
@@ -380,8 +380,8 @@ def test_without_subsampling_joint_accounting_equals_composing_the_two_releases(
 
 
 def test_gep_trains_end_to_end_through_the_runner():
-    from harness.runner import prepare
     from harness.engine.training import train
+    from harness.runner import prepare
 
     spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}}, "defense": {"name": "gep", "num_bases": 20},
                        "train": {"epochs": 2, "batch_size": 50}, "privacy": {"epsilon": 8.0}, "device": "cpu"})

@@ -15,8 +15,8 @@ from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
 from harness.core.streams import Streams, seed_globals
-from harness.runner import plan_privacy, prepare
 from harness.engine.training import train
+from harness.runner import plan_privacy, prepare
 from tests.helpers import spec_for
 
 SHAPES = {"w": torch.Size([40, 25]), "b": torch.Size([37])}
