@@ -16,7 +16,8 @@ restricted to the released coordinates when ``attack.mask_aware`` (the default).
   similar examples (same class, untrained model) look alike under it.
 
 Reported next to the metrics: ``accounted_epsilon``, the ε of one released step for one example (each
-example is in exactly one batch, and the attacker sees the whole batch: sample rate 1, one step).
+example is in exactly one batch, and the attacker sees the whole batch: the run's ledger at sample rate 1,
+one step, with the run's accountant).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from attacks.gradient_common import GradientThreatParams, attacked_model, matchi
 from attacks.membership_common import out_dir
 from attacks.membership_metrics import membership_metrics, save_roc
 from attacks.registry import ATTACKS
-from harness.core.accounting import epsilon_for
 from harness.core.params import param
 from harness.core.errors import ConfigError
 from harness.core.per_sample import PerSampleGradients
@@ -143,8 +143,7 @@ class GradientMIA(Attack):
         scores = np.concatenate(member_scores + other_scores)
         labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool), np.zeros(sum(map(len, other_scores)), bool)])
         metrics = membership_metrics(scores, labels, context.accounted.delta, own.numpy("threshold"))
-        sigma = context.accounted.accounted_noise_multiplier
-        metrics["accounted_epsilon"] = epsilon_for(sigma, 1.0, 1, context.accounted.delta) if sigma > 0 else float("inf")
+        metrics["accounted_epsilon"] = context.accounted.at(1.0, 1).epsilon
         metrics["release_noise_std"] = noise_std
         metrics["release_density"] = density
         artefacts = save_roc(scores, labels, out_dir(context), f"gradient MIA (batch {p.batch_size}, at {p.at})")

@@ -42,8 +42,8 @@ import torch
 from attacks import shadow_signals as sig
 from attacks.base import Attack, AttackContext, AttackParams, AttackResult
 from attacks.membership_metrics import membership_metrics, save_roc
-from harness.core.accounting import epsilon_for
 from harness.core.errors import ConfigError
+from harness.core.ledger import PrivacyLedger
 from harness.core.params import param
 from harness.core.per_sample import fixed_front, front_features
 from harness.core.settings import TrainConfig
@@ -211,14 +211,12 @@ def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None)
     return out
 
 
-def target_privacy(context: AttackContext, game: Game) -> dict[str, float]:
-    """Sample rate, steps and accounted ε of the ``shadows`` game's target models (the victim's σ)."""
+def target_privacy(privacy: PrivacyLedger, game: Game) -> dict[str, float]:
+    """Sample rate, steps and accounted ε of the ``shadows`` game's target models: the victim's ledger at
+    their q and T."""
     q = game.train.batch_size / (len(game.index) // 2)
     steps = game.train.epochs * ((len(game.index) // 2) // game.train.batch_size)
-    sigma = context.accounted.accounted_noise_multiplier
-    eps = (epsilon_for(sigma, q, steps, context.accounted.delta, context.accounted.accountant)
-           if math.isfinite(context.accounted.epsilon) and sigma > 0 else math.inf)
-    return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": eps}
+    return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": privacy.at(q, steps).epsilon}
 
 
 def out_dir(context: AttackContext) -> Path:
@@ -254,7 +252,7 @@ class ShadowAttack(Attack):
         metrics = membership_metrics(scores, labels, context.accounted.delta,
                                      context.streams.scope("attack", self.name).numpy("threshold"))
         if p.mia_target == "shadows":
-            metrics.update(target_privacy(context, pool.game))
+            metrics.update(target_privacy(context.accounted, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
         metrics.update(self.extra_metrics())
         return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))

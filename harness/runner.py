@@ -28,9 +28,10 @@ from defenses import DEFENSES
 from defenses.base import Defense
 from harness import __version__
 from harness.config import RunSpec
-from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, epsilon_for, noise_for
+from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
+from harness.core.ledger import PrivacyLedger
 from harness.core.models import DEFAULT_MODELS, build_model
 from harness.core.runtime import apply_thread_default, resolve_device
 from harness.core.splits import Task
@@ -46,48 +47,34 @@ log = logging.getLogger("dpeval")
 
 
 @dataclass
-class PrivacyPlan:
-    """The accounting facts of a run (reported under ``privacy.*``)."""
-
-    epsilon: float
-    delta: float
-    noise_multiplier: float        # the σ the defense adds
-    accounted_noise_multiplier: float
-    sample_rate: float
-    steps: int
-    accountant: str
-    sampling: str
-
-
-@dataclass
 class Prepared:
     spec: RunSpec
     task: Task
     model_name: str
     model: nn.Module
     sampler: BatchSampler
-    privacy: PrivacyPlan
+    privacy: PrivacyLedger                 # as planned; training's own count of releases replaces it
     make_defense: Callable[..., Defense]   # make_defense(streams, bound_to=None)
     build_model: Callable[[], nn.Module]
     streams: Streams                       # the run's root streams
     device: torch.device
 
 
-def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyPlan:
+def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyLedger:
+    """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon``."""
     p, t = spec.privacy, spec.train
     sample_rate = t.batch_size / n_private
     steps = t.epochs * (n_private // t.batch_size)
     delta = p.delta if p.delta is not None else default_delta(n_private)
     if not defense_cls.is_dp(spec.defense):
-        return PrivacyPlan(math.inf, delta, 0.0, 0.0, sample_rate, steps, p.accountant, t.sampling)
+        return PrivacyLedger(0.0, 0.0, sample_rate, steps, delta, p.accountant, t.sampling)
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
         accounted = sigma / defense_cls.noise_for_accounted(1.0)
     else:
         accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant)
         sigma = defense_cls.noise_for_accounted(accounted)
-    epsilon = epsilon_for(accounted, sample_rate, steps, delta, p.accountant)
-    return PrivacyPlan(epsilon, delta, sigma, accounted, sample_rate, steps, p.accountant, t.sampling)
+    return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling)
 
 
 def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
@@ -104,7 +91,7 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
 
 
 def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] | None = None,
-            plan: Callable[[RunSpec, type[Defense], int], PrivacyPlan] | None = None) -> Prepared:
+            plan: Callable[[RunSpec, type[Defense], int], PrivacyLedger] | None = None) -> Prepared:
     """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
     raises ConfigError on any invalid input. ``defense_cls`` replaces the registry's class of
     ``spec.defense_name`` (same parameters) and ``plan`` replaces :func:`plan_privacy`: the whole-run audit's
@@ -181,17 +168,8 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
     for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
         row.update({f"attack.{name}.{k}": ", ".join(map(str, v)) if isinstance(v, list) else v
                     for k, v in dataclasses.asdict(spec.attack[name]).items()})
-    pp = prep.privacy
+    row.update(prep.privacy.metrics())
     row.update({
-        "privacy.epsilon": pp.epsilon,
-        "privacy.delta": pp.delta,
-        "privacy.noise_multiplier": pp.noise_multiplier,
-        "privacy.accounted_noise_multiplier": pp.accounted_noise_multiplier,
-        "privacy.sample_rate": pp.sample_rate,
-        "privacy.steps": pp.steps,
-        "privacy.accountant": pp.accountant,
-        "privacy.sampling": pp.sampling,
-        "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
         "data.train_size": len(prep.task.train),
         "data.test_size": len(prep.task.test),
         "data.public_size": len(prep.task.public),
@@ -320,6 +298,9 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
             "time.threads": torch.get_num_threads(),
             "train.engine_used": result.engine,
         })
+        released = prep.privacy.at(prep.sampler.sample_rate, result.steps)  # the releases training made
+        metrics.update(released.metrics())
+        prep = dataclasses.replace(prep, privacy=released)
         attack_start = time.perf_counter()
         metrics.update(run_attacks(prep, states, defense_states, defense, run_dir, run_id))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
@@ -339,7 +320,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         handler.close()
 
 
-def warn_sampling(plan: PrivacyPlan) -> None:
+def warn_sampling(plan: PrivacyLedger) -> None:
     """Every DP run whose batches are not Poisson-sampled says that its ε assumes they were."""
     if plan.sampling != ACCOUNTED_SAMPLING and math.isfinite(plan.epsilon):
         log.warning("warning: train.sampling: %s — ε = %.3g is accounted as if batches were Poisson-sampled "
