@@ -23,7 +23,7 @@ import yaml
 from torch import nn
 
 from attacks import ATTACKS
-from attacks.base import AttackContext
+from attacks.view import AttackerView
 from defenses import DEFENSES
 from defenses.base import Defense
 from harness import __version__
@@ -39,6 +39,7 @@ from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
 from harness import checkpoint
+from harness.engine.release import ReleaseOracle
 from harness.engine.training import BatchSampler, Loop, accuracy, train
 from harness.logs import LOG_ONLY
 from harness.store import ResultStore, write_atomic
@@ -204,25 +205,33 @@ class AttacksFailed(RuntimeError):
         return (AttacksFailed, (str(self), self.metrics))
 
 
+def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
+                  out_dir: Path) -> AttackerView:
+    """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep."""
+    spec, task = prep.spec, prep.task
+    oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
+                           int(spec.train.physical_batch_size))
+    return AttackerView(
+        architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
+        shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
+        privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
+        streams=prep.streams, out_dir=out_dir, device=prep.device)
+
+
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                trained_defense: Defense, out_dir: Path, run_id: str = "") -> dict[str, Any]:
+                out_dir: Path, run_id: str = "") -> dict[str, Any]:
     """Run every attack; artefact paths are stored with ``artefact_path`` (given the run's id) and each
     attack's wall-clock time as ``time.<attack>_s``. An attack that raises does not stop the others: its
     error is ``leakage.<attack>.error`` (the traceback goes to the log) and ``failed_attacks`` names it."""
     metrics: dict[str, Any] = {}
     failed: list[str] = []
     for name, attack in attacks_of(prep.spec):
-        context = AttackContext(
-            model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
-            task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model, spec=prep.spec,
-            accounted=prep.privacy, seed=prep.spec.seed, streams=prep.streams, out_dir=out_dir / name,
-            device=prep.device,
-        )
-        context.out_dir.mkdir(parents=True, exist_ok=True)
+        view = attacker_view(prep, states, defense_states, out_dir / name)
+        view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
         try:
-            result = attack.run(context)
+            result = attack.play(view, prep.task)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
             metrics[f"leakage.{name}.error"] = f"{type(exc).__name__}: {exc}"
@@ -302,7 +311,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         metrics.update(released.metrics())
         prep = dataclasses.replace(prep, privacy=released)
         attack_start = time.perf_counter()
-        metrics.update(run_attacks(prep, states, defense_states, defense, run_dir, run_id))
+        metrics.update(run_attacks(prep, states, defense_states, run_dir, run_id))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
         failed = metrics.pop("failed_attacks", [])
         metrics["status"] = "failed" if failed else "done"
@@ -391,9 +400,9 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
-    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments; reconstruction
-    attacks need ``at: init`` or ``final`` here: no epoch is recorded).
+def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Task]:
+    """An attacker's view (and the task its games keep) for ``attack.at: init`` without training (tests, quick
+    experiments; reconstruction attacks need ``at: init`` or ``final`` here: no epoch is recorded).
 
     Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
@@ -407,8 +416,5 @@ def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
     state = copy.deepcopy(defense.state_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return AttackContext(model=prep.model, states={"init": init, "final": init},
-                         defense_states={"init": state, "final": state}, trained_defense=defense,
-                         task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model,
-                         spec=spec, accounted=prep.privacy, seed=spec.seed, streams=prep.streams, out_dir=out,
-                         device=prep.device)
+    view = attacker_view(prep, {"init": init, "final": init}, {"init": state, "final": state}, out)
+    return view, prep.task
