@@ -137,14 +137,19 @@ class ShadowPool:
 
 @dataclass
 class View:
-    """One target against its references on the population: what every shadow attack scores."""
+    """One target against its references on the population: what every shadow attack scores. Which
+    examples the target trained on is not part of it: the game keeps that (``views``)."""
 
     target_phi: np.ndarray     # [N]
     target_prob: np.ndarray    # [N]
     ref_phi: np.ndarray        # [R, N]
     ref_prob: np.ndarray       # [R, N]
     ref_in: np.ndarray         # [R, N] bool: reference trained on the example
-    labels: np.ndarray         # [N] bool: the target trained on the example
+
+    def columns(self, order: np.ndarray) -> View:
+        """The same view with the population's examples in ``order``."""
+        return View(self.target_phi[order], self.target_prob[order], self.ref_phi[:, order],
+                    self.ref_prob[:, order], self.ref_in[:, order])
 
 
 _POOLS: dict[str, ShadowPool] = {}
@@ -192,9 +197,10 @@ def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torc
                               view.device)
 
 
-def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[View]:
-    """The victim against all shadows (``victim`` game; ``victim`` = its (φ, prob)), or each shadow
-    against the K − 2 others that are not its complementary partner (``shadows`` game).
+def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[View, np.ndarray]]:
+    """(view, the target's membership [N]) of the victim against all shadows (``victim`` game; ``victim`` =
+    its (φ, prob)), or of each shadow against the K − 2 others that are not its complementary partner
+    (``shadows`` game).
 
     Leaving the partner out keeps every example at exactly K/2 − 1 IN and K/2 − 1 OUT references whatever
     the target's membership. With the partner in, a member of the target would have one IN reference fewer
@@ -203,12 +209,12 @@ def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None)
     membership = pool.game.membership.numpy()
     if pool.game.target == "victim":
         assert victim is not None
-        return [View(victim[0], victim[1], pool.phi, pool.prob, membership, pool.game.in_victim)]
+        return [(View(victim[0], victim[1], pool.phi, pool.prob, membership), pool.game.in_victim)]
     out = []
     for t in range(pool.phi.shape[0]):
         refs = np.arange(pool.phi.shape[0]) // 2 != t // 2  # neither the target nor its complement
-        out.append(View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs],
-                        membership[t]))
+        out.append((View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs]),
+                    membership[t]))
     return out
 
 
@@ -248,10 +254,17 @@ class ShadowAttack(Attack):
         pool = shadow_pool(view, task, p.shadows, p.mia_target)
         victim = (outputs_of(fresh_model(view), view, view.states["final"], pool.game)
                   if p.mia_target == "victim" else None)
-        scores, labels = zip(*[(self.score(v), v.labels) for v in views(pool, victim)])
+        own = view.streams.scope("attack", self.name)
+        # the population lists the victim's pool first: the hook sees its examples in a shuffled order
+        order = torch.randperm(len(pool.game.y), generator=own.generator("order")).numpy()
+        scores, labels = [], []
+        for target, membership in views(pool, victim):
+            unshuffled = np.empty(len(order))
+            unshuffled[order] = self.score(target.columns(order))
+            scores.append(unshuffled)
+            labels.append(membership)
         scores, labels = np.concatenate(scores), np.concatenate(labels)
-        metrics = membership_metrics(scores, labels, view.privacy.delta,
-                                     view.streams.scope("attack", self.name).numpy("threshold"))
+        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
         if p.mia_target == "shadows":
             metrics.update(target_privacy(view.privacy, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
