@@ -36,7 +36,6 @@ from attacks.view import AttackerView
 from harness.core.params import Params
 from harness.core.splits import Task
 
-
 VERDICTS = ("leaks", "no-leak-detected")
 class AttackParams(Params):
     """Base for an attack's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming

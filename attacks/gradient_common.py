@@ -49,7 +49,6 @@ Choices where the papers are silent (also in docs/gradient-inversion.md):
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections import Counter
@@ -139,7 +138,8 @@ def check_targets(params: ReconstructionParams, task: Any) -> None:
                           f"need {need} distinct private examples; the pool has {pool}")
 
 
-def draw_targets(view: AttackerView, task: Task, params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draw_targets(view: AttackerView, task: Task,
+                 params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, y, indices) of the T target batches, shaped ``[T, B, ...]``: T·B distinct private examples (the
     first batch is what a single-target attack with the same seed attacks)."""
     check_targets(params, task)
@@ -347,7 +347,8 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     np.savez_compressed(out / f"{name}-images.npz", originals=_bytes(x), states=np.array(states),
                         reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
                         psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess)
-    png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"], out / f"{name}-reconstruction.png")
+    png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"],
+                   out / f"{name}-reconstruction.png")
     artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
     for o in outcomes:
         artefacts.update(o.rec.artefacts)

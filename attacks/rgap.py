@@ -53,9 +53,9 @@ from attacks import gradient_common as gc
 from attacks.registry import ATTACKS
 from attacks.view import AttackerView
 from harness.core.errors import ConfigError
+from harness.core.models import Normalize
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
-from harness.core.models import Normalize
 from harness.core.scatternet import FixedFeatures
 
 WORKING_MODELS = "cnn3 (the digits default), cnn6, fcn3 and mlp"
@@ -403,7 +403,8 @@ class RGAP(gc.ReconstructionAttack):
         check_model(model, in_shape)
 
     def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[Any],
-                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, streams: Any) -> gc.Reconstruction:
+                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
+                    streams: Any) -> gc.Reconstruction:
         return _reconstruct(self.params, view, model, releases, masks, labels)
 
 

@@ -26,7 +26,7 @@ from attacks import ATTACKS
 from attacks.view import AttackerView
 from defenses import DEFENSES
 from defenses.base import Defense
-from harness import __version__
+from harness import __version__, checkpoint
 from harness.config import RunSpec
 from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from harness.core.datasets import load_task
@@ -38,7 +38,6 @@ from harness.core.splits import Task
 from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
-from harness import checkpoint
 from harness.engine.release import ReleaseOracle
 from harness.engine.training import BatchSampler, Loop, accuracy, train
 from harness.logs import LOG_ONLY

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 from harness.core.accounting import ACCOUNTED_SAMPLING, epsilon_for
 
@@ -29,17 +28,15 @@ class PrivacyLedger:
     accountant: str                     # ``rdp`` or ``prv``
     sampling: str                       # how batches were drawn (``poisson`` or ``shuffle``)
 
-    @cached_property
-    def epsilon(self) -> float:
-        """ε of ``steps`` releases at rate q with the accounted σ, by the configured accountant."""
-        if self.accounted_noise_multiplier <= 0:
-            return math.inf
-        return epsilon_for(self.accounted_noise_multiplier, self.sample_rate, self.steps, self.delta,
-                           self.accountant)
+    epsilon: float = field(init=False)  # derived: the accountant's ε of the above
 
-    @property
-    def is_dp(self) -> bool:
-        return self.accounted_noise_multiplier > 0
+    def __post_init__(self) -> None:
+        """ε by the configured accountant, on construction: a σ it cannot evaluate is a ConfigError here."""
+        eps = math.inf
+        if self.accounted_noise_multiplier > 0:
+            eps = epsilon_for(self.accounted_noise_multiplier, self.sample_rate, self.steps, self.delta,
+                              self.accountant)
+        object.__setattr__(self, "epsilon", eps)
 
     def at(self, sample_rate: float, steps: int) -> PrivacyLedger:
         """The same mechanism (σ, δ, accountant) released ``steps`` times at rate ``sample_rate``."""

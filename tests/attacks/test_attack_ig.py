@@ -64,7 +64,8 @@ def with_defense(ctx, fill, rate=0.5):
     view, task = ctx
     shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type(f"Masking_{fill}", (MaskingDefense,), {"fill": fill, "rate": rate})
-    oracle = dataclasses.replace(view.release, make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(view.release,
+                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
     return dataclasses.replace(view, release=oracle), task
 
 

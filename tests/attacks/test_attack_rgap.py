@@ -8,9 +8,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from attacks import ATTACKS
+from attacks import ATTACKS, image_metrics
 from attacks import gradient_common as gc
-from attacks import image_metrics
 from attacks.rgap import RGAPParams, check_model, reconstruct_one
 from defenses.base import Defense, SharedGradient
 from harness.cli import main
@@ -72,7 +71,8 @@ def with_defense(ctx, **attrs):
     view, task = ctx
     shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type("Masking", (MaskingDefense,), attrs)
-    oracle = dataclasses.replace(view.release, make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(view.release,
+                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
     return dataclasses.replace(view, release=oracle), task
 
 

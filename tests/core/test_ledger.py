@@ -81,3 +81,26 @@ def test_the_shadow_games_target_epsilon_is_the_ledger_at_the_shadows_rate(accou
 def test_no_dp_mechanism_is_infinite_epsilon_everywhere():
     ledger = PrivacyLedger(0.0, 0.0, 0.03, 100, 1e-5, "rdp", "poisson")
     assert ledger.epsilon == math.inf and ledger.at(1.0, 1).epsilon == math.inf
+
+
+def test_the_runs_ledger_counts_the_releases_training_made(tmp_path, monkeypatch):
+    """T is training's own count of releases, not the plan's: a training that released 5 steps fewer is
+    accounted for 5 steps fewer."""
+    from harness import runner
+
+    real = runner.train
+
+    def fewer(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.steps -= 5
+        return result
+
+    monkeypatch.setattr(runner, "train", fewer)
+    spec = build_spec({"defense": "dpsgd", "device": "cpu", "privacy": {"noise_multiplier": 1.0},
+                       "train": {"epochs": 1, "batch_size": BATCH}, "data": {"max_train": 300}})
+    row = execute(spec, ResultStore(tmp_path), progress=False)
+    n = row["data.train_size"]
+    steps = n // BATCH - 5
+    assert row["privacy.steps"] == steps
+    assert row["privacy.epsilon"] == pytest.approx(independent("rdp", 1.0, BATCH / n, steps, row["privacy.delta"]),
+                                                   rel=1e-9)

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from defenses import DEFENSES
+from harness import runner
 from harness.config import build_spec
 from harness.core.streams import Streams, seed_globals
 from harness.engine.training import train
-from harness import runner
 from harness.runner import prepare
 
 EPOCHS = 3
