@@ -557,8 +557,8 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
     defense and attack parameter: default, allowed values, meaning)."""
     from attacks import ATTACKS
     from defenses import DEFENSES
-    from harness.core.registry import DATASETS, MODELS
     from harness.core.params import describe
+    from harness.core.registry import DATASETS, MODELS
 
     data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
                             "datasets": DATASETS.describe(), "models": MODELS.describe()}

@@ -44,8 +44,8 @@ from torch import nn
 from tqdm import tqdm
 
 from defenses import DEFENSES
-from defenses.base import Defense
 from defenses.auditing import CanaryDesign
+from defenses.base import Defense
 from harness.config import RunSpec
 from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta
 from harness.core.canaries import CANARY_NORM, Canaries
