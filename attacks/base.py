@@ -1,9 +1,13 @@
-"""The attack template: ``run(context) -> AttackResult``, one self-describing class per attack.
+"""The attack template: ``play(view, task) -> AttackResult``, one self-describing class per attack.
 
-The context is the attacker's view: the model and its states, the task, the defense (to produce the
-shared gradient of a target batch through the defense's own ``release`` path, or to train shadow models
-with the same defense), the run's random streams and a folder for artefacts. An attack reports its
-metrics under ``leakage.<attack>.<metric>``.
+An attack sees an ``AttackerView`` (``attacks/view.py``): the recorded model states, the defense's public
+state, the release oracle, the public split, the privacy ledger, the public hyperparameters. The ``task``
+(private pool, held-out split) is the truth the game keeps: ``play`` is implemented once per attack family
+(``gradient_common.ReconstructionAttack`` and ``GradientMembershipAttack``, ``membership_common.ShadowAttack``
+and ``VictimMembershipAttack``), which chooses the targets, hands the attack's own hook only the view,
+releases and unlabelled candidates, and scores the hook's guesses or scores against the truth. An attack
+class registered with ``ATTACKS.register`` subclasses a family and implements its hook; it never reads the
+task (``tests/test_layers.py``). Metrics are reported under ``leakage.<attack>.<metric>``.
 
 Each attack class declares:
 
@@ -25,17 +29,12 @@ training) and ``trajectory:k`` (k states evenly spaced over training, ending at 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-import torch
-
-from defenses.base import Defense
+from attacks.view import AttackerView
 from harness.core.params import Params
-from harness.core.streams import Streams
-
+from harness.core.splits import Task
 
 VERDICTS = ("leaks", "no-leak-detected")
 class AttackParams(Params):
@@ -46,33 +45,6 @@ class AttackParams(Params):
 @dataclass
 class NoAttackParams(AttackParams):
     pass
-
-
-@dataclass
-class AttackContext:
-    """The attacker's view of a run.
-
-    ``states`` maps a model state name to its weights: always ``init`` (before training) and ``final``,
-    plus ``epoch:N`` (weights at the start of epoch N) for every name an attack asked for through
-    ``Attack.wanted_states``. ``defense_states`` holds the defense's public state (``state_dict()``)
-    at the same moments; ``trained_defense`` is the defense object training used, in its final state.
-    """
-
-    model: torch.nn.Module                 # architecture with the final weights loaded
-    states: dict[str, dict[str, torch.Tensor]]
-    defense_states: dict[str, dict[str, Any]]
-    trained_defense: Defense
-    task: Any                              # harness.core.splits.Task
-    # make_defense(streams, bound_to=None): a fresh defense configured exactly as in training, drawing its
-    # noise / masks / anchors from ``streams``, bound to ``bound_to`` (default: the victim model)
-    make_defense: Callable[..., Defense]
-    build_model: Callable[[], torch.nn.Module]  # a fresh model of the victim's architecture
-    spec: Any                              # harness.config.RunSpec (public hyperparameters)
-    accounted: Any                         # harness.runner.PrivacyPlan: ε, δ, σ, q, steps of the victim
-    seed: int
-    streams: Streams                       # the run's random streams (scope them: attack, shadow i, …)
-    out_dir: Path
-    device: torch.device
 
 
 @dataclass
@@ -113,6 +85,6 @@ class Attack(ABC):
         called before training."""
 
     @abstractmethod
-    def run(self, context: AttackContext) -> AttackResult:
-        """Attack what the defense releases; never read raw per-sample gradients or private labels
-        beyond what the threat model grants."""
+    def play(self, view: AttackerView, task: Task) -> AttackResult:
+        """The attack's game (an attack family implements it): targets drawn from ``task``, the attack's
+        hook given only ``view`` and what the game hands it, its guesses scored against ``task``."""

@@ -3,9 +3,10 @@ model). No shadow models.
 
 The defense releases the gradients of ``attack.batches`` batches of ``attack.batch_size`` private
 examples at the attacked state (``attack.at``), each through its own release path. For a release r and a
-candidate set (whose inputs and labels the attacker holds): the batch's members plus as many held-out
-test examples (non-members, assigned round robin; ``check_task`` refuses a run whose test split has
-fewer than ``batches × batch_size``, so every release gets exactly ``batch_size`` of each). Gradients are
+candidate set (whose inputs and labels the attacker holds, shuffled, not which are members): the batch's
+members plus as many held-out test examples (non-members, assigned round robin; ``check_task`` refuses a
+run whose test split has fewer than ``batches × batch_size``, so every release gets exactly ``batch_size``
+of each). The game is ``attacks.gradient_common.GradientMembershipAttack``; this module scores. Gradients are
 restricted to the released coordinates when ``attack.mask_aware`` (the default). Statistics
 (``attack.statistic``):
 - ``nnls`` (default): explain r jointly as Σ_c w_c·g_c with w ≥ 0 (non-negative least squares over the
@@ -16,35 +17,31 @@ restricted to the released coordinates when ``attack.mask_aware`` (the default).
   similar examples (same class, untrained model) look alike under it.
 
 Reported next to the metrics: ``accounted_epsilon``, the ε of one released step for one example (each
-example is in exactly one batch, and the attacker sees the whole batch: sample rate 1, one step).
+example is in exactly one batch, and the attacker sees the whole batch: the run's ledger at sample rate 1,
+one step, with the run's accountant).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from scipy import optimize
 
-from attacks.base import Attack, AttackContext, AttackResult
-from attacks.gradient_common import GradientThreatParams, attacked_model, matching_mask, release_for, wanted_states
-from attacks.membership_common import out_dir
-from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.gradient_common import GradientMembershipAttack, GradientMembershipParams, matching_mask
 from attacks.registry import ATTACKS
-from harness.core.accounting import epsilon_for
+from attacks.view import AttackerView
+from defenses.base import SharedGradient
 from harness.core.params import param
-from harness.core.errors import ConfigError
 from harness.core.per_sample import PerSampleGradients
+from harness.core.splits import Split
 
 STATISTICS = ("nnls", "cosine")
 
 
 @dataclass
-class GradMiaParams(GradientThreatParams):
-    batch_size: int = param(8, "members per observed release", low=1)
-    batches: int = param(8, "observed releases (each of different members)", low=1)
+class GradMiaParams(GradientMembershipParams):
     statistic: str = param("nnls", "`nnls`: fitted contribution of each candidate; `cosine`: cosine with the "
                                    "release after projecting out the public mean gradient", choices=STATISTICS)
 
@@ -81,71 +78,35 @@ def cosine_scores(psg: PerSampleGradients, x: torch.Tensor, y: torch.Tensor, rel
     return torch.nn.functional.cosine_similarity(g, r.expand_as(g), dim=1).detach().cpu().double().numpy()
 
 
-def common_direction(psg: PerSampleGradients, task, mask, device, limit: int = 256) -> torch.Tensor | None:
+def common_direction(psg: PerSampleGradients, public: Split, mask, device, limit: int = 256) -> torch.Tensor | None:
     """Mean gradient of public examples: the component every example's gradient shares (large for an
     untrained model). Projecting it out of candidate and release keeps what is specific to each example."""
-    if len(task.public) == 0:
+    if len(public) == 0:
         return None
-    x, y = task.public.x[:limit].to(device), task.public.y[:limit].to(device)
+    x, y = public.x[:limit].to(device), public.y[:limit].to(device)
     grads = psg(x, y)
     return _flat(grads, mask, list(grads)).mean(dim=0, keepdim=True)
 
 
 @ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release (NNLS fit)")
-class GradientMIA(Attack):
+class GradientMIA(GradientMembershipAttack):
     Params = GradMiaParams
     headline, higher_leaks, headline_label = "auc", True, "gradient-MIA AUC"
     description = ("Membership inference on released gradients: does a candidate's own gradient explain the "
                    "shared (clipped, noised, sparsified) batch gradient?")
 
-    @classmethod
-    def wanted_states(cls, params: GradMiaParams) -> set[str]:
-        return wanted_states(params)
-
-    @classmethod
-    def check_task(cls, params: GradMiaParams, task: Any) -> None:
-        """Every release needs ``batch_size`` members and as many held-out non-members, none reused."""
-        need = params.batches * params.batch_size
-        for role, have in (("private pool", len(task.train)), ("held-out test split", len(task.test))):
-            if need > have:
-                raise ConfigError(f"attack.batches: {params.batches} batches × attack.batch_size {params.batch_size} "
-                                  f"need {need} examples of the {role}, which has {have}")
-
-    def run(self, context: AttackContext) -> AttackResult:
-        p, task = self.params, context.task
-        self.check_task(p, task)
-        need = p.batches * p.batch_size
-        own = context.streams.scope("attack", "grad-mia")
-        gen = own.generator("candidates")
-        members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)
-        others = torch.randperm(len(task.test), generator=gen)[:need]
-        model = attacked_model(context, p.at)
+    def score(self, view: AttackerView, model: torch.nn.Module, shared: SharedGradient, x: torch.Tensor,
+              y: torch.Tensor) -> np.ndarray:
+        p, device = self.params, view.device
         psg = PerSampleGradients(model)
         names = [n for n, q in model.named_parameters() if q.requires_grad]
-        member_scores, other_scores, noise_std, density = [], [], 0.0, 1.0
-        device = context.device
-        for b in range(p.batches):
-            x, y = task.train.x[members[b]], task.train.y[members[b]]
-            shared, report = release_for(context, model, x, y, p.at, own.scope("release", b))
-            noise_std, density = shared.noise_std, shared.density
-            mask = matching_mask(shared, p.mask_aware)
-            release = _flat({n: shared.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
-            mine = others[b::p.batches]
-            xs = torch.cat([x, task.test.x[mine]]).to(device)
-            ys = torch.cat([y, task.test.y[mine]]).to(device)
-            if p.statistic == "nnls":
-                grads = psg(xs, ys)
-                scores_b = nnls_scores(_flat(grads, mask, list(grads)), release)
-            else:
-                scores_b = cosine_scores(psg, xs, ys, release, mask, common_direction(psg, task, mask, device))
-            member_scores.append(scores_b[: len(x)])
-            other_scores.append(scores_b[len(x):])
-        scores = np.concatenate(member_scores + other_scores)
-        labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool), np.zeros(sum(map(len, other_scores)), bool)])
-        metrics = membership_metrics(scores, labels, context.accounted.delta, own.numpy("threshold"))
-        sigma = context.accounted.accounted_noise_multiplier
-        metrics["accounted_epsilon"] = epsilon_for(sigma, 1.0, 1, context.accounted.delta) if sigma > 0 else float("inf")
-        metrics["release_noise_std"] = noise_std
-        metrics["release_density"] = density
-        artefacts = save_roc(scores, labels, out_dir(context), f"gradient MIA (batch {p.batch_size}, at {p.at})")
-        return AttackResult(metrics, artefacts)
+        mask = matching_mask(shared, p.mask_aware)
+        release = _flat({n: shared.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
+        x, y = x.to(device), y.to(device)
+        if p.statistic == "nnls":
+            grads = psg(x, y)
+            return nnls_scores(_flat(grads, mask, list(grads)), release)
+        return cosine_scores(psg, x, y, release, mask, common_direction(psg, view.public, mask, device))
+
+    def title(self) -> str:
+        return f"gradient MIA (batch {self.params.batch_size}, at {self.params.at})"

@@ -1,10 +1,14 @@
 """The threat model shared by the gradient attacks: ``ig`` and ``rgap`` (reconstruction) and ``grad-mia``
 (membership); registers nothing.
 
-What the attacker gets: the architecture and the weights of the attacked state, all public
-defense metadata, and the ``SharedGradient`` that the defense's own ``release`` path produces for a
-target batch. Nothing else: the per-sample gradients computed here go straight into the defense and are
-never handed to the attack.
+What the attacker gets: the ``AttackerView`` (``attacks/view.py``: the architecture and the weights of the
+attacked state, all public defense metadata, the public split) and the ``SharedGradient`` that the release
+oracle — the defense's own ``release`` path — produces for a target batch. The games live here:
+``ReconstructionAttack.play`` (``ig``, ``rgap``) and ``GradientMembershipAttack.play`` (``grad-mia``) draw
+the targets from the private pool, have the oracle release them, hand the attack's hook the releases (and
+the labels where the threat model grants them, or unlabelled shuffled candidates), and score what it
+returns against the truth they keep. The per-sample gradients of the targets go straight into the defense
+and are never handed to the attack.
 
 Choices where the papers are silent (also in docs/gradient-inversion.md):
 
@@ -45,7 +49,6 @@ Choices where the papers are silent (also in docs/gradient-inversion.md):
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections import Counter
@@ -57,14 +60,16 @@ import torch
 from torch import nn
 
 from attacks import image_metrics, verdict
-from attacks.base import AttackContext, AttackParams, AttackResult
+from attacks.base import Attack, AttackParams, AttackResult
+from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.view import AttackerView
 from defenses.base import SharedGradient
 from harness.core.errors import ConfigError
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
+from harness.core.splits import Task
 from harness.core.states import AttackState, resolve
 from harness.core.streams import Streams
-from harness.engine.release import observe_release
 
 log = logging.getLogger("dpeval")
 LABEL_MODES = ("known", "recovered")
@@ -111,9 +116,9 @@ def wanted_states(params: GradientThreatParams) -> set[str]:
     return {n for n in names if n not in ("init", "final")}
 
 
-def target_streams(context: AttackContext) -> Streams:
+def target_streams(view: AttackerView) -> Streams:
     """The streams every gradient attack of a run shares (so ``ig`` and ``rgap`` attack the same targets)."""
-    return context.streams.scope("attack", "gradient")
+    return view.streams.scope("attack", "gradient")
 
 
 def select_targets(task: Any, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -133,49 +138,15 @@ def check_targets(params: ReconstructionParams, task: Any) -> None:
                           f"need {need} distinct private examples; the pool has {pool}")
 
 
-def draw_targets(context: AttackContext, params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draw_targets(view: AttackerView, task: Task,
+                 params: ReconstructionParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, y, indices) of the T target batches, shaped ``[T, B, ...]``: T·B distinct private examples (the
     first batch is what a single-target attack with the same seed attacks)."""
-    check_targets(params, context.task)
+    check_targets(params, task)
     need = params.targets * params.batch_size
-    x, y, idx = select_targets(context.task, need, target_streams(context).generator("targets"))
+    x, y, idx = select_targets(task, need, target_streams(view).generator("targets"))
     shape = (params.targets, params.batch_size)
     return x.view(*shape, *x.shape[1:]), y.view(shape), idx.view(shape)
-
-
-def attacked_model(context: AttackContext, at: str) -> nn.Module:
-    """A private copy of the architecture with the attacked weights, on the context's device, eval mode."""
-    if at not in context.states:
-        raise ConfigError(f"attack.at: no model state {at!r} was recorded (have: {', '.join(sorted(context.states))})")
-    model = copy.deepcopy(context.model)
-    model.load_state_dict(context.states[at])
-    model.to(context.device).eval()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return model
-
-
-def release_for(context: AttackContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                at: str, streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
-    """The SharedGradient the defense releases for batch (x, y) at the attacked state, plus a report
-    of the state used. A fresh defense drawing from ``streams`` (several releases in one attack pass
-    independent streams) is put in the state of ``at`` — ``begin_epoch`` and then the public state
-    training recorded then — and observes the batch through its own stages, exactly as training does."""
-    epochs = int(context.spec.train.epochs)
-    epoch = AttackState(at).defense_epoch(epochs)
-    # Bound to the attacked model (its weights at ``at``), never the victim's final weights: a defense that
-    # reads the model (GEP's anchors) must see what training saw at that state.
-    defense = context.make_defense(streams, bound_to=model)
-    defense.begin_epoch(epoch, epochs)
-    public_state = context.defense_states.get(at)
-    if public_state:
-        defense.load_state_dict(copy.deepcopy(public_state))
-    shared = observe_release(defense, model, x, y, context.spec.train.physical_batch_size)
-    report: dict[str, Any] = {"state": at, "epoch": epoch, "density": float(shared.density),
-                              "noise_std": float(shared.noise_std)}
-    if shared.rate is not None:
-        report["defense_rate"] = float(shared.rate)
-    return shared, report
 
 
 def matching_mask(shared: SharedGradient, mask_aware: bool) -> dict[str, torch.Tensor] | None:
@@ -277,7 +248,7 @@ class Reconstruction:
     artefacts: dict[str, str] = field(default_factory=dict)
 
 
-# reconstruct(params, context, model, releases, masks, labels [T, B], streams) -> Reconstruction
+# reconstruct(view, model, releases, masks, labels [T, B], streams) -> Reconstruction
 Reconstruct = Callable[..., Reconstruction]
 
 
@@ -296,30 +267,57 @@ class StateOutcome:
         return float(np.mean(self.scores[metric]))
 
 
-def run_gradient_attack(name: str, params: ReconstructionParams, context: AttackContext,
+class ReconstructionAttack(Attack):
+    """``ig`` and ``rgap``: a subclass implements ``reconstruct``; the game — targets, releases at every
+    state, labels, scores against the targets, verdict, pictures — is ``run_gradient_attack``."""
+
+    Params = ReconstructionParams
+
+    @classmethod
+    def wanted_states(cls, params: Any) -> set[str]:
+        return wanted_states(params)
+
+    @classmethod
+    def check_task(cls, params: Any, task: Task) -> None:
+        check_targets(params, task)
+
+    def play(self, view: AttackerView, task: Task) -> AttackResult:
+        check = getattr(type(self), "check_model", None)
+        if check is not None:  # fail before any work on an unsupported model
+            check(view.architecture, view.shape)
+        return run_gradient_attack(self.name, self.params, view, task, self.reconstruct)
+
+    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[SharedGradient],
+                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
+                    streams: Streams) -> Reconstruction:
+        """Images for the T releases (one per target batch, ``labels`` ``[T, B]``) of ``model``'s state."""
+        raise NotImplementedError
+
+
+def run_gradient_attack(name: str, params: ReconstructionParams, view: AttackerView, task: Task,
                         reconstruct: Reconstruct) -> AttackResult:
-    """The part ``ig`` and ``rgap`` share: targets, releases at every state, labels, reconstruction,
+    """The game ``ig`` and ``rgap`` share: targets, releases at every state, labels, reconstruction,
     scores, verdict, pictures."""
-    with single_cpu_thread(context.device):
-        return _run_gradient_attack(name, params, context, reconstruct)
+    with single_cpu_thread(view.device):
+        return _run_gradient_attack(name, params, view, task, reconstruct)
 
 
-def _run_gradient_attack(name: str, params: ReconstructionParams, context: AttackContext,
+def _run_gradient_attack(name: str, params: ReconstructionParams, view: AttackerView, task: Task,
                          reconstruct: Reconstruct) -> AttackResult:
-    own = context.streams.scope("attack", name)
-    x, y, idx = draw_targets(context, params)
+    own = view.streams.scope("attack", name)
+    x, y, idx = draw_targets(view, task, params)
     flat = x.reshape(-1, *x.shape[2:])
-    public = context.task.public.x if len(context.task.public) else None
-    guesses = image_metrics.guesses(flat, context.task.mean, own.generator("baseline"), public)
+    public = view.public.x if len(view.public) else None
+    guesses = image_metrics.guesses(flat, view.mean, own.generator("baseline"), public)
     base = {g: np.array([image_metrics.matched_psnr(x[t], pixels.view_as(x)[t]) for t in range(len(x))])
             for g, pixels in guesses.items()}
     best_guess = np.max(np.stack(list(base.values())), axis=0)  # [T, B]: the better guess per image
-    states = resolve(params.states, int(context.spec.train.epochs))
+    states = resolve(params.states, int(view.spec.train.epochs))
     if params.targets < verdict.min_targets(len(states)):
         log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
                     "at least %d); set attack.targets", name, params.targets, len(states),
                     verdict.min_targets(len(states)))
-    outcomes = [_attack_state(params, context, reconstruct, state, x, y, best_guess, own) for state in states]
+    outcomes = [_attack_state(params, view, reconstruct, state, x, y, best_guess, own) for state in states]
     decision, p_value = verdict.decide([o.test for o in outcomes])
     worst = max(outcomes, key=lambda o: o.mean("psnr"))
 
@@ -334,7 +332,7 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, context: Attac
     metrics["baseline_psnr"] = float(best_guess.mean())
     metrics["verdict"], metrics["p_value"] = decision, p_value
 
-    out = context.out_dir
+    out = view.out_dir
     scores = {
         "rule": {"margin_db": verdict.MARGIN_DB, "alpha": verdict.ALPHA, "states": len(outcomes),
                  "targets": params.targets, "min_targets": verdict.min_targets(len(outcomes)),
@@ -349,19 +347,20 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, context: Attac
     np.savez_compressed(out / f"{name}-images.npz", originals=_bytes(x), states=np.array(states),
                         reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
                         psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess)
-    png = _picture(name, context, x, outcomes, worst, decision, metrics["baseline_psnr"], out / f"{name}-reconstruction.png")
+    png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"],
+                   out / f"{name}-reconstruction.png")
     artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
     for o in outcomes:
         artefacts.update(o.rec.artefacts)
     return AttackResult(metrics=metrics, artefacts=artefacts)
 
 
-def _attack_state(params: ReconstructionParams, context: AttackContext, reconstruct: Reconstruct, state: str,
+def _attack_state(params: ReconstructionParams, view: AttackerView, reconstruct: Reconstruct, state: str,
                   x: torch.Tensor, y: torch.Tensor, best_guess: np.ndarray, own: Streams) -> StateOutcome:
-    model = attacked_model(context, state)
+    model = view.model_at(state)
     releases, masks, labels, label_acc, reports = [], [], [], [], []
     for t in range(len(x)):
-        shared, report = release_for(context, model, x[t], y[t], state, own.scope(state, "release", t))
+        shared, report = view.release(model, x[t], y[t], state, own.scope(state, "release", t))
         mask = matching_mask(shared, params.mask_aware)
         used, acc = attack_labels(params, model, shared, mask, y[t])
         releases.append(shared)
@@ -369,7 +368,7 @@ def _attack_state(params: ReconstructionParams, context: AttackContext, reconstr
         labels.append(used)
         label_acc.append(acc)
         reports.append(report)
-    rec = reconstruct(params, context, model, releases, masks, torch.stack(labels), own.scope(state))
+    rec = reconstruct(view, model, releases, masks, torch.stack(labels), own.scope(state))
     pixels = rec.pixels.detach().cpu().float().view_as(x)
     matched = torch.stack([pixels[t][torch.as_tensor(image_metrics.match(x[t], pixels[t]))] for t in range(len(x))])
     per = [image_metrics.per_image(x[t], matched[t]) for t in range(len(x))]
@@ -389,7 +388,7 @@ def _bytes(images: torch.Tensor) -> np.ndarray:
     return (images.detach().cpu().float().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
-def _picture(name: str, context: AttackContext, x: torch.Tensor, outcomes: list[StateOutcome],
+def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[StateOutcome],
              worst: StateOutcome, decision: str, baseline: float, path: Any) -> Any:
     """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
     flat = x.reshape(-1, *x.shape[2:])
@@ -400,7 +399,79 @@ def _picture(name: str, context: AttackContext, x: torch.Tensor, outcomes: list[
         rate = o.report.get("defense_rate")
         labels.append(o.state + (f"\nrate {rate:.2f}" if rate is not None else ""))
     rate = worst.report.get("defense_rate")
-    title = (f"{name} vs {context.spec.defense_name}: {decision} (worst state {worst.state}"
+    title = (f"{name} vs {view.spec.defense_name}: {decision} (worst state {worst.state}"
              f"{f', rate {rate:.2f}' if rate is not None else ''})\nPSNR {worst.mean('psnr'):.1f} dB vs best "
              f"data-free guess {baseline:.1f} dB; SSIM {worst.mean('ssim'):.2f}")
     return image_metrics.save_grid(flat, rows, path, title, captions, labels)
+
+
+# --------------------------------------------------------------------------------------------------
+# The membership game on releases (``grad-mia``)
+
+
+@dataclass
+class GradientMembershipParams(GradientThreatParams):
+    batch_size: int = param(8, "members per observed release", low=1)
+    batches: int = param(8, "observed releases (each of different members)", low=1)
+
+
+class GradientMembershipAttack(Attack):
+    """Membership on releases: the game releases ``attack.batches`` batches of ``attack.batch_size`` private
+    members at ``attack.at``; for each release the subclass's ``score`` sees the release and a candidate set —
+    the batch's members and as many held-out non-members, shuffled by the game's ``order`` stream and
+    unlabelled — and scores every candidate (higher: more likely in the release). The game scores the
+    candidates against who was released and reports the ledger's ε of one release and the release's noise
+    and density."""
+
+    Params = GradientMembershipParams
+
+    @classmethod
+    def wanted_states(cls, params: Any) -> set[str]:
+        return wanted_states(params)
+
+    @classmethod
+    def check_task(cls, params: Any, task: Task) -> None:
+        """Every release needs ``batch_size`` members and as many held-out non-members, none reused."""
+        need = params.batches * params.batch_size
+        for role, have in (("private pool", len(task.train)), ("held-out test split", len(task.test))):
+            if need > have:
+                raise ConfigError(f"attack.batches: {params.batches} batches × attack.batch_size {params.batch_size} "
+                                  f"need {need} examples of the {role}, which has {have}")
+
+    def score(self, view: AttackerView, model: nn.Module, shared: SharedGradient, x: torch.Tensor,
+              y: torch.Tensor) -> np.ndarray:
+        """One score per candidate (x, y) for the release ``shared`` of ``model``'s state."""
+        raise NotImplementedError
+
+    def title(self) -> str:
+        return self.name
+
+    def play(self, view: AttackerView, task: Task) -> AttackResult:
+        p = self.params
+        self.check_task(p, task)
+        need = p.batches * p.batch_size
+        own = view.streams.scope("attack", self.name)
+        gen = own.generator("candidates")
+        members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)
+        others = torch.randperm(len(task.test), generator=gen)[:need]
+        model = view.model_at(p.at)
+        member_scores, other_scores = [], []
+        for b in range(p.batches):
+            x, y = task.train.x[members[b]], task.train.y[members[b]]
+            shared, _ = view.release(model, x, y, p.at, own.scope("release", b))
+            mine = others[b::p.batches]
+            xs, ys = torch.cat([x, task.test.x[mine]]), torch.cat([y, task.test.y[mine]])
+            order = torch.randperm(len(ys), generator=own.generator("order", b))
+            scores_b = np.empty(len(ys))
+            scores_b[order.numpy()] = self.score(view, model, shared, xs[order], ys[order])
+            member_scores.append(scores_b[: len(x)])
+            other_scores.append(scores_b[len(x):])
+        scores = np.concatenate(member_scores + other_scores)
+        labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool),
+                                 np.zeros(sum(map(len, other_scores)), bool)])
+        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
+        metrics["accounted_epsilon"] = view.privacy.at(1.0, 1).epsilon
+        metrics["release_noise_std"] = shared.noise_std
+        metrics["release_density"] = shared.density
+        view.out_dir.mkdir(parents=True, exist_ok=True)
+        return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()))

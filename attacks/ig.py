@@ -34,8 +34,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from attacks import gradient_common as gc
-from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
+from attacks.view import AttackerView
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
 from harness.core.streams import Streams
@@ -242,25 +242,13 @@ def _lbfgs(matcher: GradientMatcher, z0: torch.Tensor, problem: slice, m: torch.
 
 
 @ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, signed Adam (DLG/L-BFGS variant)")
-class InvertingGradients(Attack):
+class InvertingGradients(gc.ReconstructionAttack):
     Params = IGParams
     headline, higher_leaks, headline_label, baseline = "psnr", True, "IG PSNR (dB)", "baseline_psnr"
 
-    @classmethod
-    def wanted_states(cls, params: Any) -> set[str]:
-        return gc.wanted_states(params)
-
-    @classmethod
-    def check_task(cls, params: Any, task: Any) -> None:
-        gc.check_targets(params, task)
-
-    def run(self, context: AttackContext) -> AttackResult:
-        return gc.run_gradient_attack("ig", self.params, context, _reconstruct)
-
-
-def _reconstruct(params: IGParams, context: AttackContext, model: nn.Module, releases: list[Any],
-                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, streams: Streams) -> gc.Reconstruction:
-    task = context.task
-    best, _ = invert(model, [r.grads for r in releases], masks, labels, task.shape, task.mean, task.std, params,
-                     streams.generator("restarts"), context.device)
-    return gc.Reconstruction(best.pixels, details={"matching_loss": best.matching.tolist()})
+    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[Any],
+                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
+                    streams: Streams) -> gc.Reconstruction:
+        best, _ = invert(model, [r.grads for r in releases], masks, labels, view.shape, view.mean, view.std,
+                         self.params, streams.generator("restarts"), view.device)
+        return gc.Reconstruction(best.pixels, details={"matching_loss": best.matching.tolist()})

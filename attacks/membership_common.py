@@ -34,19 +34,21 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from attacks import shadow_signals as sig
-from attacks.base import Attack, AttackContext, AttackParams, AttackResult
+from attacks.base import Attack, AttackParams, AttackResult
 from attacks.membership_metrics import membership_metrics, save_roc
-from harness.core.accounting import epsilon_for
+from attacks.view import AttackerView
 from harness.core.errors import ConfigError
+from harness.core.ledger import PrivacyLedger
 from harness.core.params import param
 from harness.core.per_sample import fixed_front, front_features
 from harness.core.settings import TrainConfig
+from harness.core.splits import Task
 from harness.engine.shadow_training import train_shadows
 
 TARGETS = ("victim", "shadows")
@@ -135,65 +137,70 @@ class ShadowPool:
 
 @dataclass
 class View:
-    """One target against its references on the population: what every shadow attack scores."""
+    """One target against its references on the population: what every shadow attack scores. Which
+    examples the target trained on is not part of it: the game keeps that (``views``)."""
 
     target_phi: np.ndarray     # [N]
     target_prob: np.ndarray    # [N]
     ref_phi: np.ndarray        # [R, N]
     ref_prob: np.ndarray       # [R, N]
     ref_in: np.ndarray         # [R, N] bool: reference trained on the example
-    labels: np.ndarray         # [N] bool: the target trained on the example
+
+    def columns(self, order: np.ndarray) -> View:
+        """The same view with the population's examples in ``order``."""
+        return View(self.target_phi[order], self.target_prob[order], self.ref_phi[:, order],
+                    self.ref_prob[:, order], self.ref_in[:, order])
 
 
 _POOLS: dict[str, ShadowPool] = {}
 
 
-def pool_key(context: AttackContext, k: int, target: str) -> str:
+def pool_key(view: AttackerView, k: int, target: str) -> str:
     """Everything that determines a game's shadows (not the attacks' own parameters)."""
-    spec = {key: v for key, v in context.spec.canonical().items() if key not in ("attacks", "attack")}
-    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(context.device)}, sort_keys=True,
+    spec = {key: v for key, v in view.spec.canonical().items() if key not in ("attacks", "attack")}
+    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(view.device)}, sort_keys=True,
                       default=str)
 
 
-def shadow_pool(context: AttackContext, k: int, target: str) -> ShadowPool:
+def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPool:
     """Train (or reuse) the K shadows of the game and read their signals on its population."""
-    key = pool_key(context, k, target)
+    key = pool_key(view, k, target)
     if key in _POOLS:
         return _POOLS[key]
-    game = plan_game(context.task, context.spec.train, k, target,
-                     context.streams.scope("shadows").generator("membership"))
+    game = plan_game(task, view.spec.train, k, target, view.streams.scope("shadows").generator("membership"))
     pools = [torch.nonzero(row).flatten() for row in game.membership]
-    scopes = [context.streams.scope("shadow", i) for i in range(k)]
-    model = fresh_model(context)
+    scopes = [view.streams.scope("shadow", i) for i in range(k)]
+    model = fresh_model(view)
     game.features = front_features(fixed_front(model).front, game.x)
-    states = train_shadows(context.build_model, game.x, game.y, pools,
-                           lambda i, model: context.make_defense(scopes[i], model), game.train, scopes, context.device,
+    states = train_shadows(view.build_model, game.x, game.y, pools,
+                           lambda i, model: view.make_defense(scopes[i], model), game.train, scopes, view.device,
                            features=game.features)
-    outputs = [outputs_of(model, context, state, game) for state in states]
+    outputs = [outputs_of(model, view, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
     _POOLS.clear()  # keep one game's pool in memory at a time
     _POOLS[key] = pool
     return pool
 
 
-def fresh_model(context: AttackContext) -> torch.nn.Module:
+def fresh_model(view: AttackerView) -> torch.nn.Module:
     """A model of the victim's architecture to load weights into; its construction leaves torch's global
     generator untouched."""
     with torch.random.fork_rng(devices=[]):
-        return context.build_model()
+        return view.build_model()
 
 
-def outputs_of(model: torch.nn.Module, context: AttackContext, state: dict[str, torch.Tensor],
+def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torch.Tensor],
                game: Game) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
     cache."""
-    return sig.cached_outputs(model, state, game.features, game.y, game.index, context.out_dir.parent / "signals",
-                              context.device)
+    return sig.cached_outputs(model, state, game.features, game.y, game.index, view.out_dir.parent / "signals",
+                              view.device)
 
 
-def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[View]:
-    """The victim against all shadows (``victim`` game; ``victim`` = its (φ, prob)), or each shadow
-    against the K − 2 others that are not its complementary partner (``shadows`` game).
+def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[View, np.ndarray]]:
+    """(view, the target's membership [N]) of the victim against all shadows (``victim`` game; ``victim`` =
+    its (φ, prob)), or of each shadow against the K − 2 others that are not its complementary partner
+    (``shadows`` game).
 
     Leaving the partner out keeps every example at exactly K/2 − 1 IN and K/2 − 1 OUT references whatever
     the target's membership. With the partner in, a member of the target would have one IN reference fewer
@@ -202,28 +209,26 @@ def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None)
     membership = pool.game.membership.numpy()
     if pool.game.target == "victim":
         assert victim is not None
-        return [View(victim[0], victim[1], pool.phi, pool.prob, membership, pool.game.in_victim)]
+        return [(View(victim[0], victim[1], pool.phi, pool.prob, membership), pool.game.in_victim)]
     out = []
     for t in range(pool.phi.shape[0]):
         refs = np.arange(pool.phi.shape[0]) // 2 != t // 2  # neither the target nor its complement
-        out.append(View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs],
-                        membership[t]))
+        out.append((View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs]),
+                    membership[t]))
     return out
 
 
-def target_privacy(context: AttackContext, game: Game) -> dict[str, float]:
-    """Sample rate, steps and accounted ε of the ``shadows`` game's target models (the victim's σ)."""
+def target_privacy(privacy: PrivacyLedger, game: Game) -> dict[str, float]:
+    """Sample rate, steps and accounted ε of the ``shadows`` game's target models: the victim's ledger at
+    their q and T."""
     q = game.train.batch_size / (len(game.index) // 2)
     steps = game.train.epochs * ((len(game.index) // 2) // game.train.batch_size)
-    sigma = context.accounted.accounted_noise_multiplier
-    eps = (epsilon_for(sigma, q, steps, context.accounted.delta, context.accounted.accountant)
-           if math.isfinite(context.accounted.epsilon) and sigma > 0 else math.inf)
-    return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": eps}
+    return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": privacy.at(q, steps).epsilon}
 
 
-def out_dir(context: AttackContext) -> Path:
-    context.out_dir.mkdir(parents=True, exist_ok=True)
-    return context.out_dir
+def out_dir(view: AttackerView) -> Path:
+    view.out_dir.mkdir(parents=True, exist_ok=True)
+    return view.out_dir
 
 
 class ShadowAttack(Attack):
@@ -243,18 +248,63 @@ class ShadowAttack(Attack):
     def check_task(cls, params: ShadowParams, task: Any) -> None:
         check_game(params, task)
 
-    def run(self, context: AttackContext) -> AttackResult:
+    def play(self, view: AttackerView, task: Task) -> AttackResult:
         p = self.params
-        self.check_task(p, context.task)
-        pool = shadow_pool(context, p.shadows, p.mia_target)
-        victim = (outputs_of(fresh_model(context), context, context.states["final"], pool.game)
+        self.check_task(p, task)
+        pool = shadow_pool(view, task, p.shadows, p.mia_target)
+        victim = (outputs_of(fresh_model(view), view, view.states["final"], pool.game)
                   if p.mia_target == "victim" else None)
-        scores, labels = zip(*[(self.score(v), v.labels) for v in views(pool, victim)])
+        own = view.streams.scope("attack", self.name)
+        # the population lists the victim's pool first: the hook sees its examples in a shuffled order
+        order = torch.randperm(len(pool.game.y), generator=own.generator("order")).numpy()
+        scores, labels = [], []
+        for target, membership in views(pool, victim):
+            unshuffled = np.empty(len(order))
+            unshuffled[order] = self.score(target.columns(order))
+            scores.append(unshuffled)
+            labels.append(membership)
         scores, labels = np.concatenate(scores), np.concatenate(labels)
-        metrics = membership_metrics(scores, labels, context.accounted.delta,
-                                     context.streams.scope("attack", self.name).numpy("threshold"))
+        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
         if p.mia_target == "shadows":
-            metrics.update(target_privacy(context, pool.game))
+            metrics.update(target_privacy(view.privacy, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
         metrics.update(self.extra_metrics())
-        return AttackResult(metrics, save_roc(scores, labels, out_dir(context), self.title()))
+        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()))
+
+
+class VictimMembershipAttack(Attack):
+    """Membership against the trained victim without shadow models (``loss``, plug-ins). The game's
+    candidates are the victim's private pool and the held-out split, shuffled (stream ``attack/<name>``
+    ``order``) and unlabelled; a subclass's ``score(view, x, y)`` gives one score per candidate (higher:
+    more likely a member), which the game scores against who was in the pool. ``yeom_rule``: also report
+    ``yeom_accuracy``, the balanced accuracy of "member iff the score exceeds the members' mean score"
+    (Yeom et al.'s rule, the mean training loss being public to their attacker)."""
+
+    yeom_rule: ClassVar[bool] = False
+
+    @classmethod
+    def check_task(cls, params: Any, task: Task) -> None:
+        if len(task.test) == 0:
+            raise ConfigError(f"data.test_fraction: the {cls.name} attack needs held-out examples (non-members); "
+                              "set data.test_fraction > 0")
+
+    def score(self, view: AttackerView, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def title(self) -> str:
+        return f"{self.name} attack"
+
+    def play(self, view: AttackerView, task: Task) -> AttackResult:
+        self.check_task(self.params, task)
+        x, y = torch.cat([task.train.x, task.test.x]), torch.cat([task.train.y, task.test.y])
+        labels = np.r_[np.ones(len(task.train), bool), np.zeros(len(task.test), bool)]
+        own = view.streams.scope("attack", self.name)
+        order = torch.randperm(len(y), generator=own.generator("order"))
+        scores = np.empty(len(y))
+        scores[order.numpy()] = self.score(view, x[order], y[order])
+        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
+        if self.yeom_rule:
+            threshold = scores[labels].mean()
+            metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
+                                              + (scores[~labels] <= threshold).mean()) / 2)
+        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()))

@@ -50,12 +50,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from attacks import gradient_common as gc
-from attacks.base import Attack, AttackContext, AttackResult
 from attacks.registry import ATTACKS
+from attacks.view import AttackerView
 from harness.core.errors import ConfigError
+from harness.core.models import Normalize
 from harness.core.params import param
 from harness.core.runtime import single_cpu_thread
-from harness.core.models import Normalize
 from harness.core.scatternet import FixedFeatures
 
 WORKING_MODELS = "cnn3 (the digits default), cnn6, fcn3 and mlp"
@@ -394,34 +394,27 @@ def _transpose(blk: Block, w: torch.Tensor, delta: torch.Tensor, in_shape: tuple
 
 
 @ATTACKS.register("rgap", "R-GAP closed-form recursive attack (Conv2d/Linear stacks, invertible activations)")
-class RGAP(Attack):
+class RGAP(gc.ReconstructionAttack):
     Params = RGAPParams
     headline, higher_leaks, headline_label, baseline = "psnr", True, "R-GAP PSNR (dB)", "baseline_psnr"
-
-    @classmethod
-    def wanted_states(cls, params: Any) -> set[str]:
-        return gc.wanted_states(params)
-
-    @classmethod
-    def check_task(cls, params: Any, task: Any) -> None:
-        gc.check_targets(params, task)
 
     @staticmethod
     def check_model(model: nn.Module, in_shape: tuple[int, ...]) -> None:
         check_model(model, in_shape)
 
-    def run(self, context: AttackContext) -> AttackResult:
-        check_model(context.model, context.task.shape)  # fail before any work on unsupported models
-        return gc.run_gradient_attack("rgap", self.params, context, _reconstruct)
+    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[Any],
+                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
+                    streams: Any) -> gc.Reconstruction:
+        return _reconstruct(self.params, view, model, releases, masks, labels)
 
 
-def _reconstruct(params: RGAPParams, context: AttackContext, model: nn.Module, releases: list[Any],
-                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor, streams: Any) -> gc.Reconstruction:
+def _reconstruct(params: RGAPParams, view: AttackerView, model: nn.Module, releases: list[Any],
+                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor) -> gc.Reconstruction:
     """One closed-form inversion per target; the rank metrics reported are the worst over the targets
     (smallest rank, largest condition number), every layer report of every target goes to the JSON."""
     pixels, layers = [], []
     for shared, mask, label in zip(releases, masks, labels):
-        rec, reports = reconstruct_one(model, shared.grads, mask, int(label[0]), context.task.shape,
+        rec, reports = reconstruct_one(model, shared.grads, mask, int(label[0]), view.shape,
                                        params.rgap_tikhonov)
         pixels.append(rec.float())
         layers.append(reports)

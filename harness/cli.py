@@ -445,7 +445,8 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
             epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
-    from harness.core.accounting import epsilon_for, noise_for, steps_for
+    from harness.core.accounting import ACCOUNTED_SAMPLING, noise_for, steps_for
+    from harness.core.ledger import PrivacyLedger
 
     for flag, value in (("--epsilon", epsilon), ("--noise-multiplier", noise_multiplier), ("--delta", delta),
                         ("--sample-rate", sample_rate)):
@@ -470,7 +471,7 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
         sigma = noise_multiplier
     else:
         sigma = noise_for(epsilon, delta, sample_rate, total, accountant)
-    spent = epsilon_for(sigma, sample_rate, total, delta, accountant)
+    spent = PrivacyLedger(sigma, sigma, sample_rate, total, delta, accountant, ACCOUNTED_SAMPLING).epsilon
     data = {"noise_multiplier": sigma, "epsilon": spent, "target_epsilon": epsilon, "delta": delta,
             "sample_rate": sample_rate, "steps": total, "accountant": accountant}
     emit(data, as_json, f"noise multiplier σ = {sigma:.6g}\nε = {spent:.4f} at δ = {format_delta(delta)} "

@@ -23,40 +23,27 @@ import yaml
 from torch import nn
 
 from attacks import ATTACKS
-from attacks.base import AttackContext
+from attacks.view import AttackerView
 from defenses import DEFENSES
 from defenses.base import Defense
-from harness import __version__
+from harness import __version__, checkpoint
 from harness.config import RunSpec
-from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, epsilon_for, noise_for
+from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
+from harness.core.ledger import PrivacyLedger
 from harness.core.models import DEFAULT_MODELS, build_model
 from harness.core.runtime import apply_thread_default, resolve_device
 from harness.core.splits import Task
 from harness.core.states import resolve
 from harness.core.streams import Streams, seed_globals
 from harness.engine.book_keeping import check_lean
-from harness import checkpoint
+from harness.engine.release import ReleaseOracle
 from harness.engine.training import BatchSampler, Loop, accuracy, train
 from harness.logs import LOG_ONLY
 from harness.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
-
-
-@dataclass
-class PrivacyPlan:
-    """The accounting facts of a run (reported under ``privacy.*``)."""
-
-    epsilon: float
-    delta: float
-    noise_multiplier: float        # the σ the defense adds
-    accounted_noise_multiplier: float
-    sample_rate: float
-    steps: int
-    accountant: str
-    sampling: str
 
 
 @dataclass
@@ -66,28 +53,28 @@ class Prepared:
     model_name: str
     model: nn.Module
     sampler: BatchSampler
-    privacy: PrivacyPlan
+    privacy: PrivacyLedger                 # as planned; training's own count of releases replaces it
     make_defense: Callable[..., Defense]   # make_defense(streams, bound_to=None)
     build_model: Callable[[], nn.Module]
     streams: Streams                       # the run's root streams
     device: torch.device
 
 
-def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyPlan:
+def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyLedger:
+    """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon``."""
     p, t = spec.privacy, spec.train
     sample_rate = t.batch_size / n_private
     steps = t.epochs * (n_private // t.batch_size)
     delta = p.delta if p.delta is not None else default_delta(n_private)
     if not defense_cls.is_dp(spec.defense):
-        return PrivacyPlan(math.inf, delta, 0.0, 0.0, sample_rate, steps, p.accountant, t.sampling)
+        return PrivacyLedger(0.0, 0.0, sample_rate, steps, delta, p.accountant, t.sampling)
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
         accounted = sigma / defense_cls.noise_for_accounted(1.0)
     else:
         accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant)
         sigma = defense_cls.noise_for_accounted(accounted)
-    epsilon = epsilon_for(accounted, sample_rate, steps, delta, p.accountant)
-    return PrivacyPlan(epsilon, delta, sigma, accounted, sample_rate, steps, p.accountant, t.sampling)
+    return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling)
 
 
 def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
@@ -104,7 +91,7 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
 
 
 def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] | None = None,
-            plan: Callable[[RunSpec, type[Defense], int], PrivacyPlan] | None = None) -> Prepared:
+            plan: Callable[[RunSpec, type[Defense], int], PrivacyLedger] | None = None) -> Prepared:
     """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
     raises ConfigError on any invalid input. ``defense_cls`` replaces the registry's class of
     ``spec.defense_name`` (same parameters) and ``plan`` replaces :func:`plan_privacy`: the whole-run audit's
@@ -181,17 +168,8 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
     for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
         row.update({f"attack.{name}.{k}": ", ".join(map(str, v)) if isinstance(v, list) else v
                     for k, v in dataclasses.asdict(spec.attack[name]).items()})
-    pp = prep.privacy
+    row.update(prep.privacy.metrics())
     row.update({
-        "privacy.epsilon": pp.epsilon,
-        "privacy.delta": pp.delta,
-        "privacy.noise_multiplier": pp.noise_multiplier,
-        "privacy.accounted_noise_multiplier": pp.accounted_noise_multiplier,
-        "privacy.sample_rate": pp.sample_rate,
-        "privacy.steps": pp.steps,
-        "privacy.accountant": pp.accountant,
-        "privacy.sampling": pp.sampling,
-        "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
         "data.train_size": len(prep.task.train),
         "data.test_size": len(prep.task.test),
         "data.public_size": len(prep.task.public),
@@ -226,25 +204,33 @@ class AttacksFailed(RuntimeError):
         return (AttacksFailed, (str(self), self.metrics))
 
 
+def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
+                  out_dir: Path) -> AttackerView:
+    """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep."""
+    spec, task = prep.spec, prep.task
+    oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
+                           int(spec.train.physical_batch_size))
+    return AttackerView(
+        architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
+        shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
+        privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
+        streams=prep.streams, out_dir=out_dir, device=prep.device)
+
+
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                trained_defense: Defense, out_dir: Path, run_id: str = "") -> dict[str, Any]:
+                out_dir: Path, run_id: str = "") -> dict[str, Any]:
     """Run every attack; artefact paths are stored with ``artefact_path`` (given the run's id) and each
     attack's wall-clock time as ``time.<attack>_s``. An attack that raises does not stop the others: its
     error is ``leakage.<attack>.error`` (the traceback goes to the log) and ``failed_attacks`` names it."""
     metrics: dict[str, Any] = {}
     failed: list[str] = []
     for name, attack in attacks_of(prep.spec):
-        context = AttackContext(
-            model=prep.model, states=states, defense_states=defense_states, trained_defense=trained_defense,
-            task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model, spec=prep.spec,
-            accounted=prep.privacy, seed=prep.spec.seed, streams=prep.streams, out_dir=out_dir / name,
-            device=prep.device,
-        )
-        context.out_dir.mkdir(parents=True, exist_ok=True)
+        view = attacker_view(prep, states, defense_states, out_dir / name)
+        view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
         try:
-            result = attack.run(context)
+            result = attack.play(view, prep.task)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
             metrics[f"leakage.{name}.error"] = f"{type(exc).__name__}: {exc}"
@@ -320,8 +306,11 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
             "time.threads": torch.get_num_threads(),
             "train.engine_used": result.engine,
         })
+        released = prep.privacy.at(prep.sampler.sample_rate, result.steps)  # the releases training made
+        metrics.update(released.metrics())
+        prep = dataclasses.replace(prep, privacy=released)
         attack_start = time.perf_counter()
-        metrics.update(run_attacks(prep, states, defense_states, defense, run_dir, run_id))
+        metrics.update(run_attacks(prep, states, defense_states, run_dir, run_id))
         metrics["time.attack_s"] = time.perf_counter() - attack_start
         failed = metrics.pop("failed_attacks", [])
         metrics["status"] = "failed" if failed else "done"
@@ -339,7 +328,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         handler.close()
 
 
-def warn_sampling(plan: PrivacyPlan) -> None:
+def warn_sampling(plan: PrivacyLedger) -> None:
     """Every DP run whose batches are not Poisson-sampled says that its ε assumes they were."""
     if plan.sampling != ACCOUNTED_SAMPLING and math.isfinite(plan.epsilon):
         log.warning("warning: train.sampling: %s — ε = %.3g is accounted as if batches were Poisson-sampled "
@@ -410,9 +399,9 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
-    """An AttackContext for ``attack.at: init`` without training (tests, quick experiments; reconstruction
-    attacks need ``at: init`` or ``final`` here: no epoch is recorded).
+def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Task]:
+    """An attacker's view (and the task its games keep) for ``attack.at: init`` without training (tests, quick
+    experiments; reconstruction attacks need ``at: init`` or ``final`` here: no epoch is recorded).
 
     Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
@@ -426,8 +415,5 @@ def untrained_context(spec: RunSpec, out_dir: str | Path) -> AttackContext:
     state = copy.deepcopy(defense.state_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return AttackContext(model=prep.model, states={"init": init, "final": init},
-                         defense_states={"init": state, "final": state}, trained_defense=defense,
-                         task=prep.task, make_defense=prep.make_defense, build_model=prep.build_model,
-                         spec=spec, accounted=prep.privacy, seed=spec.seed, streams=prep.streams, out_dir=out,
-                         device=prep.device)
+    view = attacker_view(prep, {"init": init, "final": init}, {"init": state, "final": state}, out)
+    return view, prep.task

@@ -8,6 +8,10 @@
 
 Imports inside functions count too (a lazy import is still a dependency). ``harness`` itself (the package's
 ``__init__``, which only holds the version) may be imported from anywhere.
+
+Within the attacks layer, a module that registers an attack (and the plug-in fixture) stays on the attacker's
+side of the threat model: it sees the ``AttackerView`` and what its family's game hands it, nothing that
+reaches the private pool (see ``boundary_violations``).
 """
 
 from __future__ import annotations
@@ -154,3 +158,100 @@ def test_docs_links_resolve():
             if not (doc.parent / target).exists():
                 broken.append(f"{doc.relative_to(ROOT)} → {target}")
     assert not broken, broken
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The threat-model boundary: a module that registers an attack sees only the AttackerView (attacks/view.py)
+# and what its family's game hands it; the private pool stays with the game.
+
+FIXTURE_ATTACK = ROOT / "tests" / "fixtures" / "plugin_attack.py"
+# modules and objects that reach the private pool or the held-out split
+POOL_MODULES = ("harness.core.datasets", "harness.runner")
+POOL_OBJECTS = {"harness.core.splits.Task", "attacks.gradient_common.draw_targets",
+                "attacks.gradient_common.select_targets", "attacks.shadow_signals.population",
+                "attacks.membership_common.plan_game", "attacks.membership_common.shadow_pool"}
+POOL_ACCESSORS = {name.rsplit(".", 1)[1] for name in POOL_OBJECTS}  # also reached as ``module.name``
+
+
+def registers_attack(path: Path) -> bool:
+    """Whether a class of the module is decorated with ``ATTACKS.register(...)``."""
+    return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
+               and isinstance(d.func.value, ast.Name) and d.func.value.id == "ATTACKS"
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+               for d in node.decorator_list)
+
+
+def attack_modules() -> list[Path]:
+    """Every module that registers an attack, and the plug-in fixture."""
+    return [p for p in sorted((ROOT / "attacks").rglob("*.py")) if registers_attack(p)] + [FIXTURE_ATTACK]
+
+
+def boundary_violations(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = [f"imports {name}" for _, name in imported_modules(path)
+           if name in POOL_OBJECTS or any(name == m or name.startswith(m + ".") for m in POOL_MODULES)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in ("task", "Task"):
+            bad.append(f"line {node.lineno}: names {node.id}")
+        elif isinstance(node, ast.arg) and node.arg == "task":
+            bad.append(f"line {node.lineno}: takes task")
+        elif isinstance(node, ast.Attribute) and node.attr in POOL_ACCESSORS | {"task"}:
+            bad.append(f"line {node.lineno}: reads .{node.attr}")
+        elif isinstance(node, ast.FunctionDef) and node.name == "play":
+            bad.append(f"line {node.lineno}: overrides play (the game's)")
+        elif isinstance(node, ast.Constant) and node.value == "victim":
+            bad.append(f"line {node.lineno}: names the victim's random streams")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Streams":
+            bad.append(f"line {node.lineno}: builds its own Streams")
+    return [f"{path.relative_to(ROOT)}: {b}" for b in bad]
+
+
+def test_every_registered_attack_is_checked_for_the_boundary():
+    """The check covers the module of every registered attack (nothing escapes by where it is defined)."""
+    import importlib
+
+    from attacks import ATTACKS
+
+    registered = "plugin-confidence" in ATTACKS
+    module = importlib.import_module("tests.fixtures.plugin_attack")
+    if "plugin-confidence" not in ATTACKS:
+        importlib.reload(module)  # registers again after an earlier test's teardown
+    try:
+        modules = {Path(importlib.import_module(ATTACKS.get(n).__module__).__file__).resolve() for n in ATTACKS.names()}
+    finally:
+        if not registered:
+            ATTACKS.unregister("plugin-confidence")
+    assert FIXTURE_ATTACK.resolve() in modules and (ROOT / "attacks" / "ig.py").resolve() in modules
+    assert modules <= {p.resolve() for p in attack_modules()}
+
+
+def test_attacks_never_reach_the_private_pool():
+    bad = [b for path in attack_modules() for b in boundary_violations(path)]
+    assert not bad, "attack modules reaching past the AttackerView:\n" + "\n".join(bad)
+
+
+def test_the_boundary_check_catches_an_attack_reading_the_pool():
+    """Positive control: an attack module that imports the task, plays its own game, reads the pool through a
+    game accessor and draws the victim's noise is reported for each."""
+    probe = ROOT / "attacks" / "_boundary_probe_tmp.py"
+    probe.write_text(
+        "from harness.core.splits import Task\n"
+        "from attacks import gradient_common as gc\n"
+        "from attacks.gradient_common import ReconstructionAttack\n"
+        "from attacks.registry import ATTACKS\n"
+        "from harness.core.streams import Streams\n"
+        "\n"
+        "@ATTACKS.register('probe', 'reads the pool')\n"
+        "class Probe(ReconstructionAttack):\n"
+        "    def play(self, view, task):\n"
+        "        noise = Streams(0).scope('victim')\n"
+        "        return gc.draw_targets(view, task, self.params)\n")
+    try:
+        assert probe in attack_modules()
+        bad = "\n".join(boundary_violations(probe))
+    finally:
+        probe.unlink()
+    for expected in ("imports harness.core.splits.Task", "line 9: overrides play", "line 9: takes task",
+                     "line 10: builds its own Streams", "line 10: names the victim's random streams",
+                     "line 11: reads .draw_targets", "line 11: names task"):
+        assert expected in bad, (expected, bad)

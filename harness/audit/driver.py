@@ -47,10 +47,11 @@ from defenses import DEFENSES
 from defenses.auditing import CanaryDesign
 from defenses.base import Defense
 from harness.config import RunSpec
-from harness.core.accounting import default_delta, epsilon_for
+from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta
 from harness.core.canaries import CANARY_NORM, Canaries
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
+from harness.core.ledger import PrivacyLedger
 from harness.core.models import build_model
 from harness.core.runtime import resolve_device, single_cpu_thread
 from harness.core.splits import Task
@@ -285,7 +286,9 @@ def _run_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None) -
     ctx = prepare_audit(spec, options, defense_cls)
     delta = spec.privacy.delta if spec.privacy.delta is not None else default_delta(len(ctx.task.train))
     accounted = ctx.make_defense(Streams(spec.seed).scope("audit", "probe")).accounted_noise_multiplier()
-    epsilon = epsilon_for(accounted, 1.0, options.steps, delta, spec.privacy.accountant)
+    # the audited releases: each a whole batch (q = 1), ``options.steps`` of them
+    epsilon = PrivacyLedger(ctx.sigma, accounted, 1.0, options.steps, delta, spec.privacy.accountant,
+                            ACCOUNTED_SAMPLING).epsilon
     tests, skipped = run_tests(ctx, options, delta)
     if not tests:
         raise RunFailure(f"audit: no canary fits any released coordinate of {spec.defense_name}")

@@ -40,6 +40,7 @@ STREAMS: dict[str, str] = {
     "release": "the noise of one observed release (indexed by the release)",
     "canaries": "audit canary directions and in/out assignment",
     "threshold": "the random half on which a membership threshold is chosen",
+    "order": "a membership game's shuffle of the unlabelled candidates it hands an attack",
     "global": "Python's, NumPy's and torch's global generators (anything not given a stream)",
 }
 

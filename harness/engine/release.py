@@ -1,5 +1,5 @@
 """Releases between the defense and the model: applying one to the model, and observing one for chosen
-examples (the victim side of a gradient attack).
+examples (the victim side of a gradient attack: ``ReleaseOracle``).
 
 Both go through the defense's own stages, so what an optimizer steps on and what an attacker observes is
 exactly what the defense releases.
@@ -7,11 +7,18 @@ exactly what the defense releases.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
 from defenses.base import Defense, SharedGradient
 from harness.core.per_sample import PerSampleGradients, micro_batches
+from harness.core.states import AttackState
+from harness.core.streams import Streams
 
 
 def apply_release(params: dict[str, nn.Parameter], shared: SharedGradient) -> None:
@@ -37,3 +44,34 @@ def observe_release(defense: Defense, model: nn.Module, x: torch.Tensor, y: torc
     for xb, yb in micro_batches(x.to(device), y.to(device), max(int(physical_batch_size), 1)):
         defense.clip_and_accumulate(psg(xb, yb))
     return defense.release(x.shape[0])
+
+
+@dataclass(frozen=True)
+class ReleaseOracle:
+    """What the defense releases for a chosen batch at a recorded state, as training would have released it.
+
+    ``oracle(model, x, y, at, streams)``: a fresh defense drawing from ``streams`` (several releases in one
+    attack pass independent streams), bound to ``model`` (the weights of state ``at``: a defense that reads
+    the model, GEP's anchors, sees what training saw then), put in the state of ``at`` — ``begin_epoch`` and
+    then the public state training recorded then — observes the batch through its own stages. Returns the
+    release and a report of the state used (state, epoch, density, noise_std, defense_rate)."""
+
+    make_defense: Callable[..., Defense]       # make_defense(streams, bound_to): as configured in training
+    defense_states: Mapping[str, dict[str, Any]]
+    epochs: int
+    physical_batch_size: int
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, at: str,
+                 streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
+        epoch = AttackState(at).defense_epoch(self.epochs)
+        defense = self.make_defense(streams, bound_to=model)
+        defense.begin_epoch(epoch, self.epochs)
+        public_state = self.defense_states.get(at)
+        if public_state:
+            defense.load_state_dict(copy.deepcopy(public_state))
+        shared = observe_release(defense, model, x, y, self.physical_batch_size)
+        report: dict[str, Any] = {"state": at, "epoch": epoch, "density": float(shared.density),
+                                  "noise_std": float(shared.noise_std)}
+        if shared.rate is not None:
+            report["defense_rate"] = float(shared.rate)
+        return shared, report

@@ -21,8 +21,9 @@ from harness.audit.driver import AuditOptions, dp_defense_names, run_audit
 from harness.audit.run import GUESS_RULES, STATISTICS, RunAuditOptions, canary_scores, run_scope_audit
 from harness.cli import main
 from harness.config import build_spec
-from harness.core.accounting import default_delta, epsilon_for, noise_for
-from harness.runner import PrivacyPlan, plan_privacy
+from harness.core.accounting import default_delta, noise_for
+from harness.core.ledger import PrivacyLedger
+from harness.runner import plan_privacy
 
 
 def spec(name, seed=0, **sections):
@@ -120,13 +121,12 @@ class WarmupSaliencyRS(RandomSparsification):
 
 def per_example_rate_plan(spec, defense_cls, n):
     """Bug: shuffled batches accounted as Poisson sampling with q = 1/N (the rate of one example per step)
-    instead of B/N: σ is calibrated for the wrong q, far too small for the target ε."""
+    instead of B/N: the ledger records the wrong q, so σ is calibrated for it, far too small for the target ε."""
     p, t = spec.privacy, spec.train
     steps = t.epochs * (n // t.batch_size)
     delta = p.delta if p.delta is not None else default_delta(n)
     sigma = noise_for(p.epsilon, delta, 1 / n, steps, p.accountant)
-    epsilon = epsilon_for(sigma, 1 / n, steps, delta, p.accountant)
-    return PrivacyPlan(epsilon, delta, sigma, sigma, t.batch_size / n, steps, p.accountant, t.sampling)
+    return PrivacyLedger(sigma, sigma, 1 / n, steps, delta, p.accountant, t.sampling)
 
 
 BUGS = {

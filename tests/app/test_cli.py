@@ -312,10 +312,10 @@ def test_acceptance_no_defense_accuracy(tmp_path):
 def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, monkeypatch):
     from attacks.loss import LossAttack
 
-    def broken(self, context):
+    def broken(self, view, x, y):
         raise RuntimeError("planted failure")
 
-    monkeypatch.setattr(LossAttack, "run", broken)
+    monkeypatch.setattr(LossAttack, "score", broken)
     results = tmp_path / "r"
     result = CliRunner().invoke(main, ["run", "--attack", "grad-mia", "--attack", "loss", "--epochs", "1",
                                        "--results", str(results), "--quiet"])

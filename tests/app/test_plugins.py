@@ -35,10 +35,11 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def test_the_documented_recipe_is_the_fixture():
-    """docs/architecture.md shows exactly the defense file this test registers."""
-    fixture = (ROOT / "tests/fixtures/plugin_defense.py").read_text().split('"""', 2)[2].lstrip("\n")
-    assert fixture in (ROOT / "docs/architecture.md").read_text()
+@pytest.mark.parametrize("fixture", ["plugin_defense", "plugin_attack"])
+def test_the_documented_recipe_is_the_fixture(fixture):
+    """docs/architecture.md shows exactly the defense and attack files this test registers."""
+    code = (ROOT / f"tests/fixtures/{fixture}.py").read_text().split('"""', 2)[2].lstrip("\n")
+    assert code in (ROOT / "docs/architecture.md").read_text()
 
 
 def test_plugins_run_everywhere(plugins, tmp_path):

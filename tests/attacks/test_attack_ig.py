@@ -13,11 +13,12 @@ from defenses.base import Defense, SharedGradient
 from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
-from harness.runner import untrained_context
+from harness.runner import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
-    """An untrained run's context (states ``init`` and ``final``); one target unless ``targets`` is given."""
+    """An untrained run's (attacker's view, task) (states ``init`` and ``final``); one target unless ``targets``
+    is given."""
     attack = {"at": "init", "targets": 1, **attack}
     raw = {"defense": defense, "attacks": ["ig"], "attack": attack, "device": "cpu"}
     if epsilon is not None:
@@ -25,12 +26,12 @@ def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
     if model is not None:
         raw["model"] = {"name": model}
     spec = build_spec(raw)
-    return untrained_context(spec, tmp_path), spec
+    return untrained_view(spec, tmp_path), spec
 
 
 def run_ig(ctx, spec):
     cls = ATTACKS.get("ig")
-    return cls(spec.attack["ig"]).run(ctx)
+    return cls(spec.attack["ig"]).play(*ctx)
 
 
 class MaskingDefense(Defense):
@@ -60,9 +61,12 @@ class MaskingDefense(Defense):
 
 
 def with_defense(ctx, fill, rate=0.5):
-    shapes = {n: p.shape for n, p in ctx.model.named_parameters()}
+    view, task = ctx
+    shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type(f"Masking_{fill}", (MaskingDefense,), {"fill": fill, "rate": rate})
-    return dataclasses.replace(ctx, make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(view.release,
+                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    return dataclasses.replace(view, release=oracle), task
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -159,9 +163,9 @@ def test_mask_aware_attack_ignores_withheld_values_and_beats_the_naive_one(tmp_p
     ctx, spec = context(tmp_path, ig_iterations=400)
     params = spec.attack["ig"]
     cls = ATTACKS.get("ig")
-    zeros = cls(params).run(with_defense(ctx, "zeros")).metrics
-    garbage = cls(params).run(with_defense(ctx, "garbage")).metrics
-    naive = cls(dataclasses.replace(params, mask_aware=False)).run(with_defense(ctx, "garbage")).metrics
+    zeros = cls(params).play(*with_defense(ctx, "zeros")).metrics
+    garbage = cls(params).play(*with_defense(ctx, "garbage")).metrics
+    naive = cls(dataclasses.replace(params, mask_aware=False)).play(*with_defense(ctx, "garbage")).metrics
     print(f"masked 50%: aware {zeros['psnr']:.1f} / {garbage['psnr']:.1f} dB, naive on garbage {naive['psnr']:.1f} dB")
     assert zeros["density"] == pytest.approx(0.5, abs=0.02)
     assert garbage["psnr"] == pytest.approx(zeros["psnr"], abs=1e-6)  # the withheld values never mattered

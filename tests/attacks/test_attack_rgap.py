@@ -8,9 +8,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from attacks import ATTACKS
+from attacks import ATTACKS, image_metrics
 from attacks import gradient_common as gc
-from attacks import image_metrics
 from attacks.rgap import RGAPParams, check_model, reconstruct_one
 from defenses.base import Defense, SharedGradient
 from harness.cli import main
@@ -20,11 +19,12 @@ from harness.core.models import build_model
 from harness.core.params import from_dict
 from harness.core.per_sample import PerSampleGradients
 from harness.core.streams import Streams
-from harness.runner import untrained_context
+from harness.runner import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
-    """An untrained run's context (states ``init`` and ``final``); one target unless ``targets`` is given."""
+    """An untrained run's (attacker's view, task) (states ``init`` and ``final``); one target unless ``targets``
+    is given."""
     attack = {"at": "init", "targets": 1, **attack}
     raw = {"defense": defense, "attacks": ["rgap"], "attack": attack, "device": "cpu"}
     if epsilon is not None:
@@ -32,12 +32,12 @@ def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
     if model is not None:
         raw["model"] = {"name": model}
     spec = build_spec(raw)
-    return untrained_context(spec, tmp_path), spec
+    return untrained_view(spec, tmp_path), spec
 
 
 def run_rgap(ctx, spec, **override):
     params = dataclasses.replace(spec.attack["rgap"], **override)
-    return ATTACKS.get("rgap")(params).run(ctx)
+    return ATTACKS.get("rgap")(params).play(*ctx)
 
 
 class MaskingDefense(Defense):
@@ -68,9 +68,12 @@ class MaskingDefense(Defense):
 
 
 def with_defense(ctx, **attrs):
-    shapes = {n: p.shape for n, p in ctx.model.named_parameters()}
+    view, task = ctx
+    shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type("Masking", (MaskingDefense,), attrs)
-    return dataclasses.replace(ctx, make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(view.release,
+                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    return dataclasses.replace(view, release=oracle), task
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -239,9 +242,9 @@ class RecordingDefense(Defense):
 
 @pytest.mark.parametrize("at,epoch,marker", [("init", 0, "i"), ("final", 19, "f"), ("epoch:7", 7, "e7")])
 def test_release_goes_through_the_defense_at_the_attacked_state(tmp_path, at, epoch, marker):
-    ctx, spec = context(tmp_path)
-    init = ctx.states["init"]
-    shapes = {n: p.shape for n, p in ctx.model.named_parameters()}
+    (view, task), spec = context(tmp_path)
+    init = view.states["init"]
+    shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     RecordingDefense.calls = []
     given = []
 
@@ -249,28 +252,28 @@ def test_release_goes_through_the_defense_at_the_attacked_state(tmp_path, at, ep
         given.append(streams)
         return RecordingDefense(None, shapes, 0.0, streams)
 
-    ctx = dataclasses.replace(
-        ctx, states={"init": init, "final": init, "epoch:7": init},
-        defense_states={"init": {"marker": "i"}, "final": {"marker": "f"}, "epoch:7": {"marker": "e7"}},
-        make_defense=make_defense)
-    m = run_rgap(ctx, spec, at=at).metrics
+    public = {"init": {"marker": "i"}, "final": {"marker": "f"}, "epoch:7": {"marker": "e7"}}
+    view = dataclasses.replace(
+        view, states={"init": init, "final": init, "epoch:7": init}, defense_states=public,
+        release=dataclasses.replace(view.release, defense_states=public, make_defense=make_defense))
+    m = run_rgap((view, task), spec, at=at).metrics
     assert RecordingDefense.calls == [("begin_epoch", epoch, spec.train.epochs), ("load_state_dict", marker),
                                       ("clip_and_accumulate", 1), ("release", 1)]
     # one fresh defense, drawing its noise from the attack's own streams (not the victim's)
-    assert given == [ctx.streams.scope("attack", "rgap").scope(at, "release", 0)]
+    assert given == [view.streams.scope("attack", "rgap").scope(at, "release", 0)]
     assert m["state"] == at and m["epoch"] == epoch and m["defense_rate"] == 0.25
     assert m["psnr"] >= 40.0
 
 
 def test_targets_follow_the_run_seed(tmp_path):
-    ctx, _ = context(tmp_path)
+    (view, task), spec = context(tmp_path)
 
     def targets(seed):
         gen = Streams(seed).scope("attack", "gradient").generator("targets")
-        return gc.select_targets(ctx.task, 4, gen)[2]
+        return gc.select_targets(task, 4, gen)[2]
 
-    a = gc.select_targets(ctx.task, 4, gc.target_streams(ctx).generator("targets"))[2]
-    assert ctx.seed == 0 and torch.equal(a, targets(0))  # the run's targets stream, shared by ig and rgap
+    a = gc.select_targets(task, 4, gc.target_streams(view).generator("targets"))[2]
+    assert spec.seed == 0 and torch.equal(a, targets(0))  # the run's targets stream, shared by ig and rgap
     assert torch.equal(targets(0), targets(0))
     assert not torch.equal(a, targets(1))
     assert len(set(a.tolist())) == 4

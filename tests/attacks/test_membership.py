@@ -100,22 +100,22 @@ def synthetic_view(n=400, refs=16, gap=2.0, seed=0):
     target_phi = rng.normal(0, 1, n) + gap * labels
     prob = 1 / (1 + np.exp(-ref_phi))
     target_prob = 1 / (1 + np.exp(-target_phi))
-    return View(target_phi, target_prob, ref_phi, prob, ref_in, labels)
+    return View(target_phi, target_prob, ref_phi, prob, ref_in), labels
 
 
 @pytest.mark.parametrize("params", [LiraParams(), LiraParams(online=False), LiraParams(variance="per-example"),
                                     LiraParams(online=False, offline_test="two-sided")])
 def test_lira_separates_a_synthetic_signal(params):
-    view = synthetic_view()
+    view, labels = synthetic_view()
     scores = lira_scores(view, params)
-    auc = membership_metrics(scores, view.labels, 1e-5, threshold_rng())["auc"]
+    auc = membership_metrics(scores, labels, 1e-5, threshold_rng())["auc"]
     assert auc > (0.75 if params.offline_test == "one-sided" else 0.6)
 
 
 def test_lira_scores_equal_the_formulas():
     """Independent per-example loop: means over IN/OUT references, pooled within-example variance
     Σ(φ − μ)² / Σ(n − 1) (global) or each example's sample variance (per-example)."""
-    view = synthetic_view(n=60)
+    view, _ = synthetic_view(n=60)
     view.ref_in[:, :20] = np.arange(16)[:, None] < 12  # unequal IN/OUT counts (12/4), as in the victim game
     mu_in, mu_out, ss_in, ss_out, dof_in, dof_out, var_out = [], [], 0.0, 0.0, 0, 0, []
     for j in range(60):
@@ -148,17 +148,17 @@ def test_lira_global_variance_is_unbiased_with_few_references():
 
 
 def test_rmia_scores_are_fractions_and_follow_the_signal():
-    view = synthetic_view()
+    view, labels = synthetic_view()
     for params in (RmiaParams(), RmiaParams(online=False, offline_a=0.5, gamma=2.0)):
         scores = rmia_scores(view, params)
         assert scores.min() >= 0 and scores.max() <= 1 + 1e-12
-        assert membership_metrics(scores, view.labels, 1e-5, threshold_rng())["auc"] > 0.7
+        assert membership_metrics(scores, labels, 1e-5, threshold_rng())["auc"] > 0.7
 
 
 def reference_rmia(view, online, a, gamma):
     """Per-example loop over the population z (the view's own examples): Pr(x) and Pr(z) by the same rule,
     the fraction of z with LR(x, z) > γ, ties broken by r/(1 + r) of x's ratio r."""
-    n = len(view.labels)
+    n = len(view.target_phi)
     marg = []
     for j in range(n):
         refs = view.ref_prob[:, j] if online else view.ref_prob[~view.ref_in[:, j], j]
@@ -168,7 +168,7 @@ def reference_rmia(view, online, a, gamma):
 
 
 def test_rmia_scores_equal_the_formula():
-    view = synthetic_view(n=30)
+    view, _ = synthetic_view(n=30)
     for online, a, gamma in ((True, None, 1.0), (True, None, 1.5), (False, 0.4, 1.0), (False, 0.0, 2.0)):
         got = rmia_scores(view, RmiaParams(online=online, offline_a=a, gamma=gamma))
         np.testing.assert_allclose(got, reference_rmia(view, online, a, gamma), rtol=1e-12)
@@ -177,7 +177,7 @@ def test_rmia_scores_equal_the_formula():
 def test_rmia_online_population_mixes_in_and_out_references():
     """Pr(z) for the population uses IN references too: changing only the IN references of z changes the
     online scores (it would not if z's marginal came from OUT references only)."""
-    view = synthetic_view(n=50)
+    view, _ = synthetic_view(n=50)
     before = rmia_scores(view, RmiaParams())
     view.ref_prob = np.where(view.ref_in, view.ref_prob * 0.5, view.ref_prob)
     assert not np.allclose(before, rmia_scores(view, RmiaParams()))
@@ -186,7 +186,7 @@ def test_rmia_online_population_mixes_in_and_out_references():
 def test_rmia_gamma_one_keeps_the_signal_resolved():
     """γ = 1 with ties broken by the ratio: (almost) every example gets its own score, and the ranking of one
     target's examples is that of the ratio Pr(x|θ)/Pr(x)."""
-    view = synthetic_view(n=400)
+    view, _ = synthetic_view(n=400)
     scores = rmia_scores(view, RmiaParams())
     assert len(np.unique(scores)) == 400
     ratio = view.target_prob / view.ref_prob.mean(0)
@@ -197,7 +197,7 @@ def test_fit_offline_a_maximises_the_mean_reference_auc():
     """The fitted a is the grid value whose offline attack, each reference model against the others, has
     the best mean AUC (independent loop over the grid)."""
     rng = np.random.default_rng(3)
-    view = synthetic_view(n=300, refs=8, gap=1.0)
+    view, _ = synthetic_view(n=300, refs=8, gap=1.0)
     p_out = rng.uniform(0.05, 0.9, 300)
     view.ref_prob = np.where(view.ref_in, 0.7 * p_out + 0.3, p_out) * rng.uniform(0.9, 1.0, (8, 300))
     fitted = fit_offline_a(view.ref_prob, view.ref_in, 1.0)
@@ -207,7 +207,7 @@ def test_fit_offline_a_maximises_the_mean_reference_auc():
         for r in range(8):
             others = np.arange(8) != r
             sub = View(view.target_phi, view.ref_prob[r], view.ref_phi[others], view.ref_prob[others],
-                       view.ref_in[others], view.ref_in[r])
+                       view.ref_in[others])
             scores = rmia_scores(sub, RmiaParams(online=False, offline_a=float(a)))
             aucs.append(membership_metrics(scores, view.ref_in[r], 1e-5, threshold_rng())["auc"])
         means[round(float(a), 1)] = np.mean(aucs)
@@ -216,7 +216,7 @@ def test_fit_offline_a_maximises_the_mean_reference_auc():
 
 
 def test_offline_rmia_fits_a_by_default():
-    view = synthetic_view(n=200)
+    view, _ = synthetic_view(n=200)
     attack = RMIA(RmiaParams(online=False))
     scores = attack.score(view)
     assert attack.extra_metrics()["offline_a"] in np.round(np.linspace(0, 1, 11), 10)

@@ -4,8 +4,8 @@ produced at that state, bit for bit, for every registered defense (and the one-f
 Training runs with the materialised per-sample engine (the attack path's reference engine) and shuffled
 batches of exactly B. At the first step of every epoch the test records what the runner's snapshot records
 (the weights and the defense's public state), plus what only training knows: the batch it drew, the defense's
-noise-generator state, and the release it produced. The attack path (``attacks.gradient_common.release_for``,
-through an ``AttackContext`` built like the runner's) must reproduce that release from the recorded state when
+noise-generator state, and the release it produced. The attack path (the release oracle of an ``AttackerView``
+built by the runner's ``attacker_view``) must reproduce that release from the recorded state when
 given the same batch and noise stream — so a defense whose replay reads anything but the recorded state (GEP
 rebuilding its anchors from the victim's final weights, a ``load_state_dict`` that restores nothing) fails.
 """
@@ -13,14 +13,14 @@ rebuilding its anchors from the victim's final weights, a ``load_state_dict`` th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 
 import pytest
 import torch
 
-from attacks.base import AttackContext
-from attacks.gradient_common import attacked_model, release_for
 from defenses import DEFENSES
+from harness import runner
 from harness.config import build_spec
 from harness.core.streams import Streams, seed_globals
 from harness.engine.training import train
@@ -80,19 +80,17 @@ def record_training(name: str):
     return prep, defense, records
 
 
-def attack_context(prep, trained, records, noise_state):
-    """An AttackContext as the runner builds it; its defenses start from the recorded noise-generator state."""
+def attacker_view(prep, records, noise_state):
+    """An AttackerView as the runner builds it; its defenses start from the recorded noise-generator state."""
     def make_defense(streams, bound_to=None):
         d = prep.make_defense(streams, bound_to)
         d.generator.set_state(noise_state)
         return d
 
     states = {n: r["weights"] for n, r in records.items()} | {"final": copy.deepcopy(prep.model.state_dict())}
-    public = {n: r["public"] for n, r in records.items()} | {"final": trained.state_dict()}
-    return AttackContext(model=prep.model, states=states, defense_states=public, trained_defense=trained,
-                         task=prep.task, make_defense=make_defense, build_model=prep.build_model, spec=prep.spec,
-                         accounted=prep.privacy, seed=prep.spec.seed, streams=prep.streams, out_dir=None,
-                         device=prep.device)
+    public = {n: r["public"] for n, r in records.items()}
+    view = runner.attacker_view(prep, states, public, None)
+    return dataclasses.replace(view, release=dataclasses.replace(view.release, make_defense=make_defense))
 
 
 @pytest.mark.parametrize("name", [*DEFENSES.names(), PLUGIN])
@@ -102,10 +100,9 @@ def test_attack_replay_is_the_release_training_made(name, request):
     prep, trained, records = record_training(name)
     assert set(records) == {"init", *(f"epoch:{e}" for e in range(1, EPOCHS))}
     for at, record in records.items():
-        context = attack_context(prep, trained, records, record["noise"])
-        model = attacked_model(context, at)
+        view = attacker_view(prep, records, record["noise"])
         x, y = prep.task.train.x[record["batch"]], prep.task.train.y[record["batch"]]
-        replay, _ = release_for(context, model, x, y, at, Streams(99).scope("replay"))
+        replay, _ = view.release(view.model_at(at), x, y, at, Streams(99).scope("replay"))
         made = record["release"]
         assert set(replay.grads) == set(made.grads)
         for n in made.grads:
@@ -120,7 +117,7 @@ def test_replay_check_catches_a_state_that_is_not_restored(monkeypatch):
     prep, trained, records = record_training("rs")
     monkeypatch.setattr(type(trained), "load_state_dict", lambda self, state: None)
     at = "epoch:2"
-    context = attack_context(prep, trained, records, records[at]["noise"])
+    view = attacker_view(prep, records, records[at]["noise"])
     x, y = prep.task.train.x[records[at]["batch"]], prep.task.train.y[records[at]["batch"]]
-    replay, _ = release_for(context, attacked_model(context, at), x, y, at, Streams(99).scope("replay"))
+    replay, _ = view.release(view.model_at(at), x, y, at, Streams(99).scope("replay"))
     assert any(not torch.equal(replay.grads[n], records[at]["release"].grads[n]) for n in replay.grads)

@@ -1,0 +1,59 @@
+"""The privacy ledger: what a run's training released, as the accountant is told it, and the one place ε
+comes from.
+
+A ``PrivacyLedger`` holds the accounted facts of a sequence of releases — the σ the defense adds, the σ it
+is accounted at, the sample rate q, the number of steps T, δ, the accountant and the sampling — and derives
+ε from them with the configured accountant (``harness.core.accounting.epsilon_for``). Every ε a result
+reports is a ledger's: the run's ``privacy.epsilon``, the shadow game's ``target_epsilon`` (the same σ at
+the shadows' q and T: ``at``) and grad-MIA's ``accounted_epsilon`` (one release of a whole batch:
+``at(1.0, 1)``). An accounted σ of 0 means no DP mechanism: ε = inf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from harness.core.accounting import ACCOUNTED_SAMPLING, epsilon_for
+
+
+@dataclass(frozen=True)
+class PrivacyLedger:
+    noise_multiplier: float             # the σ the defense adds
+    accounted_noise_multiplier: float   # the σ the accountant is told (0: not a DP mechanism)
+    sample_rate: float                  # q
+    steps: int                          # T
+    delta: float
+    accountant: str                     # ``rdp`` or ``prv``
+    sampling: str                       # how batches were drawn (``poisson`` or ``shuffle``)
+
+    epsilon: float = field(init=False)  # derived: the accountant's ε of the above
+
+    def __post_init__(self) -> None:
+        """ε by the configured accountant, on construction: a σ it cannot evaluate is a ConfigError here."""
+        eps = math.inf
+        if self.accounted_noise_multiplier > 0:
+            eps = epsilon_for(self.accounted_noise_multiplier, self.sample_rate, self.steps, self.delta,
+                              self.accountant)
+        object.__setattr__(self, "epsilon", eps)
+
+    def at(self, sample_rate: float, steps: int) -> PrivacyLedger:
+        """The same mechanism (σ, δ, accountant) released ``steps`` times at rate ``sample_rate``."""
+        if (sample_rate, steps) == (self.sample_rate, self.steps):
+            return self
+        return dataclasses.replace(self, sample_rate=sample_rate, steps=steps)
+
+    def metrics(self) -> dict[str, float | int | str]:
+        """The ``privacy.*`` result keys."""
+        return {
+            "privacy.epsilon": self.epsilon,
+            "privacy.delta": self.delta,
+            "privacy.noise_multiplier": self.noise_multiplier,
+            "privacy.accounted_noise_multiplier": self.accounted_noise_multiplier,
+            "privacy.sample_rate": self.sample_rate,
+            "privacy.steps": self.steps,
+            "privacy.accountant": self.accountant,
+            "privacy.sampling": self.sampling,
+            "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
+        }
