@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def plugins():
-    modules = [importlib.import_module(f"tests.fixtures.{m}") for m in ("plugin_defense", "plugin_attack")]
-    for module in modules:
-        if not ("plugin-dpsgd" in DEFENSES and "plugin-confidence" in ATTACKS):
-            importlib.reload(module)  # registers again after an earlier teardown
+    for module, name, registry in (("plugin_defense", "plugin-dpsgd", DEFENSES),
+                                   ("plugin_attack", "plugin-confidence", ATTACKS)):
+        module = importlib.import_module(f"tests.fixtures.{module}")
+        if name not in registry:
+            importlib.reload(module)  # registers again after an earlier test's teardown
     assert "plugin-dpsgd" in DEFENSES and "plugin-confidence" in ATTACKS
     yield
     DEFENSES.unregister("plugin-dpsgd")
