@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from attacks import verdict
 from attacks.base import VERDICTS
-from harness.core.states import resolve as resolve_states, trajectory_epochs
 from harness.cli import main
+from harness.core.states import resolve as resolve_states
+from harness.core.states import trajectory_epochs
 
 # ------------------------------------------------------------------------------------------------------------
 # state names
