@@ -88,7 +88,8 @@ def common_direction(psg: PerSampleGradients, public: Split, mask, device, limit
     return _flat(grads, mask, list(grads)).mean(dim=0, keepdim=True)
 
 
-@ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release (NNLS fit)")
+@ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release "
+                              "(NNLS fit)")
 class GradientMIA(GradientMembershipAttack):
     Params = GradMiaParams
     headline, higher_leaks, headline_label = "auc", True, "gradient-MIA AUC"

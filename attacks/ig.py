@@ -157,7 +157,8 @@ def invert(model: nn.Module, targets: list[dict[str, torch.Tensor]], masks: list
                 trials.append(_adam(matcher, z0, m, s, lo, hi, params))
             else:  # L-BFGS's line search couples whatever it optimises: one problem at a time
                 parts = [_lbfgs(matcher, z0[t:t + 1], slice(t, t + 1), m, s, lo, hi, params) for t in range(len(z0))]
-                trials.append(Trial(*(torch.cat([getattr(p, f) for p in parts]) for f in ("pixels", "objective", "matching"))))
+                trials.append(Trial(*(torch.cat([getattr(p, f) for p in parts])
+                                      for f in ("pixels", "objective", "matching"))))
     matching = torch.stack([torch.where(torch.isfinite(t.matching), t.matching, torch.inf) for t in trials])
     pick = matching.argmin(dim=0)  # [T]: the winning trial of each problem
     rows = torch.arange(len(pick))

@@ -17,9 +17,10 @@ random streams ``shadow/i``:
 - ``shadows``: leave one model out. The population (trimmed by one random example when its size is odd)
   is cut into complementary halves of h examples (K even, at least 4); every example is IN for exactly
   K/2 models. Each model in turn is the target; its references are the K − 2 models other than itself
-  and its complementary partner (see ``views``), and the K·2h scores are pooled. The models train with batch size B' = round(q·h), so their sample rate and number of steps
-  match the victim's (up to the rounding of B'); ``target_sample_rate``, ``target_steps`` and
-  ``target_epsilon`` (their accounted ε at the victim's σ) are reported.
+  and its complementary partner (see ``views``), and the K·2h scores are pooled. The models train with
+  batch size B' = round(q·h), so their sample rate and number of steps match the victim's (up to the
+  rounding of B'); ``target_sample_rate``, ``target_steps`` and ``target_epsilon`` (their accounted ε at
+  the victim's σ) are reported.
 
 The shadows of a game are trained once per process and shared by every shadow attack using that game
 (keyed by everything that determines them: seed, data, model, defense, privacy, training, K, game); the

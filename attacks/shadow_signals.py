@@ -36,7 +36,8 @@ class Population:
 def population(task) -> Population:
     x = torch.cat([task.train.x, task.test.x])
     y = torch.cat([task.train.y, task.test.y])
-    in_victim = torch.cat([torch.ones(len(task.train), dtype=torch.bool), torch.zeros(len(task.test), dtype=torch.bool)])
+    in_victim = torch.cat([torch.ones(len(task.train), dtype=torch.bool),
+                           torch.zeros(len(task.test), dtype=torch.bool)])
     return Population(x, y, in_victim, ["train"] * len(task.train) + ["test"] * len(task.test))
 
 
@@ -111,7 +112,8 @@ def model_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: to
 
 
 def cached_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: torch.Tensor, y: torch.Tensor,
-                   indices: torch.Tensor, cache_dir: Path | None, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+                   indices: torch.Tensor, cache_dir: Path | None,
+                   device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """``model_outputs`` through a disk cache keyed by a hash of the weights and the data indices."""
     if cache_dir is None:
         return model_outputs(model, state, features, y, device)

@@ -27,8 +27,8 @@ of every registered model:
   list); the first layer always starts the first group.
 
 Choices where the paper is silent: "uniform" groups count layers rather than transformer blocks (most
-registered models are not built from repeated blocks; ``boundary:X`` is the block-wise style); ``clip`` R is kept for ``auto`` too (the paper
-fixes R = 1; any other R only rescales the learning rate).
+registered models are not built from repeated blocks; ``boundary:X`` is the block-wise style); ``clip`` R is
+kept for ``auto`` too (the paper fixes R = 1; any other R only rescales the learning rate).
 """
 
 from __future__ import annotations
