@@ -83,6 +83,7 @@ class Attack(ABC):
     def check_task(cls, params: Any, task: Any) -> None:
         """Raise ConfigError when the data cannot serve the attack (too few examples for its game);
         called before training."""
+        return None  # an optional hook: by default every task is accepted
 
     @abstractmethod
     def play(self, view: AttackerView, task: Task) -> AttackResult:
