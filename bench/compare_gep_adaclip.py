@@ -136,9 +136,11 @@ def main() -> None:
         rows = [one(name, params, s, sets, args.epsilon, args.noise_study) for s in args.seeds]
         per_seed = " ".join(f"{r['acc']:.3f}" for r in rows)
         line = (f"| {text} | {rows[0]['eps']:.3f} | {rows[0]['sigma']:.3f} | "
-                f"{mean_sem([r['acc'] for r in rows])} | {per_seed} | {statistics.fmean(r['time'] for r in rows):.1f} |")
+                f"{mean_sem([r['acc'] for r in rows])} | {per_seed} | "
+                f"{statistics.fmean(r['time'] for r in rows):.1f} |")
         if args.noise_study:
-            line += " " + " | ".join(f"{statistics.fmean(r[k] for r in rows):.4f}" for k in ("total", "clip", "noise")) + " |"
+            line += " " + " | ".join(f"{statistics.fmean(r[k] for r in rows):.4f}"
+                                     for k in ("total", "clip", "noise")) + " |"
         if "frac_h2" in rows[0]:  # AdaCliP: fraction of coordinates whose last variance estimate hit h2
             line += f" at h2: {statistics.fmean(r['frac_h2'] for r in rows):.3f}"
         print(line, flush=True)

@@ -36,7 +36,8 @@ DEFENSES = {"non-private": {"name": "none"}, "dpsgd": {"name": "dpsgd", "clip": 
 
 def measure(model: str, defense: str, epochs: int) -> dict[str, float]:
     """Per-epoch wall and CPU seconds of ``train`` without its one-off front, and the front's."""
-    raw = {**RECIPE, "model": {"name": model}, "defense": DEFENSES[defense], "train": {**RECIPE["train"], "epochs": epochs}}
+    raw = {**RECIPE, "model": {"name": model}, "defense": DEFENSES[defense],
+           "train": {**RECIPE["train"], "epochs": epochs}}
     spec = build_spec(raw)
     prep = prepare(spec)
     seed_globals(prep.streams)
@@ -44,7 +45,8 @@ def measure(model: str, defense: str, epochs: int) -> dict[str, float]:
     result = train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")),
                    spec.train, prep.sampler, prep.device, progress=False)
     cpu = time.process_time() - cpu
-    return {"front": result.front_s, "front_cpu": result.front_cpu_s, "wall": (result.train_s - result.front_s) / epochs,
+    return {"front": result.front_s, "front_cpu": result.front_cpu_s,
+            "wall": (result.train_s - result.front_s) / epochs,
             "cpu": (cpu - result.front_cpu_s) / epochs, "acc": result.history[-1]["test_accuracy"]}
 
 

@@ -51,8 +51,8 @@ def one(recipe: dict, defense: dict, seed: int, shadows: int, game: str, results
                     out[label, key] = metrics[f"leakage.{attack}.{key}"]
         out["test accuracy", "acc"] = metrics["utility.test_accuracy"]
         out["epsilon", "eps"] = metrics["privacy.epsilon"]
-    print("  seed", seed, defense["defense"]["name"], " ".join(f"{label} {out[label, 'auc']:.3f}" for label, *_ in ROWS),
-          flush=True)
+    print("  seed", seed, defense["defense"]["name"],
+          " ".join(f"{label} {out[label, 'auc']:.3f}" for label, *_ in ROWS), flush=True)
     return out
 
 

@@ -7,11 +7,12 @@ extrapolate to the real data set's size — for planning where the real data is 
 The recipe's first grid point runs through the harness's own ``prepare`` and ``train`` (the code path of
 ``dpeval run``; no results store) with ``data`` replaced by ``synthetic`` data of the same shape and classes:
 ``--size`` examples, a sixth of them held out as the test split (CIFAR-10's 50k/10k ratio). The logical batch
-is the recipe's, capped at the private pool. One untimed pass of ``--epochs`` warms up first. An epoch = the private pool's per-sample gradients, releases and
-optimizer steps plus one test-set evaluation, so its time scales with the number of examples; the estimate
-for the real data set is the measured time × (real size / synthetic size). Reported: wall time and the
-process's CPU time (with ``--threads 1`` on a shared machine, CPU time is what an idle core would take; wall
-time also counts waiting for the core). On a GPU only the wall time means anything. Printed as a Markdown row.
+is the recipe's, capped at the private pool. One untimed pass of ``--epochs`` warms up first. An epoch = the
+private pool's per-sample gradients, releases and optimizer steps plus one test-set evaluation, so its time
+scales with the number of examples; the estimate for the real data set is the measured time × (real size /
+synthetic size). Reported: wall time and the process's CPU time (with ``--threads 1`` on a shared machine,
+CPU time is what an idle core would take; wall time also counts waiting for the core). On a GPU only the
+wall time means anything. Printed as a Markdown row.
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ def table(path: Path) -> str:
         else:
             interval, reading = "–", "an arm has no run yet"
         paper_gap = f"{paper_diff:+.1f}" if math.isfinite(paper_diff) else "–"
-        offsets = ", ".join(f"{round(statistics.fmean(ours[arm][0]) - paper[arm][0], 1) + 0.0:+.1f}" if arm in ours and arm in paper
-                            else "–" for arm in ("baseline", "rs"))
+        offsets = ", ".join(f"{round(statistics.fmean(ours[arm][0]) - paper[arm][0], 1) + 0.0:+.1f}"
+                            if arm in ours and arm in paper else "–" for arm in ("baseline", "rs"))
         out.append(f"| {MODELS.get(model, model)} | {eps} | {fmt('baseline')} | {fmt('rs')} | {paper_gap} | "
                    f"{ours.get('baseline', (0, '–'))[1]} | {ours.get('rs', (0, '–'))[1]} | {offsets} | {interval} | "
                    f"{reading} |")
@@ -110,7 +110,8 @@ def table(path: Path) -> str:
 def reading_of(paper_diff: float, diff: float, low: float, high: float) -> str:
     if not math.isfinite(low):
         same = (diff > 0) == (paper_diff > 0)
-        return f"not yet testable (one seed per arm); the point estimate has the paper's sign: {'yes' if same else 'no'}"
+        return ("not yet testable (one seed per arm); the point estimate has the paper's sign: "
+                f"{'yes' if same else 'no'}")
     if paper_diff > 0:
         sign = "reproduced" if low > 0 else "not reproduced" if high < 0 else "not resolved (interval spans 0)"
     else:
