@@ -209,13 +209,15 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         return "inf" if v == math.inf else format(v, fmt)
 
     lines = [
-        f"run {m['run_id']}  ({m['dataset']} / {m['model']} / defense {m['defense']} / attack {m['attack']}, seed {m['seed']})",
+        f"run {m['run_id']}  ({m['dataset']} / {m['model']} / defense {m['defense']} / attack {m['attack']}, "
+        f"seed {m['seed']})",
         f"  test accuracy   {num(m['utility.test_accuracy'])}   train accuracy {num(m['utility.train_accuracy'])}",
         f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {format_delta(m['privacy.delta'])}  "
         f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
         f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
         f"  communication   density {m['comm.density']:.3f} (mean fraction of the model's trainable coordinates "
-        f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / {m['comm.bytes_dense']:.0f} B dense per step",
+        f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / "
+        f"{m['comm.bytes_dense']:.0f} B dense per step",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
     from harness.headlines import attacks_in
@@ -241,7 +243,8 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
         lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
     prefix = f"leakage.{attack}."
     states = states_of(m, attack)
-    shown = {f"{prefix}{k}" for k in ("verdict", "state", "p_value", "defense_rate")} | ({head.column} if head else set())
+    shown = ({f"{prefix}{k}" for k in ("verdict", "state", "p_value", "defense_rate")}
+             | ({head.column} if head else set()))
     if states:
         metric = head.column.rsplit(".", 1)[1] if head else "psnr"
         columns = [c for c in ("defense_rate", metric, "ssim", "wins", "p_value")
@@ -490,9 +493,11 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
-@click.option("--trials", type=int, help="release scope: trials per neighbour (with / without the canary); default 100000")
+@click.option("--trials", type=int,
+              help="release scope: trials per neighbour (with / without the canary); default 100000")
 @click.option("--noise-multiplier", type=float,
-              help="release scope: accounted σ of each audited step (the defense adds noise_for_accounted(σ)); default 2.0")
+              help="release scope: accounted σ of each audited step (the defense adds noise_for_accounted(σ)); "
+                   "default 2.0")
 @click.option("--steps", type=int, help="release scope: consecutive audited steps; default 2")
 @click.option("--canaries", type=int, help="release scope: orthogonal canaries per release (1 = one trial per "
                                             "release); default 512. run scope: canaries in the run; default 1000")

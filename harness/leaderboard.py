@@ -347,7 +347,8 @@ def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             stopping = random_stopping_cost(worst, len(groups), cost["run_delta"])
             cost.update({"random_stopping": stopping,
                          "random_stopping_name": (f"K ~ truncated negative binomial (η = {stopping['eta']:g}, "
-                                                  f"γ = {stopping['gamma']:.4g}), E[K] = {stopping['mean_trials']:.3g}")})
+                                                  f"γ = {stopping['gamma']:.4g}), "
+                                                  f"E[K] = {stopping['mean_trials']:.3g}")})
         out[dataset] = cost
     return out
 

@@ -447,7 +447,8 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
     for attack, items in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
         floor = min(i[3] for i in items)  # below 1/n_nonmembers no curve resolves a rate: the axes stop there
-        configs = list(dict.fromkeys(point_label(i[0], swept) for i in sorted(items, key=lambda i: _sort_key(i[0], swept))))
+        configs = list(dict.fromkeys(point_label(i[0], swept)
+                                     for i in sorted(items, key=lambda i: _sort_key(i[0], swept))))
         seeds = sorted({str(i[0].get("seed")) for i in items})
         styles = ["-", "--", ":", "-."]
         for record, fpr, tpr, _ in sorted(items, key=lambda i: (_sort_key(i[0], swept), str(i[0].get("seed")))):
@@ -528,7 +529,8 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
         shape = next(iter(found.values()))["image"].shape
         width = 2.4  # inches per cell; the height follows the cell's aspect, plus its caption
         fig, axes = plt.subplots(len(configs), len(seeds), squeeze=False,
-                                 figsize=(width * len(seeds) + 1.6, (width * shape[0] / shape[1] + 0.3) * len(configs) + 0.5))
+                                 figsize=(width * len(seeds) + 1.6,
+                                          (width * shape[0] / shape[1] + 0.3) * len(configs) + 0.5))
         for i, (_, label) in enumerate(configs):
             for j, seed in enumerate(seeds):
                 ax = axes[i][j]

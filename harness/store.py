@@ -359,7 +359,8 @@ class ResultStore:
         """Record an interrupted run as ``running`` again, by this process."""
         with self._connect() as conn:
             conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, duration_s=NULL, "
-                         "host=?, pid=? WHERE run_id=? AND status='failed'", (socket.gethostname(), os.getpid(), run_id))
+                         "host=?, pid=? WHERE run_id=? AND status='failed'",
+                         (socket.gethostname(), os.getpid(), run_id))
         self._t0[run_id] = time.perf_counter()
 
     def fail_stale(self) -> int:

@@ -9,7 +9,8 @@ def format_audit(result: dict[str, Any]) -> str:
     """The terminal view: both numbers, the verdict, and one line per test."""
     r = result
     head = (f"audit of {r['defense']} ({r['dataset']} / {r['model']}, seed {r['seed']}): "
-            f"{r['privacy.steps']} step(s) at sample rate 1, accounted σ = {r['privacy.accounted_noise_multiplier']:.4g} "
+            f"{r['privacy.steps']} step(s) at sample rate 1, "
+            f"accounted σ = {r['privacy.accounted_noise_multiplier']:.4g} "
             f"(the defense adds σ = {r['privacy.noise_multiplier']:.4g})")
     numbers = (f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   "
                f"δ = {r['privacy.delta']:.3g}   ({r['privacy.accountant']} accountant, "
@@ -21,8 +22,8 @@ def format_audit(result: dict[str, Any]) -> str:
     for t in r["audit.tests"]:
         lines.append(f"    {t['name']:<22} ε_LB {t['epsilon_lower_bound']:.3f}  TPR {t['tpr']:.4f} "
                      f"[{t['tpr_ci'][0]:.4f}, {t['tpr_ci'][1]:.4f}]  FPR {t['fpr']:.4f} "
-                     f"[{t['fpr_ci'][0]:.4f}, {t['fpr_ci'][1]:.4f}]  μ̂ {t['separation']:.3f}  ({t['canaries']} canaries × "
-                     f"{t['releases']} releases)")
+                     f"[{t['fpr_ci'][0]:.4f}, {t['fpr_ci'][1]:.4f}]  μ̂ {t['separation']:.3f}  "
+                     f"({t['canaries']} canaries × {t['releases']} releases)")
     for variant in r["audit.skipped"]:
         lines.append(f"    {variant + '/*':<22} skipped: no such coordinates at an audited step")
     if r["audit.passed"]:
@@ -43,8 +44,9 @@ def format_run_audit(result: dict[str, Any]) -> str:
         f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   δ = {r['privacy.delta']:.3g}"
         f"   (the run's {r['privacy.accountant']} accountant; {r['audit.confidence']:.0%} confidence)",
         f"  best test: statistic {r['audit.statistic']}, {r['audit.correct']} correct of {r['audit.guesses']} guesses "
-        f"({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", {r['audit.canaries'] - r['audit.guesses']} "
-        f"abstentions); {r['audit.canaries_included']} of {r['audit.canaries']} canaries included",
+        f"({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", "
+        f"{r['audit.canaries'] - r['audit.guesses']} abstentions); "
+        f"{r['audit.canaries_included']} of {r['audit.canaries']} canaries included",
         f"  canaries: {r['audit.canary_design']}",
         f"  test accuracy {r['utility.test_accuracy']:.4f}; {r['time.audit_s']:.1f} s",
     ]

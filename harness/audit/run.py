@@ -314,7 +314,8 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         "audit.canary_kind": options.kind,
         "audit.canary_design": design,
         "audit.canary_norm": CANARY_NORM,
-        "audit.mean_samplings_included": float(pool.sampled_count[pool.included].mean()) if pool.included.any() else 0.0,
+        "audit.mean_samplings_included": (float(pool.sampled_count[pool.included].mean())
+                                          if pool.included.any() else 0.0),
         "audit.confidence": 1 - ALPHA,
         "audit.tests": [dataclasses.asdict(t) | {"guesses": t.guesses} for t in tests],
         "utility.test_accuracy": result.history[-1]["test_accuracy"] if result.history else math.nan,

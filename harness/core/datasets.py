@@ -280,7 +280,8 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy())
 
 
-def _read_mnist_folder(folder: Path, files: dict[str, Path], label: str) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+def _read_mnist_folder(folder: Path, files: dict[str, Path],
+                       label: str) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
     parts = {}
     for train, prefix in ((True, "train"), (False, "t10k")):
         try:
