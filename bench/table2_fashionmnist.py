@@ -84,7 +84,7 @@ def table(path: Path) -> str:
         base, rs = arms.get("baseline", []), arms.get("rs", [])
         paper = {arm: (float(v[0]["paper.test_accuracy"]) * 100, float(v[0]["paper.test_accuracy.sem"]) * 100)
                  for arm, v in arms.items()}
-        fmt = lambda arm: f"{paper[arm][0]:.1f} ± {paper[arm][1]:.2f}" if arm in paper else "–"  # noqa: E731
+        fmt = lambda arm, paper=paper: f"{paper[arm][0]:.1f} ± {paper[arm][1]:.2f}" if arm in paper else "–"  # noqa: E731
         ours = {}
         for arm, runs in (("baseline", base), ("rs", rs)):
             acc = [100 * float(r["utility.test_accuracy"]) for r in runs]

@@ -719,7 +719,7 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
             if attack:
                 _reference_line(ax, rs, attack, vertical=False)
             else:
-                _paper_markers(ax, rs, lambda r: rs.index(r))
+                _paper_markers(ax, rs, lambda r, rs=rs: rs.index(r))
             ax.set_xticks(range(len(rs)), names if i == len(metrics) - 1 else [""] * len(rs), rotation=30,
                           ha="right", fontsize=8)
             ax.set_xlim(-0.6, len(rs) - 0.4)
