@@ -206,7 +206,8 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
             leak = (h.value if h.higher_leaks else -h.value) if beats else -math.inf
             points.append((r, acc, leak, beats))
         for r, acc, leak, beats in points:
-            dominated = any(a >= acc and l <= leak and (a > acc or l < leak) for _, a, l, _ in points)
+            dominated = any(other_acc >= acc and other_leak <= leak and (other_acc > acc or other_leak < leak)
+                            for _, other_acc, other_leak, _ in points)
             r[f"pareto.{attack}"] = beats and not dominated
 
 

@@ -81,7 +81,7 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
     training will never record."""
-    for name, attack in attacks_of(spec):
+    for _name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
         check = getattr(type(attack), "check_model", None)
         if check is not None:

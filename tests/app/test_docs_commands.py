@@ -72,7 +72,7 @@ def run_all(lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch):
     lines = commands(ROOT / "README.md")
-    assert len(lines) >= 15 and any(l.startswith("dpeval sweep") for l in lines)
+    assert len(lines) >= 15 and any(line.startswith("dpeval sweep") for line in lines)
     run_all(lines, tmp_path, monkeypatch)
     assert (tmp_path / "report.html").is_file() and (tmp_path / "board.csv").is_file()
 

@@ -216,7 +216,7 @@ def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
                             "attack": {"ig_iterations": 5, "targets": 2}})
     result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--quiet"])
     assert result.exit_code == 0, result.output
-    (line,) = [l for l in result.stderr.splitlines() if l.startswith("done")]
+    (line,) = [entry for entry in result.stderr.splitlines() if entry.startswith("done")]
     (row,) = ResultStore(tmp_path / "r").rows()
     m = row["metrics"]
     assert f"ig {m['leakage.ig.psnr']:.4g} {m['leakage.ig.verdict']} @{m['leakage.ig.state']}" in line

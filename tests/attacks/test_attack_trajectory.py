@@ -111,7 +111,7 @@ def test_the_printout_names_verdict_state_rate_and_picture(trajectory_run):
     from harness.cli import format_run
 
     text = format_run(m, results)
-    (line,) = [l for l in text.splitlines() if l.strip().startswith("ig ")]
+    (line,) = [entry for entry in text.splitlines() if entry.strip().startswith("ig ")]
     assert m["leakage.ig.verdict"] in line and f"at {m['leakage.ig.state']}" in line
     assert "rate" in line and "best data-free guess" in line
     assert f"picture: {results / m['artefacts.ig.png']}" in text
@@ -126,6 +126,6 @@ def test_make_run_attacks_rs_while_it_sparsifies(tmp_path):
     out = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "ig", "--results", str(tmp_path), "--quiet"],
                              catch_exceptions=False)
     assert out.exit_code == 0, out.output
-    (line,) = [l for l in out.stdout.splitlines() if l.strip().startswith("ig ")]
+    (line,) = [entry for entry in out.stdout.splitlines() if entry.strip().startswith("ig ")]
     assert any(v in line for v in VERDICTS) and "(rate 0." in line
     assert "picture: " in out.stdout and "ig-reconstruction.png" in out.stdout

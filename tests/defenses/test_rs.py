@@ -344,7 +344,7 @@ def test_rate_zero_equals_dpsgd_bit_for_bit(defense, extra):
     common = dict(train__epochs=2, train__batch_size=64, seed=4, train__engine="func")
     prep_a, res_a = train_run(spec_for(defense, defense__final_rate=0.0, **extra, **common))
     prep_b, res_b = train_run(spec_for("dpsgd", **common))
-    for (na, pa), (nb, pb) in zip(prep_a.model.named_parameters(), prep_b.model.named_parameters()):
+    for (na, pa), (_nb, pb) in zip(prep_a.model.named_parameters(), prep_b.model.named_parameters()):
         assert torch.equal(pa, pb), na
     assert res_a.history == res_b.history
 
