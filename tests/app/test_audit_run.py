@@ -284,5 +284,6 @@ def test_noise_units_undo_the_release_scale_and_adaclip_shift():
 
     shared = SharedGradient({"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}, batch_size=1, noise_std=0.5)
     assert torch.equal(CanaryDesign().noise_units(Fake(), shared), torch.tensor([2.0, 4.0, 6.0, 8.0]))
-    shared.extra = {"adaclip.a": {"w": torch.ones(2, 2)}, "adaclip.noise_std": {"w": torch.tensor([[1.0, 2.0], [4.0, 8.0]])}}
+    shared.extra = {"adaclip.a": {"w": torch.ones(2, 2)},
+                    "adaclip.noise_std": {"w": torch.tensor([[1.0, 2.0], [4.0, 8.0]])}}
     assert torch.equal(AdaCliPDesign().noise_units(Fake(), shared), torch.tensor([0.0, 0.5, 0.5, 0.375]))

@@ -166,7 +166,8 @@ CASES = [
     case(["sweep", "fifo.yaml"], "SWEEP_FILE: fifo.yaml is not a regular file", hang=True, id="sweep-file-is-a-fifo"),
     case(["sweep", "targets.yaml"], "targets.yaml: grid point targets=1000000000000: attack.targets", hang=True,
          id="sweep-attack-targets-beyond-the-data"),
-    case(["sweep", "ok.yaml", "--results", "symlock"], "symlock/.sweep.lock is a symlink", id="sweep-lock-is-a-symlink"),
+    case(["sweep", "ok.yaml", "--results", "symlock"], "symlock/.sweep.lock is a symlink",
+         id="sweep-lock-is-a-symlink"),
     case(["sweep", "ok.yaml", "--results", "store"], "another dpeval sweep is running on store", code=1,
          hold_lock=True, id="sweep-folder-locked-exit-1"),
     # leaderboard

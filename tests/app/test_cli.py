@@ -325,7 +325,8 @@ def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, 
     (row,) = ResultStore(results).rows()
     assert row["status"] == "failed" and "planted failure" in row["error"]
     metrics = row["metrics"]
-    assert 0 <= metrics["leakage.grad-mia.auc"] <= 1 and metrics["leakage.loss.error"] == "RuntimeError: planted failure"
+    assert (0 <= metrics["leakage.grad-mia.auc"] <= 1
+            and metrics["leakage.loss.error"] == "RuntimeError: planted failure")
     assert metrics["utility.test_accuracy"] > 0.1
     saved = json.loads((results / "runs" / row["run_id"] / "metrics.json").read_text())
     assert saved["leakage.grad-mia.auc"] == metrics["leakage.grad-mia.auc"]

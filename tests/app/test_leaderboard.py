@@ -75,7 +75,8 @@ def test_sorting_and_unknown_column():
 
 
 def test_group_seeds_mean_and_sem():
-    rows = [row("a", 0, 0.8, rate=0.5), row("b", 1, 0.9, rate=0.5), row("c", 2, 1.0, rate=0.5), row("d", 0, 0.3, rate=0.9)]
+    rows = [row("a", 0, 0.8, rate=0.5), row("b", 1, 0.9, rate=0.5), row("c", 2, 1.0, rate=0.5),
+            row("d", 0, 0.3, rate=0.9)]
     groups = sorted(lb.leaderboard(rows, seeds_grouped=True), key=lambda g: g["defense.final_rate"])
     assert [g["n"] for g in groups] == [3, 1]
     assert groups[0]["utility.test_accuracy"] == pytest.approx(0.9)

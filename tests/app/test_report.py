@@ -183,7 +183,8 @@ def test_report_renders_in_a_headless_browser(tmp_path):
     CliRunner().invoke(main, ["report", "--results", str(tmp_path / "r"), "--out", str(out)])
     shot = tmp_path / "shot.png"
     flags = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+             "--disable-component-update", "--disable-sync", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}",
              "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"]
     proc = subprocess.run([*flags, f"--screenshot={shot}", out.as_uri()], capture_output=True, text=True, timeout=120)
     assert shot.is_file(), proc.stderr[-2000:]

@@ -35,7 +35,8 @@ def test_expand_lists_and_seeds():
     points = sw.expand({"defense": {"name": "rs", "final_rate": [0.0, 0.5, 0.9]}, "seeds": [1, 2],
                         "attacks": ["none"], "train": QUICK_TRAIN})
     assert len(points) == 6
-    assert {(p["defense"]["final_rate"], p["seed"]) for p in points} == {(r, s) for r in (0.0, 0.5, 0.9) for s in (1, 2)}
+    assert ({(p["defense"]["final_rate"], p["seed"]) for p in points}
+            == {(r, s) for r in (0.0, 0.5, 0.9) for s in (1, 2)})
     assert all(p["attacks"] == ["none"] for p in points)  # a natural list is one value, not an axis
 
 

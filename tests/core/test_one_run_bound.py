@@ -54,7 +54,8 @@ def test_bound_is_where_the_exact_p_value_crosses_beta(m, r, v, delta):
 def test_delta_only_lowers_the_bound_and_a_large_delta_rejects_nothing():
     free = one_run_epsilon_lower_bound(500, 480, 1000, 0.0, 0.05)
     assert one_run_epsilon_lower_bound(500, 480, 1000, 1e-5, 0.05) < free
-    assert one_run_epsilon_lower_bound(500, 480, 1000, 1e-3, 0.05) < one_run_epsilon_lower_bound(500, 480, 1000, 1e-5, 0.05)
+    assert (one_run_epsilon_lower_bound(500, 480, 1000, 1e-3, 0.05)
+            < one_run_epsilon_lower_bound(500, 480, 1000, 1e-5, 0.05))
     # 2mδ · (…) alone exceeds β: no ε can be rejected
     assert one_run_epsilon_lower_bound(500, 500, 1000, 0.5, 0.05) == 0.0
 

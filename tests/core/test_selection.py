@@ -77,7 +77,8 @@ def test_random_stopping_matches_the_theorem_for_the_gaussian_mechanism(eta):
 
 def test_rdp_conversion_is_the_accountant_s():
     sigma, q, steps, delta = 1.1, 0.05, 400, 1e-5
-    assert rdp_to_dp(gaussian_rdp(sigma, q, steps), delta) == pytest.approx(epsilon_for(sigma, q, steps, delta), rel=1e-3)
+    assert rdp_to_dp(gaussian_rdp(sigma, q, steps), delta) == pytest.approx(epsilon_for(sigma, q, steps, delta),
+                                                                            rel=1e-3)
 
 
 def test_random_stopping_costs_a_small_multiple_of_one_run_and_far_less_than_composition():

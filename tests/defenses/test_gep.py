@@ -205,7 +205,8 @@ def test_noise_std_on_embedding_and_residual():
     defense.clip_and_accumulate({"w": torch.zeros(2, d)})
     shared = defense.release(batch)
     emb = shared.extra["gep.embedding"]
-    res = shared.grads["w"] - torch.cat([v @ e for v, e in zip(defense.bases, emb.split([v.shape[1] for v in defense.bases]))])
+    res = shared.grads["w"] - torch.cat([v @ e for v, e in zip(defense.bases,
+                                                               emb.split([v.shape[1] for v in defense.bases]))])
     assert shared.extra["gep.noise_std_embedding"] == pytest.approx(sigma * c0 / batch)
     assert shared.extra["gep.noise_std_residual"] == pytest.approx(sigma * c1 / batch)
     assert chi2_p(emb, sigma * c0 / batch) > 1e-4
@@ -281,7 +282,8 @@ def test_anchor_label_modes():
         defense.refresh_anchors()
         labels[mode] = (first, defense.anchor_y)
     assert torch.equal(*labels["random"]) and not torch.equal(*labels["resample"])
-    assert torch.equal(labels["real"][0], task.public.y[:40]) and not torch.equal(labels["random"][0], task.public.y[:40])
+    assert (torch.equal(labels["real"][0], task.public.y[:40])
+            and not torch.equal(labels["random"][0], task.public.y[:40]))
 
 
 def test_state_dict_round_trip_reproduces_a_release():
@@ -372,7 +374,8 @@ def test_without_subsampling_joint_accounting_equals_composing_the_two_releases(
     (λ, λ/(2σ²)) twice = (λ, λ/σ²) — exactly the RDP of one Gaussian at σ/√2. With subsampling, the
     reference code's 'RDP × 2' is smaller than (optimistic w.r.t.) the joint sampled mechanism."""
     sigma, delta = 3.0, 1e-5
-    assert epsilon_for(sigma / math.sqrt(2), 1.0, 50, delta) == pytest.approx(epsilon_for(sigma, 1.0, 100, delta), rel=1e-9)
+    assert epsilon_for(sigma / math.sqrt(2), 1.0, 50, delta) == pytest.approx(epsilon_for(sigma, 1.0, 100, delta),
+                                                                              rel=1e-9)
     q, steps = 0.1, 200
     joint = epsilon_for(sigma / math.sqrt(2), q, steps, delta)
     code_style = epsilon_for(sigma, q, 2 * steps, delta)  # two independently subsampled releases
@@ -383,7 +386,8 @@ def test_gep_trains_end_to_end_through_the_runner():
     from harness.engine.training import train
     from harness.runner import prepare
 
-    spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}}, "defense": {"name": "gep", "num_bases": 20},
+    spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}},
+                       "defense": {"name": "gep", "num_bases": 20},
                        "train": {"epochs": 2, "batch_size": 50}, "privacy": {"epsilon": 8.0}, "device": "cpu"})
     prep = prepare(spec)
     defense = prep.make_defense(prep.streams.scope("victim"))

@@ -31,9 +31,11 @@ def test_groupings_partition_the_parameters():
     assert resolve_groups("param", NAMES) == [[n] for n in NAMES]
     assert resolve_groups("layer", NAMES) == [["1.0.weight"], ["1.2.weight"], ["1.4.weight"],
                                               ["1.7.weight", "1.7.bias"]]
-    assert resolve_groups("uniform:2", NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight", "1.7.weight", "1.7.bias"]]
+    assert resolve_groups("uniform:2", NAMES) == [["1.0.weight", "1.2.weight"],
+                                                  ["1.4.weight", "1.7.weight", "1.7.bias"]]
     # 4 layers in 3 groups: sizes 2, 1, 1 (the larger groups first)
-    assert resolve_groups("uniform:3", NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight"], ["1.7.weight", "1.7.bias"]]
+    assert resolve_groups("uniform:3", NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight"],
+                                                  ["1.7.weight", "1.7.bias"]]
     assert resolve_groups(["1.4"], NAMES) == [["1.0.weight", "1.2.weight"], ["1.4.weight", "1.7.weight", "1.7.bias"]]
     assert resolve_groups(["1.0", "1.7"], NAMES) == [NAMES[:3], NAMES[3:]]
 

@@ -40,8 +40,10 @@ def releases(prep, name: str, x: torch.Tensor, y: torch.Tensor) -> list[torch.Te
         defense.begin_epoch(1, prep.spec.train.epochs)
         if name == "adaclip":  # non-trivial public statistics: a ≠ 0, b ≠ 1
             gen = torch.Generator().manual_seed(0)
-            defense.load_state_dict({"m": {n: 1e-2 * torch.randn(s, generator=gen) for n, s in defense.param_shapes.items()},
-                                     "b": {n: torch.rand(s, generator=gen) + 0.5 for n, s in defense.param_shapes.items()}})
+            defense.load_state_dict({"m": {n: 1e-2 * torch.randn(s, generator=gen)
+                                           for n, s in defense.param_shapes.items()},
+                                     "b": {n: torch.rand(s, generator=gen) + 0.5
+                                           for n, s in defense.param_shapes.items()}})
         psg, bk = PerSampleGradients(prep.model), BookKeeping(prep.model)
         for lo in range(0, len(y), 8):
             xb, yb = x[lo:lo + 8], y[lo:lo + 8]
