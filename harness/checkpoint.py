@@ -1,5 +1,6 @@
-"""A run's checkpoint: ``runs/<run_id>/checkpoint.pt``, written atomically at the end of every epoch, so an
-interrupted run (Ctrl-C, SIGTERM, ``kill -9``, a crash) resumes from its last finished epoch.
+"""A run's checkpoint: ``runs/<run_id>/checkpoint.pt``, written atomically at the end of every epoch (and every
+``train.checkpoint_every`` steps within one), so an interrupted run (Ctrl-C, SIGTERM, ``kill -9``, a crash)
+resumes from its last checkpoint.
 
 One file, checked before use: an outer record (format version, run key, SHA-256 of the payload, the
 payload's bytes) and the payload itself (``harness.engine.training.LoopState`` as plain data, plus the
@@ -30,6 +31,14 @@ def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
     record = {"format": FORMAT, "run_key": run_key, "sha256": hashlib.sha256(data).hexdigest(),
               "payload": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
     write_atomic(path, lambda tmp: torch.save(record, tmp))
+
+
+def position(loop: dict[str, Any], epochs: int) -> str:
+    """Where a checkpoint's loop state stands, for a log line: ``epoch 2 of 5`` (after that epoch), or
+    ``epoch 2 of 5 and step 7 of epoch 3`` for one written within an epoch."""
+    text = f"epoch {loop['epochs_done']} of {epochs}"
+    within = loop.get("within")
+    return text if within is None else f"{text} and step {within['step']} of epoch {loop['epochs_done'] + 1}"
 
 
 def load(path: Path, run_key: str) -> dict[str, Any]:
