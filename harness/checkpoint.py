@@ -64,3 +64,24 @@ def load(path: Path, run_key: str) -> dict[str, Any]:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
         raise refuse(f"unreadable payload: {type(exc).__name__}") from None
+
+
+class ShadowStore:
+    """The finished shadow models of one membership game, so that a run interrupted while it trains them goes
+    on with the ones left: ``<folder>/shadow-<i>.pt`` holds shadow i's state dict, written atomically as it
+    finishes and checked like a checkpoint (format, ``key``, SHA-256, ``weights_only``). ``key`` names the
+    game (the run key and what determines its shadows); a file written for another key is refused."""
+
+    def __init__(self, folder: Path, key: str) -> None:
+        self.folder, self.key = Path(folder), key
+
+    def path(self, i: int) -> Path:
+        return self.folder / f"shadow-{i}.pt"
+
+    def save(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save(self.path(i), self.key, {"state": {n: t.detach().cpu() for n, t in state.items()}})
+
+    def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
+        """Shadow index → state dict of those of the K shadows already saved; ConfigError for a damaged file."""
+        return {i: load(self.path(i), self.key)["state"] for i in range(k) if self.path(i).is_file()}
