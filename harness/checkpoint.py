@@ -1,5 +1,6 @@
-"""A run's checkpoint: ``runs/<run_id>/checkpoint.pt``, written atomically at the end of every epoch, so an
-interrupted run (Ctrl-C, SIGTERM, ``kill -9``, a crash) resumes from its last finished epoch.
+"""A run's checkpoint: ``runs/<run_id>/checkpoint.pt``, written atomically at the end of every epoch (and every
+``train.checkpoint_every`` steps within one), so an interrupted run (Ctrl-C, SIGTERM, ``kill -9``, a crash)
+resumes from its last checkpoint.
 
 One file, checked before use: an outer record (format version, run key, SHA-256 of the payload, the
 payload's bytes) and the payload itself (``harness.engine.training.LoopState`` as plain data, plus the
@@ -32,6 +33,14 @@ def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
     write_atomic(path, lambda tmp: torch.save(record, tmp))
 
 
+def position(loop: dict[str, Any], epochs: int) -> str:
+    """Where a checkpoint's loop state stands, for a log line: ``epoch 2 of 5`` (after that epoch), or
+    ``epoch 2 of 5 and step 7 of epoch 3`` for one written within an epoch."""
+    text = f"epoch {loop['epochs_done']} of {epochs}"
+    within = loop.get("within")
+    return text if within is None else f"{text} and step {within['step']} of epoch {loop['epochs_done'] + 1}"
+
+
 def load(path: Path, run_key: str) -> dict[str, Any]:
     """The payload of a checkpoint written for ``run_key``; ConfigError (one line, with the way to start
     over) when it is damaged, of another format or of another run."""
@@ -55,3 +64,24 @@ def load(path: Path, run_key: str) -> dict[str, Any]:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
         raise refuse(f"unreadable payload: {type(exc).__name__}") from None
+
+
+class ShadowStore:
+    """The finished shadow models of one membership game, so that a run interrupted while it trains them goes
+    on with the ones left: ``<folder>/shadow-<i>.pt`` holds shadow i's state dict, written atomically as it
+    finishes and checked like a checkpoint (format, ``key``, SHA-256, ``weights_only``). ``key`` names the
+    game (the run key and what determines its shadows); a file written for another key is refused."""
+
+    def __init__(self, folder: Path, key: str) -> None:
+        self.folder, self.key = Path(folder), key
+
+    def path(self, i: int) -> Path:
+        return self.folder / f"shadow-{i}.pt"
+
+    def save(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save(self.path(i), self.key, {"state": {n: t.detach().cpu() for n, t in state.items()}})
+
+    def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
+        """Shadow index → state dict of those of the K shadows already saved; ConfigError for a damaged file."""
+        return {i: load(self.path(i), self.key)["state"] for i in range(k) if self.path(i).is_file()}

@@ -271,7 +271,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         defense_states: dict[str, Any] = {}
         if resume is not None:
             states, defense_states = resume["states"], resume["defense_states"]
-            log.info("resuming after epoch %d of %d from %s", resume["loop"]["epochs_done"], spec.train.epochs,
+            log.info("resuming after %s from %s", checkpoint.position(resume["loop"], spec.train.epochs),
                      run_dir / checkpoint.FILE)
 
         def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
@@ -352,8 +352,8 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
     run_id, resume = resumable(spec, store)
     if resume is not None:
         store.resume(run_id)
-        log.warning("resuming run %s after epoch %d of %d (its checkpoint); remove %s to start over", run_id,
-                    resume["loop"]["epochs_done"], spec.train.epochs, store.run_dir(run_id) / checkpoint.FILE)
+        log.warning("resuming run %s after %s (its checkpoint); remove %s to start over", run_id,
+                    checkpoint.position(resume["loop"], spec.train.epochs), store.run_dir(run_id) / checkpoint.FILE)
     else:
         run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)

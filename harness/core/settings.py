@@ -129,3 +129,6 @@ class TrainConfig(Params):
     engine: str = param("auto", "per-sample engine: `func` materialises per-sample gradients (torch.func); "
                                 "`lean` forms clipped sums during backprop (book-keeping); `auto` = `lean` "
                                 "where the defense and model allow it", choices=("auto", "func", "lean"))
+    checkpoint_every: int = param(0, "besides the checkpoint at every epoch's end, one every N optimizer steps "
+                                     "within an epoch (for long epochs; resume goes on from it bit-identically); "
+                                     "0 = at epoch ends only", low=0, added=True)

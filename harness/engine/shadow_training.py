@@ -15,6 +15,11 @@ size, epochs, optimizer, schedule and sampling.
   (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step.
+- **Progress** (``store``, a ``ShadowProgress`` such as ``harness.checkpoint.ShadowStore``): the shadows
+  are trained in groups of ``group`` (all at once by default); each finished shadow is saved as its group
+  ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
+  draws only from its own scope (``scopes[i]``: init, sampler, its defense's noise and masks), so which
+  others train beside it changes none of its draws; on CPU its weights come out bit-identical too (tested).
 - **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
   reference path.
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +41,16 @@ from harness.core.per_sample import fixed_front, front_features
 from harness.core.settings import TrainConfig
 from harness.core.streams import Streams
 from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
+
+
+class ShadowProgress(Protocol):
+    """Where finished shadows are kept (``harness.checkpoint.ShadowStore`` keeps them in the run's folder)."""
+
+    def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
+        """Shadow index → state dict of those of the K shadows already kept."""
+
+    def save(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        """Keep shadow i's state dict."""
 
 
 def fresh_models(build: Callable[[], nn.Module], scopes: list[Streams]) -> list[nn.Module]:
@@ -76,12 +91,34 @@ class _Split:
 
 def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
                   make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
-                  device: torch.device, progress: bool | None = None,
-                  features: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
+                  device: torch.device, progress: bool | None = None, features: torch.Tensor | None = None,
+                  store: ShadowProgress | None = None, group: int = 0) -> list[dict[str, torch.Tensor]]:
     """Train the K shadow models together (see the module docstring); returns their state dicts.
     ``make_defense(i, model)`` builds model i's defense bound to its own module; for defenses that keep the
     model (``Defense.needs_model``, e.g. GEP's anchors) each module is given model i's current weights
-    before every step. ``features``: ``front_features`` of ``x`` when the caller has them already."""
+    before every step. ``features``: ``front_features`` of ``x`` when the caller has them already.
+    ``store``: load the shadows it holds instead of training them, save each one trained; ``group`` > 0:
+    train (and save) that many at a time, in index order (0: all that are left at once)."""
+    states = store.finished(len(pools)) if store is not None else {}
+    todo = [i for i in range(len(pools)) if i not in states]
+    size = group if group > 0 else max(len(todo), 1)
+    for start in range(0, len(todo), size):
+        chosen = todo[start:start + size]
+        trained = _train_together(build, x, y, [pools[i] for i in chosen],
+                                  lambda j, model, chosen=chosen: make_defense(chosen[j], model), cfg,
+                                  [scopes[i] for i in chosen], device, progress, features)
+        for i, state in zip(chosen, trained):
+            states[i] = state
+            if store is not None:
+                store.save(i, state)
+    return [states[i] for i in range(len(pools))]
+
+
+def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
+                    make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
+                    device: torch.device, progress: bool | None,
+                    features: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
+    """The vectorised path for the given models (all of ``pools``), from their initialisation."""
     k = len(pools)
     models = [m.to(device) for m in fresh_models(build, scopes)]
     splits = [fixed_front(m) for m in models]

@@ -177,12 +177,39 @@ def load_defense_state(defense: Defense, state: dict[str, Any]) -> None:
     defense.load_state_dict(state["state"])
     for name, generator_state in state["generators"].items():
         getattr(defense, name).set_state(generator_state)
+    for name, value in state.get("attributes", {}).items():
+        setattr(defense, name, value)
+
+
+def _plain(value: Any) -> bool:
+    """Tensors, numbers, strings, None, and lists / tuples / dicts of them: what a checkpoint can hold."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def defense_state_within_epoch(defense: Defense) -> dict[str, Any]:
+    """A defense's state between two steps of an epoch: ``defense_state`` plus every plain-data attribute
+    of the instance (``_plain``: counters within the epoch, whether the mask is new, the current rate, running
+    statistics), which ``state_dict`` need not hold because ``begin_epoch`` sets them at the epoch's start."""
+    state = defense_state(defense)
+    state["attributes"] = {name: copy.deepcopy(value) for name, value in vars(defense).items()
+                           if _plain(value)}
+    return state
 
 
 @dataclass
 class Loop:
     """What the loop needs to go on after ``epochs_done`` epochs exactly as it would have without a stop:
-    ``state()`` is plain data (tensors, numbers, lists) for a checkpoint, ``restore`` puts it back."""
+    ``state()`` is plain data (tensors, numbers, lists) for a checkpoint, ``restore`` puts it back.
+
+    ``within``: set by the loop while it asks for a checkpoint inside an epoch (``train.checkpoint_every``):
+    the epoch's batches, the steps of it done and its running loss; ``state`` then also holds the defense's
+    within-epoch attributes (``defense_state_within_epoch``)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -192,9 +219,10 @@ class Loop:
     result: TrainResult
     densities: list[float]
     sparse_bytes: list[int]
+    within: dict[str, Any] | None = None
 
     def state(self, epochs_done: int) -> dict[str, Any]:
-        return {
+        state = {
             "epochs_done": epochs_done,
             "model": copy.deepcopy(self.model.state_dict()),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
@@ -208,9 +236,14 @@ class Loop:
             "densities": list(self.densities),
             "sparse_bytes": list(self.sparse_bytes),
         }
+        if self.within is not None:
+            state["defense"] = defense_state_within_epoch(self.defense)
+            state["within"] = copy.deepcopy(self.within)
+        return state
 
     def restore(self, state: dict[str, Any]) -> int:
-        """Put ``state`` back; returns the epoch to go on with."""
+        """Put ``state`` back; returns the epoch to go on with (the one a within-epoch state stopped in:
+        ``within`` then holds where in it)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.schedule is not None:
@@ -223,7 +256,13 @@ class Loop:
         self.result.bytes_dense = state["bytes_dense"]
         self.densities[:] = state["densities"]
         self.sparse_bytes[:] = state["sparse_bytes"]
+        self.within = state.get("within")
         return int(state["epochs_done"])
+
+
+def epoch_batches(within: dict[str, Any]) -> list[torch.Tensor]:
+    """The epoch's batches as a within-epoch state stores them (all indices, cut by the batch sizes)."""
+    return list(torch.split(within["order"], within["sizes"]))
 
 
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
@@ -239,8 +278,10 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     the weights and public defense state an attack targets). ``before_release(step, epoch, defense)`` runs
     after a step's batch entered the defense's running sum and before its release (the run-level audit adds
     its canaries' per-sample gradients there), ``after_release(step, shared)`` sees every release.
-    ``on_epoch_end(loop, epochs_done)`` runs after each epoch (a checkpoint: ``loop.state(epochs_done)``).
-    ``resume``, such a state, continues training from its epoch exactly as the uninterrupted loop would have."""
+    ``on_epoch_end(loop, epochs_done)`` runs after each epoch (a checkpoint: ``loop.state(epochs_done)``) and,
+    with ``cfg.checkpoint_every`` = N > 0, also after every N-th step within an epoch (not its last), with
+    ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
+    training from its epoch (and step) exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     result = TrainResult(engine=select_engine(cfg.engine, model, defense))
     log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
@@ -261,15 +302,22 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     first = loop.restore(resume) if resume is not None else 0
     bar = tqdm(total=total_steps, initial=result.steps, desc="train", unit="step", disable=not progress,
                leave=False)
+    every = cfg.checkpoint_every if on_epoch_end is not None else 0
     for epoch in range(first, cfg.epochs):
-        defense.begin_epoch(epoch, cfg.epochs)
-        if on_epoch_start is not None:
-            on_epoch_start(epoch, model, defense)
-        loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # summed on the device: no sync per step
-        seen = 0
-        first_step = len(densities)
-        for batch in sampler.epoch():
-            batch = batch.to(device)
+        if loop.within is None:
+            defense.begin_epoch(epoch, cfg.epochs)
+            if on_epoch_start is not None:
+                on_epoch_start(epoch, model, defense)
+            loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # summed on the device: no sync per step
+            seen, done = 0, 0
+            batches = sampler.epoch()
+        else:  # resumed within this epoch: its batches, steps done and running loss come from the checkpoint
+            batches, done = epoch_batches(loop.within), int(loop.within["step"])
+            loss_sum, seen = loop.within["loss_sum"].to(device), int(loop.within["seen"])
+            loop.within = None
+        first_step = len(densities) - done
+        for index in range(done, len(batches)):
+            batch = batches[index].to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
                 loss_sum += feed(xb, yb)
                 seen += len(yb)
@@ -289,6 +337,11 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             result.bytes_dense = shared.bytes_dense()
             result.steps += 1
             bar.update(1)
+            if every and (index + 1) % every == 0 and index + 1 < len(batches):
+                loop.within = {"order": torch.cat(batches).cpu(), "sizes": [len(b) for b in batches],
+                               "step": index + 1, "loss_sum": loss_sum.detach().cpu(), "seen": seen}
+                on_epoch_end(loop, epoch)
+                loop.within = None
         test_acc = fraction_correct(cut.head, test_x, test_split.y, device)
         epoch_densities = densities[first_step:]
         result.history.append({"epoch": epoch, "test_accuracy": test_acc,

@@ -1,7 +1,7 @@
 """Exact resume: a run interrupted at a random step and run again with the same command on the same results
-folder goes on from its last epoch checkpoint and ends bit-identical (metrics and model.pt) to a run never
-interrupted — for every registered defense; a real ``kill -9`` too. A damaged checkpoint is refused in one
-line saying how to start over."""
+folder goes on from its last epoch checkpoint (or, with ``train.checkpoint_every``, its last within-epoch one)
+and ends bit-identical (metrics and model.pt) to a run never interrupted — for every registered defense; a
+real ``kill -9`` too. A damaged checkpoint is refused in one line saying how to start over."""
 
 import json
 import os
@@ -173,3 +173,71 @@ def test_a_sweep_point_with_shadow_models_resumes_bit_identical(tmp_path, monkey
     assert got["metrics"]["leakage.lira.auc"] == expected["metrics"]["leakage.lira.auc"]
     assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
     assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "checkpoint.pt").exists()
+
+
+def check_resumes_within_an_epoch(tmp_path, monkeypatch, defense, *extra):
+    """Checkpoints after every step (``train.checkpoint_every=1``); interrupted at a random step inside an
+    epoch, the same command resumes from the step before and ends bit-identical to a run never interrupted
+    and never checkpointed within its epochs (so the checkpoints disturb nothing either)."""
+    reference = CliRunner().invoke(main, command(defense, tmp_path / "ref", *extra))
+    assert reference.exit_code == 0, reference.output
+    expected = json.loads(reference.stdout)
+
+    steps_per_epoch = 1258 // BATCH
+    done = random.Random(f"within {defense} {extra}").choice(
+        [s for s in range(1, EPOCHS * steps_per_epoch) if s % steps_per_epoch])
+    interrupt_at(monkeypatch, done + 1)
+    every = ("--set", "train.checkpoint_every=1")
+    first = CliRunner().invoke(main, command(defense, tmp_path / "r", *extra, *every))
+    assert first.exit_code == 130, first.output
+    (row,) = ResultStore(tmp_path / "r").rows()
+
+    resumed = CliRunner().invoke(main, command(defense, tmp_path / "r", *extra, *every))
+    assert resumed.exit_code == 0, resumed.output
+    epoch = done // steps_per_epoch
+    assert (f"resuming run {row['run_id']} after epoch {epoch} of {EPOCHS} and step {done % steps_per_epoch} "
+            f"of epoch {epoch + 1}") in resumed.stderr
+    got = json.loads(resumed.stdout)
+    assert got["run_id"] == row["run_id"] and got["run_key"] != expected["run_key"]  # the setting is in the key
+    assert {**comparable(got), "run_key": ""} == {**comparable(expected), "run_key": ""}
+    assert same_model(model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"]))
+    assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("defense", DEFENSES.names())
+def test_a_run_interrupted_within_an_epoch_resumes_bit_identical(defense, tmp_path, monkeypatch):
+    check_resumes_within_an_epoch(tmp_path, monkeypatch, defense)
+
+
+@pytest.mark.parametrize("defense", ["dpsgd", "rs"])
+def test_shuffled_batches_resume_within_an_epoch(defense, tmp_path, monkeypatch):
+    """Fixed-size shuffled batches: the epoch's permutation comes back from the checkpoint."""
+    check_resumes_within_an_epoch(tmp_path, monkeypatch, defense, "--set", "train.sampling=shuffle")
+
+
+def test_within_epoch_checkpoints_keep_attacked_states(tmp_path, monkeypatch):
+    """Adam, a cosine schedule and the epoch snapshots an attack over the trajectory reads, resumed mid-epoch."""
+    check_resumes_within_an_epoch(tmp_path, monkeypatch, "rs", "--attack", "rgap", "--set", "attack.targets=2",
+                                  "--set", "train.optimizer=adam", "--set", "train.lr_schedule=cosine",
+                                  "--set", "train.lr=0.01")
+
+
+def test_checkpoint_every_n_steps_within_each_epoch(tmp_path, monkeypatch):
+    """``train.checkpoint_every=3`` with 4 steps per epoch: after step 3 of each epoch and at each epoch's end,
+    nothing else; the default writes at epoch ends only."""
+    from harness import checkpoint
+
+    real, written = checkpoint.save, []
+
+    def recording(path, run_key, payload):
+        written.append(checkpoint.position(payload["loop"], EPOCHS))
+        real(path, run_key, payload)
+
+    monkeypatch.setattr(checkpoint, "save", recording)
+    every = ("--set", "train.checkpoint_every=3")
+    assert CliRunner().invoke(main, command("dpsgd", tmp_path / "a", *every)).exit_code == 0
+    assert written == [text for e in range(EPOCHS) for text in
+                       (f"epoch {e} of {EPOCHS} and step 3 of epoch {e + 1}", f"epoch {e + 1} of {EPOCHS}")]
+    written.clear()
+    assert CliRunner().invoke(main, command("dpsgd", tmp_path / "b")).exit_code == 0
+    assert written == [f"epoch {e} of {EPOCHS}" for e in range(1, EPOCHS + 1)]

@@ -63,3 +63,71 @@ def test_fresh_models_follow_their_scopes():
     assert not all(torch.equal(first[0].state_dict()[n], first[1].state_dict()[n]) for n in names)
     victim = prep.model.state_dict()  # the victim's own scope: not a shadow's weights
     assert not all(torch.equal(first[0].state_dict()[n], victim[n]) for n in names)
+
+
+class Stop(Exception):
+    """The interruption of a shadow training (what Ctrl-C or a kill does to the process)."""
+
+
+@pytest.mark.parametrize("defense", ["dpsgd", "rs", "gep"])
+def test_interrupted_shadows_resume_from_the_saved_ones(defense, tmp_path):
+    """Interrupted after the first group of 2 of 6 shadows, a call with the same store loads those two,
+    trains only the 4 others, and returns exactly the states of an uninterrupted run."""
+    from harness.checkpoint import ShadowStore
+
+    spec = build_spec({"defense": {"name": defense, **DEFENSES[defense]},
+                       "train": {"epochs": 2, "batch_size": 64}, "privacy": {"noise_multiplier": 1.0}})
+    prep = prepare(spec)
+    x, y = prep.task.train.x[:512], prep.task.train.y[:512]
+    pools = halves(6, len(y), torch.Generator().manual_seed(1))
+    scopes = [prep.streams.scope("shadow", i) for i in range(6)]
+    cpu = torch.device("cpu")
+    built: list[int] = []
+
+    def make_defense(i, model):
+        if i == 2 and stop:
+            raise Stop
+        built.append(i)
+        return prep.make_defense(scopes[i], model)
+
+    def run(store, group):
+        return train_shadows(prep.build_model, x, y, pools, make_defense, spec.train, scopes, cpu, progress=False,
+                             store=store, group=group)
+
+    stop = False
+    expected = run(None, 0)
+    assert built == list(range(6))
+    store = ShadowStore(tmp_path / "shadows", "game-key")
+    built.clear()
+    stop = True
+    with pytest.raises(Stop):
+        run(store, 2)
+    assert built == [0, 1] and sorted(p.name for p in store.folder.iterdir()) == ["shadow-0.pt", "shadow-1.pt"]
+    built.clear()
+    stop = False
+    got = run(store, 2)
+    assert built == [2, 3, 4, 5]  # the finished two were loaded, not trained again
+    assert len(got) == 6
+    for a, b in zip(got, expected):
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    built.clear()
+    again = run(store, 0)  # everything saved: nothing left to train
+    assert built == [] and all(torch.equal(a[n], b[n]) for a, b in zip(again, expected) for n in a)
+
+
+@pytest.mark.parametrize("damage", ["flip", "other-key"])
+def test_a_damaged_saved_shadow_is_refused(damage, tmp_path):
+    from harness.checkpoint import ShadowStore
+    from harness.core.errors import ConfigError
+
+    store = ShadowStore(tmp_path, "game-key")
+    store.save(0, {"w": torch.arange(1000.0)})
+    assert torch.equal(store.finished(3)[0]["w"], torch.arange(1000.0)) and set(store.finished(3)) == {0}
+    if damage == "flip":
+        data = bytearray(store.path(0).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        store.path(0).write_bytes(bytes(data))
+    else:
+        store = ShadowStore(tmp_path, "another-game")
+    with pytest.raises(ConfigError, match="cannot be used"):
+        store.finished(3)
