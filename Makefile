@@ -22,8 +22,10 @@ $(DEVSTAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/dpeval run --defense rs --attack ig
 
-# The whole suite, slow tests included (CI runs this); `test-all` is the same target under its older name.
+# Lint, then the whole suite, slow tests included (CI runs this); `test-all` is the same target under its
+# older name.
 test test-all: $(DEVSTAMP) system-packages
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 # Optional system packages, installed where that is cheap (root with apt): Debian's chromium renders the report

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from harness.core.errors import ConfigError, brief
-from harness.core.params import added_defaults, coerce, field_names, from_dict, param
+from harness.core.params import coerce, field_names, from_dict, param, unkeyed
 from harness.core.settings import DEFAULT_EPSILON, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -65,8 +65,8 @@ class RunSpec:
         content = {k: v for k, v in self.canonical().items() if k != "device"}
         owners = [(content[s], getattr(self, s)) for s in ("data", "model", "defense", "privacy", "train")]
         owners += [(content["attack"][name], params) for name, params in self.attack.items()]
-        for section, params in owners:  # settings added later are keyed only once they leave their defaults
-            for *parents, leaf in added_defaults(params):
+        for section, params in owners:  # see param(added=, keyed=)
+            for *parents, leaf in unkeyed(params):
                 where = section
                 for step in parents:
                     where = where[step]

@@ -25,30 +25,33 @@ _MISSING = dataclasses.MISSING
 
 def param(default: Any = _MISSING, help: str = "", *, factory: Any = None, low: float | None = None,
           high: float | None = None, low_open: bool = False, high_open: bool = False,
-          choices: tuple[str, ...] | None = None, added: bool = False) -> Any:
+          choices: tuple[str, ...] | None = None, added: bool = False, keyed: bool = True) -> Any:
     """A declared parameter: ``low``/``high`` bound numbers (``*_open`` for strict bounds), ``choices``
     lists the allowed strings, ``help`` is the one-line description shown to users.
 
     ``added=True`` marks a setting added after results were stored: while it holds its default it is left
     out of the run key, so every stored run keeps its key (sweeps still find their finished points, resumes
     their checkpoints) and only runs that change it get a new one. Every setting added to a released
-    version is declared so."""
+    version is declared so. ``keyed=False`` marks a setting that cannot change results (how often to
+    checkpoint): never part of the run key, like ``device``."""
     meta = {"help": help, "low": low, "high": high, "low_open": low_open, "high_open": high_open,
-            "choices": tuple(choices) if choices else None, "added": added}
+            "choices": tuple(choices) if choices else None, "added": added, "keyed": keyed}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def added_defaults(obj: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """The paths of ``obj``'s ``added`` settings (nested Params included) that hold their defaults."""
+def unkeyed(obj: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths of ``obj``'s settings (nested Params included) left out of the run key: ``keyed=False`` ones,
+    and ``added`` ones that hold their defaults."""
     found = []
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if f.metadata.get("added") and value == (f.default_factory() if f.default is MISSING else f.default):
+        at_default = value == (f.default_factory() if f.default is MISSING else f.default)
+        if f.metadata.get("keyed") is False or (f.metadata.get("added") and at_default):
             found.append((*path, f.name))
         elif is_dataclass(value):
-            found += added_defaults(value, (*path, f.name))
+            found += unkeyed(value, (*path, f.name))
     return found
 
 

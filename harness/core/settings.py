@@ -131,4 +131,4 @@ class TrainConfig(Params):
                                 "where the defense and model allow it", choices=("auto", "func", "lean"))
     checkpoint_every: int = param(0, "besides the checkpoint at every epoch's end, one every N optimizer steps "
                                      "within an epoch (for long epochs; resume goes on from it bit-identically); "
-                                     "0 = at epoch ends only", low=0, added=True)
+                                     "0 = at epoch ends only; not part of the run key", low=0, keyed=False)

@@ -12,7 +12,8 @@ size, epochs, optimizer, schedule and sampling.
   ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
   element, so stacking does not couple them). The models' common fixed front (``Normalize``, a fixed
   scattering transform: ``harness.core.per_sample.fixed_front``) is applied once to the whole population
-  (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same ``build``, so their fronts are equal.
+  (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same
+  ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step.
 - **Progress** (``store``, a ``ShadowProgress`` such as ``harness.checkpoint.ShadowStore``): the shadows

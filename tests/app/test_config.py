@@ -225,7 +225,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
 
     spec = build_spec({"data": {"name": "fashionmnist"}})
     content = {k: v for k, v in spec.canonical().items() if k != "device"}
-    assert content["data"].pop("normalize") == "auto"
+    assert content["data"].pop("normalize") == "auto" and content["train"].pop("checkpoint_every") == 0
     assert content["data"].pop("tokens")["length"] == 16
     assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab")] == [None] * 6
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
@@ -234,6 +234,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     assert spec_from(data__normalize="auto").run_key == build_spec({}).run_key
     assert spec_from(data__normalize="none").run_key != build_spec({}).run_key
     assert spec_from(data__tokens__length=8).run_key != build_spec({}).run_key
+    assert spec_from(train__checkpoint_every=5).run_key == build_spec({}).run_key  # cannot change results
     assert spec_from(model__name="vit", model__depth=3).run_key != spec_from(model__name="vit").run_key
     with pytest.raises(ConfigError, match="data.normalize"):
         spec_from(data__normalize="dataset")
