@@ -163,6 +163,11 @@ def pool_key(view: AttackerView, k: int, target: str) -> str:
                       default=str)
 
 
+# Shadows train in groups of this many, each group saved as it ends, so an interrupted run resumes with the
+# groups it finished (each shadow draws only from its own stream scope: grouping leaves the results unchanged).
+SHADOW_GROUP = 8
+
+
 def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPool:
     """Train (or reuse) the K shadows of the game and read their signals on its population."""
     key = pool_key(view, k, target)
@@ -173,9 +178,10 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
     scopes = [view.streams.scope("shadow", i) for i in range(k)]
     model = fresh_model(view)
     game.features = front_features(fixed_front(model).front, game.x)
+    store = view.shadow_progress(key) if view.shadow_progress is not None else None
     states = train_shadows(view.build_model, game.x, game.y, pools,
                            lambda i, model: view.make_defense(scopes[i], model), game.train, scopes, view.device,
-                           features=game.features)
+                           features=game.features, store=store, group=SHADOW_GROUP if store is not None else 0)
     outputs = [outputs_of(model, view, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
     _POOLS.clear()  # keep one game's pool in memory at a time

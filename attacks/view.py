@@ -31,6 +31,7 @@ from harness.core.ledger import PrivacyLedger
 from harness.core.splits import Split
 from harness.core.streams import Streams
 from harness.engine.release import ReleaseOracle
+from harness.engine.shadow_training import ShadowProgress
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class AttackerView:
     streams: Streams                                   # the run's streams (attacks draw from attack/…, shadow…)
     out_dir: Path
     device: torch.device
+    shadow_progress: Callable[[str], ShadowProgress] | None = None  # game key -> where its finished shadows keep
 
     def model_at(self, state: str) -> nn.Module:
         """A private copy of the architecture with the weights of ``state``, on the device, eval mode."""

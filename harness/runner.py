@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from harness.logs import LOG_ONLY
 from harness.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
+SHADOWS = "shadows"  # a run folder's finished shadow models, kept until the run is done (resume)
 
 
 @dataclass
@@ -214,7 +217,8 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
         architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
         shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
         privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
-        streams=prep.streams, out_dir=out_dir, device=prep.device)
+        streams=prep.streams, out_dir=out_dir, device=prep.device, shadow_progress=lambda key: checkpoint.ShadowStore(
+            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{spec.run_key}:{key}"))
 
 
 def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
@@ -372,6 +376,7 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc}{log_hint(run_dir)}") from exc
     store.finish(run_id, metrics)
     (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
+    shutil.rmtree(run_dir / SHADOWS, ignore_errors=True)
     return metrics
 
 

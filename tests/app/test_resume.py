@@ -241,3 +241,42 @@ def test_checkpoint_every_n_steps_within_each_epoch(tmp_path, monkeypatch):
     written.clear()
     assert CliRunner().invoke(main, command("dpsgd", tmp_path / "b")).exit_code == 0
     assert written == [f"epoch {e} of {EPOCHS}" for e in range(1, EPOCHS + 1)]
+
+
+def test_a_run_interrupted_while_it_trains_shadows_keeps_the_finished_ones(tmp_path, monkeypatch):
+    """Ctrl-C after the first group of shadows: the same command trains only the shadows left, ends with the
+    metrics of an uninterrupted run, and clears the saved shadows once done."""
+    from attacks import membership_common
+    from harness import checkpoint
+
+    monkeypatch.setattr(membership_common, "SHADOW_GROUP", 2)
+    args = ["run", "--defense", "dpsgd", "--attack", "lira", "--epochs", str(EPOCHS), "--set",
+            f"train.batch_size={BATCH}", "--set", "attack.shadows=6", "--set", "attack.mia_target=shadows",
+            "--quiet", "--json"]
+    expected = json.loads(CliRunner().invoke(main, [*args, "--results", str(tmp_path / "ref")]).stdout)
+
+    real, saved = checkpoint.ShadowStore.save, []
+
+    def save(self, i, state):
+        if len(saved) == 2:  # the second group has finished training: stop before it is saved
+            monkeypatch.setattr(checkpoint.ShadowStore, "save", counting)
+            raise KeyboardInterrupt
+        saved.append(i)
+        real(self, i, state)
+
+    def counting(self, i, state):
+        saved.append(i)
+        real(self, i, state)
+
+    monkeypatch.setattr(checkpoint.ShadowStore, "save", save)
+    membership_common._POOLS.clear()  # the reference run's shadows, kept in memory for this process
+    assert CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r")]).exit_code == 130
+    (row,) = ResultStore(tmp_path / "r").rows()
+    assert len(list((ResultStore(tmp_path / "r").run_dir(row["run_id"]) / "shadows").rglob("shadow-*.pt"))) == 2
+    resumed = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r")])
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(saved[2:]) == [2, 3, 4, 5]  # shadows 0 and 1 were loaded, not trained again
+    got = json.loads(resumed.stdout)
+    assert got["run_id"] == row["run_id"] and comparable(got) == comparable(expected)
+    assert got["leakage.lira.auc"] == expected["leakage.lira.auc"]
+    assert not (ResultStore(tmp_path / "r").run_dir(got["run_id"]) / "shadows").exists()

@@ -49,9 +49,9 @@ def recorded_shadow_training(monkeypatch):
     calls = []
     real = mc.train_shadows
 
-    def recording(build, x, y, pools, make_defense, cfg, scopes, device, progress=None, features=None):
+    def recording(build, x, y, pools, make_defense, cfg, scopes, device, progress=None, **kwargs):
         calls.append({"x": x, "pools": pools, "cfg": cfg, "scopes": scopes})
-        return real(build, x, y, pools, make_defense, cfg, scopes, device, progress=False, features=features)
+        return real(build, x, y, pools, make_defense, cfg, scopes, device, progress=False, **kwargs)
 
     monkeypatch.setattr(mc, "train_shadows", recording)
     mc._POOLS.clear()
