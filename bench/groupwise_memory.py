@@ -154,15 +154,15 @@ def run_row(row: str, args) -> dict:
 def table(results: list[dict]) -> str:
     ok = {r["row"]: r for r in results if "error" not in r}
     ref, flat = ok.get("non-private"), ok.get("all")
-    lines = ["| style | B | T | peak RSS over baseline MiB | × non-private | × all | step wall s | CPU s | load avg (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| style | B | T | peak RSS over baseline MiB | × non-private | × all | step wall s | CPU s "
+             "| load avg (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['row']} | | | failed: {r['error']} | | | | | |")
             continue
-        ratio = lambda base: f"{r['peak_mib'] / base['peak_mib']:.2f}" if base else "-"  # noqa: E731
-        lines.append(f"| {r['row']} | {r['batch']} | {r['seq_len']} | {r['peak_mib']:.1f} | {ratio(ref)} | "
-                     f"{ratio(flat)} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['load1']:.2f} |")
+        to_ref, to_flat = (f"{r['peak_mib'] / b['peak_mib']:.2f}" if b else "-" for b in (ref, flat))
+        lines.append(f"| {r['row']} | {r['batch']} | {r['seq_len']} | {r['peak_mib']:.1f} | {to_ref} | "
+                     f"{to_flat} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['load1']:.2f} |")
     return "\n".join(lines)
 
 
