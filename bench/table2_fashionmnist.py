@@ -110,7 +110,7 @@ def table(path: Path) -> str:
 def reading_of(paper_diff: float, diff: float, low: float, high: float) -> str:
     if not math.isfinite(low):
         same = (diff > 0) == (paper_diff > 0)
-        return ("not yet testable (one seed per arm); the point estimate has the paper's sign: "
+        return ("not yet testable (an arm has one seed); the point estimate has the paper's sign: "
                 f"{'yes' if same else 'no'}")
     if paper_diff > 0:
         sign = "reproduced" if low > 0 else "not reproduced" if high < 0 else "not resolved (interval spans 0)"
