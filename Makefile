@@ -24,9 +24,11 @@ run: $(STAMP)
 
 # Lint, then the whole suite, slow tests included (CI runs this); `test-all` is the same target under its
 # older name.
-test test-all: $(DEVSTAMP) system-packages
+test: $(DEVSTAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+test-all: test
 
 # Optional system packages, installed where that is cheap (root with apt): Debian's chromium renders the report
 # in its browser test, and dataset-fashion-mnist puts the real Fashion-MNIST files where dpeval finds them
