@@ -59,10 +59,18 @@ def small(args: list[str]) -> list[str]:
     return args
 
 
+def real_data_missing(line: str) -> bool:
+    """A Fashion-MNIST command on a machine without Debian's files (as the real-data tests, it then waits)."""
+    from harness.core.datasets import SYSTEM_FOLDERS
+
+    system = SYSTEM_FOLDERS["FashionMNIST"][0] / "train-images-idx3-ubyte.gz"
+    return "fashionmnist" in line and not system.is_file()
+
+
 def run_all(lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    for line in lines:
+    for line in [line for line in lines if not real_data_missing(line)]:
         args = shlex.split(line)[1:]
         if "RUN_ID" in args:
             args[args.index("RUN_ID")] = ResultStore(tmp_path / "dpeval-results").rows()[-1]["run_id"]
