@@ -49,17 +49,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from dp_step import _status_kb  # the /proc/self/status reader of the per-step benchmark beside this file
 
 ROWS = ("non-private", "all", "layer", "param", "uniform:4", "device:4", "boundary:6", "opacus-ghost")
 CLASSES = 4
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
 
 
 def build(args) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
