@@ -212,8 +212,10 @@ def test_noise_std_on_embedding_and_residual():
     assert chi2_p(emb, sigma * c0 / batch) > 1e-4
     assert chi2_p(res, sigma * c1 / batch) > 1e-4
     assert stats.kstest((res / (sigma * c1 / batch)).numpy(), "norm").pvalue > 1e-4
-    # The residual noise is isotropic in all d coordinates, so its part inside span(V) is small but present.
-    assert shared.noise_std == pytest.approx(math.sqrt((sigma * c1) ** 2 + (sigma * c0) ** 2 * k / d) / batch)
+    # The reported noise_std is the RMS of the released noise over all d coordinates: measured on the release
+    # itself (pure noise here), not recomputed from GEP's own expression.
+    released = shared.grads["w"].double()
+    assert shared.noise_std == pytest.approx(float(released.pow(2).mean().sqrt()), rel=0.03)
 
 
 def test_biased_variant_noise_is_accounted_sigma_on_embedding_only():
