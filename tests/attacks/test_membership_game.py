@@ -26,6 +26,7 @@ from harness.engine.shadow_training import fresh_models
 from harness.engine.training import BatchSampler
 from harness.runner import execute, prepare
 from harness.store import ResultStore
+from tests.helpers import noiseless
 
 OVERFIT = "configs/digits-mia-overfit.yaml"
 
@@ -177,17 +178,9 @@ def test_data_dependent_mia_checks_exit_2_before_training(tmp_path, args):
     assert not (tmp_path / "runs").exists()
 
 
-class NoiselessDPSGD(DPSGD):
-    """Planted bug: clips like DP-SGD but adds no noise, while the ledger still plans σ for the target ε (so
-    the run reports ε = 1)."""
-
-    def gaussian(self, shape: torch.Size, std: float) -> torch.Tensor:
-        return torch.zeros(shape, device=self.device)
-
-
 @pytest.fixture
 def noiseless_dpsgd():
-    DEFENSES.register("dpsgd-noiseless", "test plug-in: DP-SGD without its noise")(NoiselessDPSGD)
+    DEFENSES.register("dpsgd-noiseless", "test plug-in: DP-SGD without its noise")(noiseless(DPSGD))
     yield "dpsgd-noiseless"
     DEFENSES.unregister("dpsgd-noiseless")
 
