@@ -22,10 +22,11 @@ $(DEVSTAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/dpeval run --defense rs --attack ig
 
-# Lint, then the whole suite, slow tests included (CI runs this); `test-all` is the same target under its
-# older name.
+# Lint, type-check the contract modules (pyproject's [tool.mypy] files), then the whole suite, slow tests
+# included (CI runs this); `test-all` is the same target under its older name.
 test: $(DEVSTAMP) system-packages
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 test-all: test
@@ -46,4 +47,4 @@ system-packages:
 	    echo "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): the real-data tests will be skipped"
 
 clean:
-	rm -rf $(VENV) dpeval-results .pytest_cache
+	rm -rf $(VENV) dpeval-results .pytest_cache .mypy_cache

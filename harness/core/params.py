@@ -15,7 +15,7 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import MISSING, field, fields, is_dataclass
+from dataclasses import field, fields, is_dataclass
 from typing import Any
 
 from harness.core.errors import ConfigError, brief
@@ -47,7 +47,7 @@ def unkeyed(obj: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = []
     for f in fields(obj):
         value = getattr(obj, f.name)
-        at_default = value == (f.default_factory() if f.default is MISSING else f.default)
+        at_default = value == default_of(f)
         if f.metadata.get("keyed") is False or (f.metadata.get("added") and at_default):
             found.append((*path, f.name))
         elif is_dataclass(value):
@@ -130,9 +130,9 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return coerce(value, option, where)
             except ConfigError as error:
                 errors.append(error)
-        for option, error in zip(inner, errors):  # the option of the value's own kind explains best
+        for option, failure in zip(inner, errors):  # the option of the value's own kind explains best
             if isinstance(value, typing.get_origin(option) or option):
-                raise error
+                raise failure
         if len(inner) == 1:
             raise errors[0]
         raise ConfigError(f"{where}: must be {' or '.join(_type_name(t) for t in inner)}, got {brief(value)}")
@@ -141,7 +141,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where}: must be a list of {_type_name(item_tp)}, got {brief(value)}")
         return [coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: must be a mapping with keys {', '.join(field_names(tp))}")
         return from_dict(tp, value, where)
@@ -220,8 +220,8 @@ def allowed_text(meta: Any) -> str:
 def default_of(f: dataclasses.Field) -> Any:
     if f.default is not _MISSING:
         return f.default
-    if f.default_factory is not _MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not _MISSING:
+        return f.default_factory()
     return None
 
 
@@ -232,7 +232,7 @@ def describe(cls: type) -> list[dict[str, Any]]:
     rows = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows += [dict(r, name=f"{f.name}.{r['name']}") for r in describe(tp)]
             continue
         rows.append({"name": f.name, "type": _type_text(tp), "default": default_of(f),

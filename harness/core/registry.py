@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar, cast
 
 from harness.core.errors import ConfigError, brief
 
@@ -48,7 +48,7 @@ class Registry(Generic[T]):
             self._items[name] = obj
             self._descriptions[name] = description
             if isinstance(obj, type):
-                obj.name = name  # a registered class knows its user-facing name
+                cast(Any, obj).name = name  # a registered class knows its user-facing name
             return obj
 
         return decorator
@@ -107,10 +107,12 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str]]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         for deco in getattr(node, "decorator_list", ()):
-            if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.func.attr == "register"
-                    and isinstance(deco.func.value, ast.Name) and deco.func.value.id == var
-                    and len(deco.args) >= 2 and all(isinstance(a, ast.Constant) for a in deco.args[:2])):
-                found.append((deco.args[0].value, deco.args[1].value))
+            if not (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.func.attr == "register"
+                    and isinstance(deco.func.value, ast.Name) and deco.func.value.id == var and len(deco.args) >= 2):
+                continue
+            name, description = (a.value if isinstance(a, ast.Constant) else None for a in deco.args[:2])
+            if isinstance(name, str) and isinstance(description, str):
+                found.append((name, description))
     return found
 
 

@@ -1,5 +1,6 @@
-"""``dpeval audit``: every DP defense passes with a tight canary, deliberately broken defenses (subclasses
-of the real ones, defined here) are caught with ε_LB > ε, and the bound machinery and CLI behave."""
+"""``dpeval audit``: every DP defense passes with a tight canary and is caught without its noise, deliberately
+broken defenses (subclasses of the real ones, defined here) are caught with ε_LB > ε, and the bound machinery
+and CLI behave."""
 
 import json
 import math
@@ -23,6 +24,7 @@ from harness.config import build_spec
 from harness.core.runtime import single_cpu_thread
 from harness.core.statistics import split_bound
 from harness.core.streams import Streams
+from tests.helpers import noiseless
 
 MU = math.sqrt(audit_mod.DEFAULT_STEPS) / audit_mod.DEFAULT_NOISE_MULTIPLIER  # accountant's μ of the audit
 
@@ -62,6 +64,14 @@ def test_every_dp_defense_passes_with_a_worst_case_canary(name):
     if "masked/projection" in tests:  # RS / random freeze: masked coordinates release nothing
         assert tests["masked/projection"]["epsilon_lower_bound"] == 0
         assert tests["masked/projection"]["separation"] == 0
+
+
+@pytest.mark.parametrize("name", dp_defense_names())
+def test_every_dp_defense_without_its_noise_fails(name):
+    """Positive control of the test above, at its settings: every Gaussian draw zeroed, the ledger unchanged."""
+    result = audit(name, trials=5000, defense_cls=noiseless(DEFENSES.get(name)))
+    assert result["audit.epsilon_lower_bound"] > 1.5 * result["privacy.epsilon"], format_failure(result)
+    assert not result["audit.passed"] and result["audit.verdict"] == "FAIL"
 
 
 def test_ranked_rs_passes_although_its_mask_follows_the_releases():

@@ -1,6 +1,7 @@
-"""``dpeval audit --scope run``: every built-in DP defense passes a one-run audit of a whole (small) training,
-and four planted run-level bugs — invisible to the per-release audit, which passes each of them — are caught
-(ε_LB > the run's accounted ε), each beside the real defense at the same settings, which passes.
+"""``dpeval audit --scope run``: every built-in DP defense passes a one-run audit of a whole (small) training
+and fails it with its noise planted out, and four planted run-level bugs — invisible to the per-release
+audit, which passes each of them — are caught (ε_LB > the run's accounted ε), each beside the real defense
+at the same settings, which passes.
 
 The bugs are planted like the per-release audit's: subclasses of the real defenses (and, for the sampling
 bug, a privacy planner) handed to the audit in place of the registry's."""
@@ -24,6 +25,7 @@ from harness.config import build_spec
 from harness.core.accounting import default_delta, noise_for
 from harness.core.ledger import PrivacyLedger
 from harness.runner import plan_privacy
+from tests.helpers import noiseless
 
 
 def spec(name, seed=0, **sections):
@@ -47,7 +49,9 @@ def audit_release(name, defense_cls=None, **sections):
 # every built-in DP defense passes
 
 
-SMALL = {"train": {"epochs": 4}}
+# At a claimed ε = 1: 400 canaries cannot show much more than ε_LB ≈ 2.9 even without any noise, so at the
+# default ε = 3 a pass would be certain and prove nothing (the control below).
+SMALL = {"train": {"epochs": 4}, "privacy": {"epsilon": 1.0}}
 
 
 @pytest.mark.parametrize("name", dp_defense_names())
@@ -60,6 +64,16 @@ def test_every_dp_defense_passes_the_whole_run_audit(name):
     assert result["audit.canaries_included"] == pytest.approx(200, abs=45)  # each in with probability 1/2
     # included canaries were sampled like pool members: ≈ q per step, i.e. ≈ once per epoch
     assert result["audit.mean_samplings_included"] == pytest.approx(4, rel=0.25)
+
+
+@pytest.mark.parametrize("name", dp_defense_names())
+def test_every_dp_defense_without_its_noise_fails_the_whole_run_audit(name):
+    """Positive control of the test above, at its settings: the defense with every Gaussian draw zeroed (its
+    ledger still claiming ε = 1) is caught (measured ε_LB 2.4–2.9)."""
+    result = audit_run(name, defense_cls=noiseless(DEFENSES.get(name)), canaries=400, **SMALL)
+    assert result["privacy.epsilon"] == pytest.approx(1.0, abs=0.01)
+    assert result["audit.epsilon_lower_bound"] > 2 * result["privacy.epsilon"], result
+    assert not result["audit.passed"] and result["audit.verdict"] == "FAIL"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_run_json_has_the_result_keys(tmp_path):
     for key in REQUIRED_KEYS:
         assert key in m, key
     assert m["status"] == "done" and m["attack"] == "none" and m["dataset"] == "digits"
-    assert m["privacy.epsilon"] <= 2.0 and m["privacy.epsilon"] >= 0.98 * 2.0
+    assert 0.995 * 2.0 <= m["privacy.epsilon"] <= 2.0  # calibration: within 0.5% below the target
     assert m["privacy.noise_multiplier"] > 0
     assert m["comm.density"] == 1.0 and m["comm.bytes_sparse"] == m["comm.bytes_dense"]
     assert m["privacy.sampling"] == m["privacy.accounted_sampling"] == "poisson"
@@ -223,7 +223,7 @@ def test_privacy_command_matches_opacus():
     data = json.loads(result.stdout)
     expected = get_noise_multiplier(target_epsilon=3, target_delta=1e-5, sample_rate=0.02, epochs=40, accountant="rdp")
     assert data["noise_multiplier"] == pytest.approx(expected, rel=0.01)
-    assert data["steps"] == 2000 and 2.94 <= data["epsilon"] <= 3.0
+    assert data["steps"] == 2000 and 0.995 * 3.0 <= data["epsilon"] <= 3.0
     text = invoke("privacy", "--epsilon", 3, "--delta", 1e-5, "--sample-rate", 0.02, "--epochs", 40)
     assert f"{data['noise_multiplier']:.6g}" in text.output
     back = invoke("privacy", "--noise-multiplier", data["noise_multiplier"], "--delta", 1e-5,
@@ -291,7 +291,8 @@ def test_json_stdout_is_exactly_one_object(tmp_path):
 
 
 def test_acceptance_default_dpsgd_run(tmp_path):
-    """Issue 'done when': the default DP-SGD run at ε = 3 on digits prints accuracy, ε, δ, σ; ε ≤ 3 within 2%."""
+    """Issue 'done when': the default DP-SGD run at ε = 3 on digits prints accuracy, ε, δ, σ; ε ≤ 3 within 0.5%
+    (docs/privacy.md)."""
     result = invoke("run", "--defense", "dpsgd", "--attack", "none", "--epsilon", "3", "--results", tmp_path, "--quiet")
     assert result.exit_code == 0, result.output
     text = result.stdout
@@ -299,7 +300,7 @@ def test_acceptance_default_dpsgd_run(tmp_path):
         assert label in text, label
     (row,) = ResultStore(tmp_path).rows()
     m = row["metrics"]
-    assert 0.98 * 3 <= m["privacy.epsilon"] <= 3
+    assert 0.995 * 3 <= m["privacy.epsilon"] <= 3
     assert f"{m['utility.test_accuracy']:.4f}" in text and f"{m['privacy.epsilon']:.3f}" in text
     assert m["utility.test_accuracy"] >= 0.85
 

@@ -61,7 +61,7 @@ def test_calibration_reaches_target_without_exceeding_it(eps):
     sigma = noise_for(eps, delta, q, steps)
     spent = epsilon_for(sigma, q, steps, delta)
     assert spent <= eps
-    assert spent >= 0.98 * eps
+    assert spent >= 0.995 * eps  # docs/privacy.md: within 0.5% below the target
     # Same σ as Opacus' own calibration entry point, up to its bracket width.
     opacus_sigma = get_noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=q, epochs=40,
                                         accountant="rdp", epsilon_tolerance=0.01)
@@ -70,7 +70,7 @@ def test_calibration_reaches_target_without_exceeding_it(eps):
 
 def test_prv_calibration():
     sigma = noise_for(3.0, 1e-5, 0.02, 2000, "prv")
-    assert 2.94 <= epsilon_for(sigma, 0.02, 2000, 1e-5, "prv") <= 3.0
+    assert 0.995 * 3.0 <= epsilon_for(sigma, 0.02, 2000, 1e-5, "prv") <= 3.0
 
 
 def test_delta_rule():

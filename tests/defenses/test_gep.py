@@ -212,8 +212,10 @@ def test_noise_std_on_embedding_and_residual():
     assert chi2_p(emb, sigma * c0 / batch) > 1e-4
     assert chi2_p(res, sigma * c1 / batch) > 1e-4
     assert stats.kstest((res / (sigma * c1 / batch)).numpy(), "norm").pvalue > 1e-4
-    # The residual noise is isotropic in all d coordinates, so its part inside span(V) is small but present.
-    assert shared.noise_std == pytest.approx(math.sqrt((sigma * c1) ** 2 + (sigma * c0) ** 2 * k / d) / batch)
+    # The reported noise_std is the RMS of the released noise over all d coordinates: measured on the release
+    # itself (pure noise here), not recomputed from GEP's own expression.
+    released = shared.grads["w"].double()
+    assert shared.noise_std == pytest.approx(float(released.pow(2).mean().sqrt()), rel=0.03)
 
 
 def test_biased_variant_noise_is_accounted_sigma_on_embedding_only():
@@ -358,7 +360,7 @@ def test_epsilon_is_that_of_one_sampled_gaussian_at_sigma_over_sqrt2(epsilon, ba
     acc = RDPAccountant()
     acc.history = [(plan.noise_multiplier / math.sqrt(2), plan.sample_rate, plan.steps)]
     assert plan.epsilon == pytest.approx(acc.get_epsilon(delta=plan.delta), rel=1e-9)
-    assert plan.epsilon <= epsilon * 1.005
+    assert 0.995 * epsilon <= plan.epsilon <= epsilon * (1 + 1e-12)  # calibrated: within 0.5% below the target
     # ... agrees with a first-principles computation of the sampled Gaussian at noise/sensitivity = σ/√2.
     ref = independent_sgm_epsilon(plan.noise_multiplier / math.sqrt(2), plan.sample_rate, plan.steps, plan.delta)
     assert ref * 0.97 <= plan.epsilon <= ref + 1e-9
@@ -396,7 +398,7 @@ def test_gep_trains_end_to_end_through_the_runner():
     assert result.steps == 2 * (len(prep.task.train) // 50)
     assert defense.step == result.steps and defense.k == 20
     assert math.isfinite(result.history[-1]["test_accuracy"])
-    assert prep.privacy.epsilon <= 8.0 * 1.005
+    assert 0.995 * 8.0 <= prep.privacy.epsilon <= 8.0 * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("power_iter", [1, 2])

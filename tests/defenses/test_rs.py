@@ -106,14 +106,16 @@ def test_noise_std_on_kept_and_zero_on_masked():
     assert p_value > 1e-4
 
 
-@pytest.mark.parametrize("epochs", [1, 2, 5, 10])
-def test_linear_schedule(epochs):
+# The paper's gradual cooling at r* = 0.9, worked out by hand: epoch 0 dense, the last epoch at r*, equal steps
+# in between (a single epoch is epoch 0, so dense).
+@pytest.mark.parametrize("epochs,expected", [(1, [0.0]), (2, [0.0, 0.9]), (5, [0.0, 0.225, 0.45, 0.675, 0.9]),
+                                             (10, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])])
+def test_linear_schedule(epochs, expected):
     defense = make(final_rate=0.9)
     rates = []
     for e in range(epochs):
         defense.begin_epoch(e, epochs)
         rates.append(defense.rate)
-    expected = [0.9 * e / (epochs - 1) for e in range(epochs)] if epochs > 1 else [0.0]
     assert rates == pytest.approx(expected)
     assert rates[0] == 0.0
 
@@ -137,8 +139,8 @@ def test_refresh_schedule_redraws_k_masks_per_epoch_and_ramps():
             seen.append((shared.extra["period"], shared.rate, shared.mask_is_new, flat(shared.mask)))
     periods = [p for p, *_ in seen]
     assert periods == [0, 0, 1, 1, 2, 2] * epochs
-    expected_rates = [min(0.5, 0.5 * (e * k + j) / (k * epochs - 1)) for e in range(epochs) for j in range(k)]
-    assert [seen[i][1] for i in range(0, len(seen), 2)] == pytest.approx(expected_rates)
+    # six masks (3 per epoch, 2 epochs) ramping from dense to r* = 0.5 in equal steps, worked out by hand
+    assert [seen[i][1] for i in range(0, len(seen), 2)] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     assert [new for *_, new, _ in seen] == [True, False] * (k * epochs)
     masks = [m for *_, m in seen]
     assert not torch.equal(masks[2], masks[4])  # a redraw is a different mask
@@ -153,14 +155,20 @@ def test_refresh_k1_equals_linear():
         assert torch.equal(a.keep, b.keep)
 
 
-@pytest.mark.parametrize("ramp,epochs", [(None, 10), (4, 10), (1, 3), (None, 1)])
-def test_random_freeze_schedule(ramp, epochs):
+# Random freeze's ramp at r* = 0.9, worked out by hand: dense in epoch 0, r* from epoch e* − 1 on (e* = E by
+# default), equal steps in between; e* = 1 is no ramp.
+@pytest.mark.parametrize("ramp,expected", [
+    (None, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]),
+    (4, [0.0, 0.3, 0.6, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]),
+    (1, [0.9, 0.9, 0.9]),
+    (None, [0.9]),
+])
+def test_random_freeze_schedule(ramp, expected):
+    epochs = len(expected)
     defense = make("random-freeze", final_rate=0.9, ramp_epochs=ramp)
-    e_star = ramp or epochs
     for e in range(epochs):
         defense.begin_epoch(e, epochs)
-        expected = 0.9 if e_star == 1 else 0.9 * min(e / (e_star - 1), 1)
-        assert defense.rate == pytest.approx(expected)
+        assert defense.rate == pytest.approx(expected[e])
         assert int((~defense.keep).sum()) == math.floor(defense.rate * D)
     assert defense.rate == pytest.approx(0.9)  # the default e* = E reaches r* in the last epoch
 
