@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core import datasets
 from harness.core.datasets import load_task, read_idx
+from harness.core.datasets import loaders as datasets
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.registry import DATASETS
 from harness.core.settings import DataConfig, SyntheticConfig
