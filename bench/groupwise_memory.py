@@ -80,7 +80,7 @@ def step_function(row: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
     if row == "opacus-ghost":
         from opacus import PrivacyEngine
 
-        import harness.core.models.zoo as models
+        import harness.core.models.transformers as models
         positions = models._positions  # expanded (non-contiguous) ids: Opacus' embedding norm `view`s them
         models._positions = lambda h: positions(h).contiguous()  # same values
         model.train()  # Opacus captures activations in training mode (the model has no dropout / batch norm)

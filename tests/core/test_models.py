@@ -284,7 +284,7 @@ def _gpt(settings=None, seq: int = 6, vocab: int = 7, classes: int = 5) -> nn.Mo
 
 
 def test_transformer_settings_reach_the_modules() -> None:
-    from harness.core.models import SelfAttention
+    from harness.core.models.transformers import SelfAttention
     from harness.core.settings import ModelConfig
 
     vit = build_model("vit", (3, 32, 32), 10, *_stats(3), ModelConfig(depth=3, width=48, heads=6, patch=8))
