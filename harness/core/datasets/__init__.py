@@ -1,8 +1,9 @@
 """Dataset loaders, registered by name, one module per family: ``embedded`` (the bundled digits and synthetic
 images), ``tokens`` (synthetic token sequences and a local text file), ``torchvision_sets`` (MNIST, Fashion-MNIST,
 CIFAR-10, SVHN read from ``data.root``) and ``imagefolder`` (the user's own images). A loader is a function
-``DataConfig -> Task`` decorated with ``@DATASETS.register("name", "description")``; it
-splits its examples with ``harness.core.splits.assemble`` (see that module for the roles and the split rules).
+``DataConfig -> Task`` decorated with ``@DATASETS.register("name", "description", default_model="model")`` (the
+model a run builds when ``model.name`` is not given); it splits its examples with
+``harness.core.splits.assemble`` (see that module for the roles and the split rules).
 Adding a dataset is one new module here (docs/architecture.md, "How to add a dataset").
 
 Other choices

@@ -17,7 +17,8 @@ SYNTHETIC_NOISE_STD = 0.15
 
 
 @DATASETS.register(
-    "digits", "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes; offline default)"
+    "digits", "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes; offline default)",
+    default_model="cnn3",
 )
 def _load_digits(cfg: DataConfig) -> Task:
     from sklearn.datasets import load_digits
@@ -30,7 +31,8 @@ def _load_digits(cfg: DataConfig) -> Task:
 
 
 @DATASETS.register(
-    "synthetic", "learnable synthetic images: one random prototype per class plus Gaussian noise"
+    "synthetic", "learnable synthetic images: one random prototype per class plus Gaussian noise",
+    default_model="mlp",
 )
 def _load_synthetic(cfg: DataConfig) -> Task:
     syn = cfg.synthetic

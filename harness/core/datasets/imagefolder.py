@@ -20,7 +20,8 @@ from harness.core.splits import Task, assemble
 
 
 @DATASETS.register(
-    "imagefolder", "your own images in data.root/<class>/<image>, RGB, resized to data.image_size"
+    "imagefolder", "your own images in data.root/<class>/<image>, RGB, resized to data.image_size",
+    default_model="resnet20-gn",
 )
 def _load_imagefolder(cfg: DataConfig) -> Task:
     from torchvision import transforms

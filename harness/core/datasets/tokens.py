@@ -29,7 +29,8 @@ def token_task(task: Task, vocab: int) -> Task:
 
 
 @DATASETS.register(
-    "tokens", "learnable synthetic token sequences: one random prototype sequence per class, tokens redrawn at random"
+    "tokens", "learnable synthetic token sequences: one random prototype sequence per class, tokens redrawn at random",
+    default_model="gpt",
 )
 def _load_tokens(cfg: DataConfig) -> Task:
     tok = cfg.tokens
@@ -44,7 +45,8 @@ def _load_tokens(cfg: DataConfig) -> Task:
 
 @DATASETS.register(
     "textfile", "a local text file (data.root) as byte tokens: windows of data.tokens.length bytes, the class "
-                "is the next byte"
+                "is the next byte",
+    default_model="gpt",
 )
 def _load_textfile(cfg: DataConfig) -> Task:
     path, t = abs_root(cfg), cfg.tokens.length

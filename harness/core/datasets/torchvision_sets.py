@@ -151,19 +151,22 @@ def _mnist_like(cfg: DataConfig, class_name: str) -> Task:
     return assemble(cfg, 10, *parts[True], *parts[False])
 
 
-@DATASETS.register("mnist", "MNIST handwritten digits via torchvision from data.root (1x28x28, 10 classes)")
+@DATASETS.register("mnist", "MNIST handwritten digits via torchvision from data.root (1x28x28, 10 classes)",
+                   default_model="dpcnn-small")
 def _load_mnist(cfg: DataConfig) -> Task:
     return _mnist_like(cfg, "MNIST")
 
 
 @DATASETS.register(
-    "fashionmnist", "Fashion-MNIST clothing images via torchvision from data.root (1x28x28, 10 classes)"
+    "fashionmnist", "Fashion-MNIST clothing images via torchvision from data.root (1x28x28, 10 classes)",
+    default_model="dpcnn-small",
 )
 def _load_fashionmnist(cfg: DataConfig) -> Task:
     return _mnist_like(cfg, "FashionMNIST")
 
 
-@DATASETS.register("cifar10", "CIFAR-10 natural images via torchvision from data.root (3x32x32, 10 classes)")
+@DATASETS.register("cifar10", "CIFAR-10 natural images via torchvision from data.root (3x32x32, 10 classes)",
+                   default_model="dpcnn")
 def _load_cifar10(cfg: DataConfig) -> Task:
     import torchvision.datasets as tvd
 
@@ -180,7 +183,8 @@ def _load_cifar10(cfg: DataConfig) -> Task:
 
 
 @DATASETS.register(
-    "svhn", "SVHN street-view house numbers via torchvision from data.root (3x32x32, 10 classes)"
+    "svhn", "SVHN street-view house numbers via torchvision from data.root (3x32x32, 10 classes)",
+    default_model="dpcnn",
 )
 def _load_svhn(cfg: DataConfig) -> Task:
     import torchvision.datasets as tvd

@@ -29,19 +29,6 @@ from harness.core.models._shapes import check_in_shape
 from harness.core.registry import MODELS
 from harness.core.settings import ModelConfig
 
-# Dataset name -> model used when the config does not name one.
-DEFAULT_MODELS: dict[str, str] = {
-    "digits": "cnn3",
-    "synthetic": "mlp",
-    "mnist": "dpcnn-small",
-    "fashionmnist": "dpcnn-small",
-    "cifar10": "dpcnn",
-    "svhn": "dpcnn",
-    "imagefolder": "resnet20-gn",
-    "tokens": "gpt",
-    "textfile": "gpt",
-}
-
 
 class Normalize(nn.Module):
     """Per-channel ``(x - mean) / std``.
