@@ -5,35 +5,22 @@ and report; a dataset and a model through list and run) with no other edit."""
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from attacks import ATTACKS
-from defenses import DEFENSES
 from harness.cli import main
-from harness.core.registry import DATASETS, MODELS
+from tests.fixtures import PLUGINS, registered
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-PLUGINS = (("plugin_defense", "plugin-dpsgd", DEFENSES), ("plugin_attack", "plugin-confidence", ATTACKS),
-           ("plugin_dataset", "plugin-stripes", DATASETS), ("plugin_model", "plugin-linear", MODELS))
-
-
 @pytest.fixture(scope="module")
 def plugins():
-    for module, name, registry in PLUGINS:
-        module = importlib.import_module(f"tests.fixtures.{module}")
-        if name not in registry:
-            importlib.reload(module)  # registers again after an earlier test's teardown
-    assert all(name in registry for _, name, registry in PLUGINS)
-    yield
-    for _, name, registry in PLUGINS:
-        registry.unregister(name)
+    with registered(*PLUGINS):
+        yield
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -41,7 +28,7 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-@pytest.mark.parametrize("fixture", [module for module, _, _ in PLUGINS])
+@pytest.mark.parametrize("fixture", list(PLUGINS))
 def test_the_documented_recipe_is_the_fixture(fixture):
     """docs/architecture.md shows exactly the plug-in files this test registers."""
     code = (ROOT / f"tests/fixtures/{fixture}.py").read_text().split('"""', 2)[2].lstrip("\n")
@@ -106,7 +93,7 @@ def test_a_dataset_and_a_model_plugin_run(plugins, tmp_path):
 
 def test_no_project_file_names_the_plugins():
     """The registries are the only place the plug-ins are known: no package module was edited for them."""
-    names = [name for _, name, _ in PLUGINS]
+    names = [name for name, _ in PLUGINS.values()]
     named = [p.relative_to(ROOT) for pkg in ("harness", "defenses", "attacks") for p in (ROOT / pkg).rglob("*.py")
              if any(name in p.read_text() for name in names)]
     assert named == []
