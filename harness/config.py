@@ -254,7 +254,8 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
 
     spec = from_dict(RunSpec, raw, "")  # data, model, privacy, train, seed, device
     DATASETS.check(spec.data.name, field="data.name")
-    MODELS.check(spec.model.name or default_model(spec.data.name), field="model.name")
+    model = spec.model.name if spec.model.name is not None else default_model(spec.data.name)
+    MODELS.check(model, field="model.name")
     DEFENSES.check(defense_name, field="defense")
     for name in attacks:
         ATTACKS.check(name, field="attack")
