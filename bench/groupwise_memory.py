@@ -80,9 +80,9 @@ def step_function(row: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
     if row == "opacus-ghost":
         from opacus import PrivacyEngine
 
-        import harness.core.models as models
-        positions = models._positions  # expanded (non-contiguous) ids: Opacus' embedding norm `view`s them
-        models._positions = lambda h: positions(h).contiguous()  # same values
+        import harness.core.models.transformers as transformers
+        positions = transformers._positions  # expanded (non-contiguous) ids: Opacus' embedding norm `view`s them
+        transformers._positions = lambda h: positions(h).contiguous()  # same values
         model.train()  # Opacus captures activations in training mode (the model has no dropout / batch norm)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
         model, opt, criterion, _ = PrivacyEngine().make_private(

@@ -558,8 +558,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def list_cmd(with_params: bool, as_json: bool) -> None:
-    """Defenses, attacks, datasets and models, with one-line descriptions (and, with --params, every
-    defense and attack parameter: default, allowed values, meaning)."""
+    """Defenses, attacks, datasets (with their default models) and models, with one-line descriptions (and,
+    with --params, every defense and attack parameter: default, allowed values, meaning)."""
     from attacks import ATTACKS
     from defenses import DEFENSES
     from harness.core.params import describe
@@ -567,6 +567,8 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
 
     data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
                             "datasets": DATASETS.describe(), "models": MODELS.describe()}
+    defaults = {n: DATASETS.detail(n, "default_model") for n in DATASETS.names()}
+    data["default_models"] = {n: m for n, m in defaults.items() if m is not None}
     params = {"defenses": {n: describe(DEFENSES.get(n).Params) for n in DEFENSES.names()},
               "attacks": {n: describe(ATTACKS.get(n).Params) for n in ATTACKS.names()}}
     if with_params:
@@ -575,7 +577,8 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
     for section in ("defenses", "attacks", "datasets", "models"):
         text.append(f"{section}:")
         for name, desc in data[section].items():
-            text.append(f"  {name:<16} {desc}")
+            model = data["default_models"].get(name) if section == "datasets" else None
+            text.append(f"  {name:<16} {desc}" + (f" [default model: {model}]" if model else ""))
             prefix = "defense" if section == "defenses" else "attack"
             for row in params.get(section, {}).get(name, []) if with_params else []:
                 allowed = f" ({row['allowed']})" if row["allowed"] else ""

@@ -229,7 +229,7 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     plug-in; then the chosen plug-ins are imported and their parameters checked."""
     from attacks import ATTACKS
     from defenses import DEFENSES
-    from harness.core.registry import DATASETS, MODELS
+    from harness.core.registry import DATASETS, MODELS, default_model
 
     raw = dict(raw)
     top = [f for f in field_names(RunSpec) if f != "defense_name"]
@@ -254,8 +254,8 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
 
     spec = from_dict(RunSpec, raw, "")  # data, model, privacy, train, seed, device
     DATASETS.check(spec.data.name, field="data.name")
-    if spec.model.name is not None:
-        MODELS.check(spec.model.name, field="model.name")
+    model = spec.model.name if spec.model.name is not None else default_model(spec.data.name)
+    MODELS.check(model, field="model.name")
     DEFENSES.check(defense_name, field="defense")
     for name in attacks:
         ATTACKS.check(name, field="attack")

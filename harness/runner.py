@@ -34,7 +34,8 @@ from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from harness.core.datasets import load_task
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.ledger import PrivacyLedger
-from harness.core.models import DEFAULT_MODELS, build_model
+from harness.core.models import build_model
+from harness.core.registry import default_model
 from harness.core.runtime import apply_thread_default, resolve_device
 from harness.core.splits import Task
 from harness.core.states import resolve
@@ -104,7 +105,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     n = len(task.train)
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
-    model_name = spec.model.name or DEFAULT_MODELS[spec.data.name]
+    model_name = spec.model.name or default_model(spec.data.name)
     streams = Streams(spec.seed)
     victim = streams.scope("victim")
 

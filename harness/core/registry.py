@@ -3,8 +3,10 @@
 A plug-in registers with a decorator, ``@DEFENSES.register("name", "one-line description")``, in any module
 of its package. The registry finds every such declaration by *reading* the package's source (the name and
 description must be string literals) and imports a module only when one of its names is asked for. So
-adding a defense is one new module, and checking a configuration (``--defense nope``, ``--epochs 0``)
-imports neither the plug-ins nor torch: a bad flag answers at once.
+adding a defense, an attack, a dataset or a model is one new module, and checking a configuration
+(``--defense nope``, ``--epochs 0``) imports neither the plug-ins nor torch: a bad flag answers at once.
+Further facts about an entry are literal keywords of the same decorator, read the same way: a dataset names
+the model a run uses when none is given, ``@DATASETS.register("digits", "…", default_model="cnn3")``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ T = TypeVar("T")
 class Declaration:
     module: str
     description: str
+    details: dict[str, Any]  # the literal keywords of its decorator
 
 
 class Registry(Generic[T]):
@@ -39,14 +42,18 @@ class Registry(Generic[T]):
         self.var = var
         self._items: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
+        self._details: dict[str, dict[str, Any]] = {}
         self._declared: dict[str, Declaration] | None = None
 
-    def register(self, name: str, description: str) -> Callable[[T], T]:
+    def register(self, name: str, description: str, **details: Any) -> Callable[[T], T]:
+        """Register the decorated object as ``name``; ``details`` (literals, so the source tells them without
+        an import) are read back by :meth:`detail`."""
         def decorator(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
             self._descriptions[name] = description
+            self._details[name] = details
             if isinstance(obj, type):
                 cast(Any, obj).name = name  # a registered class knows its user-facing name
             return obj
@@ -58,8 +65,8 @@ class Registry(Generic[T]):
         if self._declared is None:
             self._declared = {}
             for module, path in _source_files(self.scan):
-                for name, description in _declarations(path, self.var):
-                    self._declared[name] = Declaration(module, description)
+                for name, description, details in _declarations(path, self.var):
+                    self._declared[name] = Declaration(module, description, details)
         return self._declared
 
     def check(self, name: str, field: str | None = None) -> None:
@@ -75,6 +82,12 @@ class Registry(Generic[T]):
             importlib.import_module(self.declared()[name].module)  # its decorator registers it
         return self._items[name]
 
+    def detail(self, name: str, key: str, field: str | None = None) -> Any:
+        """The ``key=`` literal of ``name``'s registration, None when it gives none (imports nothing)."""
+        self.check(name, field)
+        details = self._details[name] if name in self._items else self.declared()[name].details
+        return details.get(key)
+
     def names(self) -> list[str]:
         return sorted(set(self._items) | set(self.declared()))
 
@@ -86,6 +99,7 @@ class Registry(Generic[T]):
         """Remove ``name`` (tests that register a plug-in for their own duration)."""
         self._items.pop(name)
         self._descriptions.pop(name)
+        self._details.pop(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._items or name in self.declared()
@@ -102,8 +116,10 @@ def _source_files(target: str) -> list[tuple[str, Path]]:
     return [(f"{target}.{p.stem}", p) for p in sorted(folder.glob("*.py")) if not p.stem.startswith("_")]
 
 
-def _declarations(path: Path, var: str) -> list[tuple[str, str]]:
-    """(name, description) of every ``@<var>.register("name", "description")`` decorator in a file."""
+def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, description, literal keywords) of every ``@<var>.register("name", "description", key=literal)``
+    decorator in a file (a keyword whose value is not a literal is left out: :meth:`Registry.detail` of an
+    imported entry still has it)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         for deco in getattr(node, "decorator_list", ()):
@@ -112,9 +128,21 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str]]:
                 continue
             name, description = (a.value if isinstance(a, ast.Constant) else None for a in deco.args[:2])
             if isinstance(name, str) and isinstance(description, str):
-                found.append((name, description))
+                details = {k.arg: k.value.value for k in deco.keywords
+                           if k.arg is not None and isinstance(k.value, ast.Constant)}
+                found.append((name, description, details))
     return found
 
 
 DATASETS: Registry = Registry("dataset", scan="harness.core.datasets", var="DATASETS")
 MODELS: Registry = Registry("model", scan="harness.core.models", var="MODELS")
+
+
+def default_model(dataset: str) -> str:
+    """The model a run on ``dataset`` builds when ``model.name`` is not given: the ``default_model`` that the
+    dataset's registration declares (read from the source, so nothing is imported)."""
+    model = DATASETS.detail(dataset, "default_model", field="data.name")
+    if model is None:
+        raise ConfigError(f"model.name: dataset {brief(dataset)} declares no default model; name one with "
+                          f"--model (dpeval list shows the models)")
+    return model

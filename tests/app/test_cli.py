@@ -266,6 +266,8 @@ def test_list_names_everything():
     data = json.loads(invoke("list", "--json").stdout)
     assert {"none", "dpsgd"} <= set(data["defenses"])
     assert "digits" in data["datasets"] and "dpcnn" in data["models"]
+    assert data["default_models"]["digits"] == "cnn3" and set(data["default_models"]) == set(data["datasets"])
+    assert "[default model: cnn3]" in invoke("list").stdout
     assert "none" in data["attacks"]
 
 

@@ -61,7 +61,7 @@ def small(args: list[str]) -> list[str]:
 
 def real_data_missing(line: str) -> bool:
     """A Fashion-MNIST command on a machine without Debian's files (as the real-data tests, it then waits)."""
-    from harness.core.datasets import SYSTEM_FOLDERS
+    from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 
     system = SYSTEM_FOLDERS["FashionMNIST"][0] / "train-images-idx3-ubyte.gz"
     return "fashionmnist" in line and not system.is_file()

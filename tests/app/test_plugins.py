@@ -1,34 +1,26 @@
-"""Adding a defense or an attack is one file: fixtures written from docs/architecture.md's recipe, registered
-here and nowhere else, run end to end through run, audit, leaderboard and report with no other edit."""
+"""Adding a defense, an attack, a dataset or a model is one file: fixtures written from docs/architecture.md's
+recipes, registered here and nowhere else, run end to end (a defense and an attack through run, audit, leaderboard
+and report; a dataset and a model through list and run) with no other edit."""
 
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from attacks import ATTACKS
-from defenses import DEFENSES
 from harness.cli import main
+from tests.fixtures import PLUGINS, registered
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def plugins():
-    for module, name, registry in (("plugin_defense", "plugin-dpsgd", DEFENSES),
-                                   ("plugin_attack", "plugin-confidence", ATTACKS)):
-        module = importlib.import_module(f"tests.fixtures.{module}")
-        if name not in registry:
-            importlib.reload(module)  # registers again after an earlier test's teardown
-    assert "plugin-dpsgd" in DEFENSES and "plugin-confidence" in ATTACKS
-    yield
-    DEFENSES.unregister("plugin-dpsgd")
-    ATTACKS.unregister("plugin-confidence")
+    with registered(*PLUGINS):
+        yield
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -36,9 +28,9 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-@pytest.mark.parametrize("fixture", ["plugin_defense", "plugin_attack"])
+@pytest.mark.parametrize("fixture", list(PLUGINS))
 def test_the_documented_recipe_is_the_fixture(fixture):
-    """docs/architecture.md shows exactly the defense and attack files this test registers."""
+    """docs/architecture.md shows exactly the plug-in files this test registers."""
     code = (ROOT / f"tests/fixtures/{fixture}.py").read_text().split('"""', 2)[2].lstrip("\n")
     assert code in (ROOT / "docs/architecture.md").read_text()
 
@@ -83,8 +75,25 @@ def test_plugins_run_everywhere(plugins, tmp_path):
     assert "plugin-dpsgd" in out and "attack.temperature" in out
 
 
+def test_a_dataset_and_a_model_plugin_run(plugins, tmp_path):
+    """The dataset runs with the default model it declares and with the plug-in model, both through the CLI."""
+    code, out = invoke("list")
+    assert code == 0, out
+    assert "plugin-stripes" in out and "[default model: mlp]" in out.split("plugin-stripes", 1)[1].split("\n")[0]
+    assert "plugin-linear" in out
+    for model_flags, model in (([], "mlp"), (["--model", "plugin-linear"], "plugin-linear")):
+        code, out = invoke("run", "--dataset", "plugin-stripes", *model_flags, "--epochs", "1", "--attack", "none",
+                           "--results", str(tmp_path / "results"), "--json", "--quiet")
+        assert code == 0, out
+        row = json.loads(out)
+        assert row["dataset"] == "plugin-stripes" and row["model"] == model
+        assert row["data.train_size"] == 280  # the plug-in's 400 examples less 20% test and 10% public
+        assert 0 <= row["utility.test_accuracy"] <= 1
+
+
 def test_no_project_file_names_the_plugins():
     """The registries are the only place the plug-ins are known: no package module was edited for them."""
+    names = [name for name, _ in PLUGINS.values()]
     named = [p.relative_to(ROOT) for pkg in ("harness", "defenses", "attacks") for p in (ROOT / pkg).rglob("*.py")
-             if "plugin-dpsgd" in p.read_text() or "plugin-confidence" in p.read_text()]
+             if any(name in p.read_text() for name in names)]
     assert named == []

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core import datasets
-from harness.core.datasets import load_task, read_idx
+from harness.core.datasets import load_task, torchvision_sets
+from harness.core.datasets.torchvision_sets import read_idx
 from harness.core.errors import ConfigError, RunFailure
 from harness.core.registry import DATASETS
 from harness.core.settings import DataConfig, SyntheticConfig
@@ -25,7 +25,7 @@ from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, sk
 @pytest.fixture(autouse=True)
 def no_system_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests write their own files: a system copy (Debian's Fashion-MNIST) must not stand in for them."""
-    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {})
+    monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {})
 
 
 def cfg_with(**overrides) -> DataConfig:
@@ -222,7 +222,7 @@ def test_system_folder_is_searched_after_data_root(tmp_path: Path, monkeypatch: 
     arrays = make_mnist_like(system, "FashionMNIST", n_train=30, n_test=10)
     shipped = system / "FashionMNIST" / "raw"
     gzip_folder(shipped)
-    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "absent", shipped)})
+    monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "absent", shipped)})
     # Nothing under data.root: the system copy is read where it lies (no copy into data.root).
     empty_root = tmp_path / "data"
     task = load_task(cfg_with(name="fashionmnist", root=str(empty_root), public_fraction=0.0))
@@ -240,7 +240,7 @@ def test_system_folder_is_searched_after_data_root(tmp_path: Path, monkeypatch: 
 def test_incomplete_data_root_is_refused_not_silently_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     system = tmp_path / "system"
     make_mnist_like(system, "FashionMNIST", n_train=30, n_test=10)
-    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (system / "FashionMNIST" / "raw",)})
+    monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {"FashionMNIST": (system / "FashionMNIST" / "raw",)})
     own = tmp_path / "own"
     make_mnist_like(own, "FashionMNIST", n_train=20, n_test=5)
     (own / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
@@ -250,7 +250,7 @@ def test_incomplete_data_root_is_refused_not_silently_replaced(tmp_path: Path, m
 
 def test_fashionmnist_nowhere_names_the_debian_package_and_download(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(datasets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "usr-share",)})
+    monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {"FashionMNIST": (tmp_path / "usr-share",)})
     with pytest.raises(ConfigError) as info:
         load_task(cfg_with(name="fashionmnist", root=str(tmp_path / "data")))
     message = str(info.value)

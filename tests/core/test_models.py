@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from harness.config import build_spec
+from harness.core.datasets import load_task, torchvision_sets
 from harness.core.errors import ConfigError
-from harness.core.models import DEFAULT_MODELS, Normalize, build_model, num_params
+from harness.core.models import Normalize, build_model, num_params
 from harness.core.per_sample import PerSampleGradients
-from harness.core.registry import MODELS
+from harness.core.registry import DATASETS, MODELS, default_model
+from harness.core.settings import DataConfig
+from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 ALL = MODELS.names()
 EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small", "vit", "gpt"}
@@ -52,19 +59,60 @@ def test_registered_names_and_descriptions() -> None:
     assert set(SMALL_SHAPE) == set(ALL)
 
 
-def test_default_models_are_registered() -> None:
-    assert DEFAULT_MODELS == {
-        "digits": "cnn3",
-        "synthetic": "mlp",
-        "mnist": "dpcnn-small",
-        "fashionmnist": "dpcnn-small",
-        "cifar10": "dpcnn",
-        "svhn": "dpcnn",
-        "imagefolder": "resnet20-gn",
-        "tokens": "gpt",
-        "textfile": "gpt",
-    }
-    assert all(m in MODELS for m in DEFAULT_MODELS.values())
+def write_fake_data(dataset: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> Path | None:
+    """A tiny copy of ``dataset`` under ``root`` (the torchvision ones in their real on-disk formats,
+    tests/torchvision_files.py); None for a dataset that needs no files."""
+    if dataset in ("digits", "synthetic", "tokens"):
+        return None
+    if dataset == "textfile":
+        (root / "text.txt").write_bytes(bytes(range(256)) * 2)
+        return root / "text.txt"
+    if dataset in ("mnist", "fashionmnist"):
+        monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {})  # the fake files, not a system copy
+        make_mnist_like(root, {"mnist": "MNIST", "fashionmnist": "FashionMNIST"}[dataset], n_train=20, n_test=10)
+    elif dataset == "cifar10":
+        skip_md5(monkeypatch, "cifar")
+        make_cifar10(root, per_batch=4, n_test=10)
+    elif dataset == "svhn":
+        skip_md5(monkeypatch, "svhn")
+        make_svhn(root, n_train=20, n_test=10)
+    elif dataset == "imagefolder":
+        from PIL import Image
+
+        for label, colour in (("a", (255, 0, 0)), ("b", (0, 255, 0))):
+            (root / label).mkdir()
+            for k in range(5):
+                Image.new("RGB", (12, 12), colour).save(root / label / f"{k}.png")
+    else:
+        pytest.fail(f"write_fake_data: add a tiny copy of the new dataset {dataset!r}")
+    return root
+
+
+@pytest.mark.parametrize("dataset", DATASETS.names())
+def test_every_dataset_defaults_to_a_model_that_builds_for_it(dataset, tmp_path, monkeypatch) -> None:
+    """The rule, not a table: each dataset's declared default model is registered and takes its data's shape."""
+    model = default_model(dataset)
+    assert model in MODELS
+    root = write_fake_data(dataset, tmp_path, monkeypatch)
+    cfg = dataclasses.replace(DataConfig(), name=dataset, **({"root": str(root)} if root else {}))
+    task = load_task(cfg)
+    net = build_model(model, task.shape, task.num_classes, task.mean, task.std, vocab=task.vocab)
+    assert net(task.train.x[:2]).shape == (2, task.num_classes)
+
+
+def test_a_dataset_without_a_default_model_needs_model_name() -> None:
+    """An undeclared default is a one-line ConfigError naming model.name, at configuration time, not a KeyError."""
+    DATASETS.register("no-default", "a dataset that declares no default model")(lambda cfg: None)
+    try:
+        with pytest.raises(ConfigError) as err:
+            build_spec({"data": {"name": "no-default"}})
+        message = str(err.value)
+        assert message.startswith("model.name: dataset 'no-default' declares no default model") and "\n" not in message
+        with pytest.raises(ConfigError, match="^model.name: dataset 'no-default' declares no default model"):
+            default_model("no-default")  # what the runner asks
+        assert build_spec({"data": {"name": "no-default"}, "model": {"name": "mlp"}}).model.name == "mlp"
+    finally:
+        DATASETS.unregister("no-default")
 
 
 @pytest.mark.parametrize(
@@ -284,7 +332,7 @@ def _gpt(settings=None, seq: int = 6, vocab: int = 7, classes: int = 5) -> nn.Mo
 
 
 def test_transformer_settings_reach_the_modules() -> None:
-    from harness.core.models import SelfAttention
+    from harness.core.models.transformers import SelfAttention
     from harness.core.settings import ModelConfig
 
     vit = build_model("vit", (3, 32, 32), 10, *_stats(3), ModelConfig(depth=3, width=48, heads=6, patch=8))

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.core.datasets import SYSTEM_FOLDERS, load_task
+from harness.core.datasets import load_task
+from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 from harness.core.settings import DataConfig
 
 SYSTEM = SYSTEM_FOLDERS["FashionMNIST"][0]

@@ -23,6 +23,7 @@ def test_declared_names_are_the_registered_ones(registry):
         importlib.import_module(declaration.module)
         assert name in registry._items, name
         assert registry._descriptions[name] == declaration.description
+        assert registry._details[name] == declaration.details  # e.g. a dataset's default_model
     assert set(registry._items) <= set(declared) | {n for n in registry._items if n.startswith("plugin-")}
 
 
@@ -31,6 +32,12 @@ def test_unknown_names_list_the_choices_without_importing():
     with pytest.raises(ConfigError, match=r"defense: unknown defense 'nope'; choose one of: .*dpsgd"):
         reg.check("nope", field="defense")
     assert reg._items == {}  # nothing was imported to answer
+
+
+def test_details_are_read_without_importing():
+    reg = Registry("dataset", scan="harness.core.datasets", var="DATASETS")
+    assert reg.detail("digits", "default_model") == "cnn3" and reg.detail("digits", "nope") is None
+    assert reg._items == {}
 
 
 BAD_FLAGS = [["--defense", "nope"], ["--epochs", "0"], ["--attack", "nope"], ["--dataset", "nope"],

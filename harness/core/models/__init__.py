@@ -1,0 +1,98 @@
+"""Model zoo: small classifiers used by the DP training and privacy-attack experiments, registered by name, one
+module per family: ``cnns`` (the plain CNNs and the MLP), ``hcnn`` (ScatterNet + CNN), ``resnet`` (ResNet-20 with
+GroupNorm) and ``transformers`` (``vit``, ``gpt``). A model is a factory ``(in_shape, num_classes) -> nn.Module``
+decorated with ``@MODELS.register("name", "description")``; adding one is one new module here
+(docs/architecture.md, "How to add a model").
+
+Every network takes images in pixel range [0, 1]; ``build_model`` prepends a ``Normalize`` layer so
+gradient-inversion attacks can optimise directly in pixel space. Networks use only Conv2d, Linear,
+GroupNorm, activations, pooling and Flatten (never BatchNorm, which mixes samples in a batch and so
+breaks per-sample gradients and DP-SGD), plus — in ``hcnn`` / ``hcnn-small`` — a fixed scattering
+transform in front (``harness.core.scatternet``), which has no parameters. That keeps them usable by both
+``torch.func`` (functional_call + vmap, with the fixed front applied outside vmap:
+``harness.core.per_sample.fixed_front``) and Opacus' per-layer hooks.
+
+Factories validate the input shape arithmetically so a shape that cannot work is reported as a
+``ConfigError`` when the model is built, not as a torch shape error in the middle of training
+(``_shapes``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from harness.core.errors import ConfigError
+from harness.core.models._shapes import check_in_shape
+from harness.core.registry import MODELS
+from harness.core.settings import ModelConfig
+
+
+class Normalize(nn.Module):
+    """Per-channel ``(x - mean) / std``.
+
+    mean/std are buffers, not parameters: they must follow ``.to(device)`` and be saved in the state
+    dict, but never be trained, clipped or noised, and never appear in per-sample gradients.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        if len(mean) == 0 or len(mean) != len(std):
+            raise ConfigError(
+                f"model.normalize: mean and std need one value per channel, got {len(mean)} mean "
+                f"and {len(std)} std values"
+            )
+        if any(s <= 0 for s in std):
+            raise ConfigError(f"model.normalize: std values must all be > 0, got {std}")
+        # Shape (C, 1, 1) broadcasts over (B, C, H, W) and over single (C, H, W) samples under vmap.
+        self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(-1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+    def extra_repr(self) -> str:
+        return f"channels={self.mean.numel()}"
+
+
+def build_model(
+    name: str,
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    settings: ModelConfig | None = None,
+    vocab: int | None = None,
+) -> nn.Sequential:
+    """Build registered model ``name`` as ``Sequential(Normalize(mean, std), net)``.
+
+    ``settings`` carries the shape settings of the models that take them (``takes_settings``); ``vocab`` is the
+    token data's vocabulary (None for images). Raises ConfigError for an unknown name, an unusable input
+    shape, settings given to a model that takes none, or mean/std whose length does not match the number of
+    input channels.
+    """
+    factory = MODELS.get(name, field="model.name")
+    settings = settings if settings is not None else ModelConfig()
+    given = settings.given()
+    if given and not getattr(factory, "takes_settings", False):
+        raise ConfigError(f"model.{next(iter(given))}: model {name!r} takes no shape settings (only the "
+                          f"transformers `vit` and `gpt` do); leave model.{', model.'.join(given)} unset")
+    shape = check_in_shape(name, in_shape, num_classes)
+    if len(mean) != shape[0] or len(std) != shape[0]:
+        raise ConfigError(
+            f"model.normalize: input has {shape[0]} channel(s) but normalisation mean/std have "
+            f"{len(mean)}/{len(std)} values; give one per channel"
+        )
+    norm = Normalize(mean, std)
+    if getattr(factory, "takes_settings", False):
+        return nn.Sequential(norm, factory(shape, num_classes, settings=settings, vocab=vocab))
+    return nn.Sequential(norm, factory(shape, num_classes))
+
+
+def num_params(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of scalar parameters (only those with requires_grad when ``trainable_only``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+

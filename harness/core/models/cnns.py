@@ -1,0 +1,101 @@
+"""The plain networks: Tanh CNNs of the DP literature, the R-GAP CNNs / FCN and a small MLP.
+
+Each factory: (in_shape, num_classes) -> nn.Module taking (B, C, H, W)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from harness.core.models._shapes import Shape, check_in_shape, features_out, numel
+from harness.core.registry import MODELS
+
+
+@MODELS.register("dpcnn", "Tanh CNN of Papernot et al. (550K params at 3x32x32); needs H, W >= 8")
+def dpcnn(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("dpcnn", in_shape, num_classes)
+    c = in_shape[0]
+    features = nn.Sequential(
+        nn.Conv2d(c, 32, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.Tanh(),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(64, 64, 3, padding=1), nn.Tanh(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(128, 128, 3, padding=1), nn.Tanh(),
+        nn.MaxPool2d(2),
+    )  # fmt: skip
+    flat = numel(features_out("dpcnn", features, in_shape))
+    return nn.Sequential(
+        *features, nn.Flatten(), nn.Linear(flat, 128), nn.Tanh(), nn.Linear(128, num_classes)
+    )
+
+
+@MODELS.register(
+    "dpcnn-small", "Tramer & Boneh tanh CNN for 28x28 grayscale (26K params); needs H, W >= 16"
+)
+def dpcnn_small(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("dpcnn-small", in_shape, num_classes)
+    c = in_shape[0]
+    features = nn.Sequential(
+        nn.Conv2d(c, 16, 8, stride=2, padding=2), nn.Tanh(),
+        nn.MaxPool2d(2, stride=1),
+        nn.Conv2d(16, 32, 4, stride=2, padding=0), nn.Tanh(),
+        nn.MaxPool2d(2, stride=1),
+    )  # fmt: skip
+    flat = numel(features_out("dpcnn-small", features, in_shape))
+    return nn.Sequential(
+        *features, nn.Flatten(), nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes)
+    )
+
+
+@MODELS.register(
+    "cnn6", "R-GAP CNN6 (Zhu & Blaschko): 6 bias-free convs, LeakyReLU(0.2), strides, no pooling"
+)
+def cnn6(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("cnn6", in_shape, num_classes)
+    c = in_shape[0]
+    # Convs are bias-free as in R-GAP (the closed-form attack solves W x = y layer by layer);
+    # this is also what gives the reference 154,266 parameters at 3x32x32 / 10 classes.
+    specs = [(c, 12, 4, 2, 2), (12, 36, 3, 2, 1), (36, 36, 3, 1, 1), (36, 36, 3, 1, 1),
+             (36, 64, 3, 2, 1), (64, 128, 3, 1, 1)]  # fmt: skip
+    layers: list[nn.Module] = []
+    for cin, cout, k, s, p in specs:
+        layers += [nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False), nn.LeakyReLU(0.2)]
+    features = nn.Sequential(*layers)
+    flat = numel(features_out("cnn6", features, in_shape))
+    return nn.Sequential(*features, nn.Flatten(), nn.Linear(flat, num_classes, bias=True))
+
+
+@MODELS.register("cnn3", "3-conv strided LeakyReLU CNN for 8x8 digits; attackable by IG and R-GAP")
+def cnn3(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("cnn3", in_shape, num_classes)
+    c = in_shape[0]
+    # Bias-free convs follow the R-GAP convention (as cnn6) so the closed-form attack applies as-is.
+    features = nn.Sequential(
+        nn.Conv2d(c, 16, 3, stride=1, padding=1, bias=False), nn.LeakyReLU(0.2),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.LeakyReLU(0.2),
+        nn.Conv2d(32, 32, 3, stride=2, padding=1, bias=False), nn.LeakyReLU(0.2),
+    )  # fmt: skip
+    flat = numel(features_out("cnn3", features, in_shape))
+    return nn.Sequential(*features, nn.Flatten(), nn.Linear(flat, num_classes))
+
+
+@MODELS.register("fcn3", "R-GAP FCN3: Linear(CHW->1000->100->classes) with LeakyReLU(0.2)")
+def fcn3(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("fcn3", in_shape, num_classes)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(numel(in_shape), 1000), nn.LeakyReLU(0.2),
+        nn.Linear(1000, 100), nn.LeakyReLU(0.2),
+        nn.Linear(100, num_classes),
+    )  # fmt: skip
+
+
+@MODELS.register("mlp", "One-hidden-layer tanh MLP (128 units); small and fast, used by tests")
+def mlp(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("mlp", in_shape, num_classes)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(numel(in_shape), 128), nn.Tanh(), nn.Linear(128, num_classes)
+    )
+
