@@ -5,7 +5,18 @@ shares:
 
 1. ``begin_epoch(epoch, epochs)``   schedules (e.g. sparsification rate, mask refresh)
 2. ``clip_and_accumulate(grads)``   per micro-batch: per-sample transform, clipping, running sum
-3. ``release(batch_size)``          noise, rescale, reset -> ``SharedGradient``
+3. ``release(batch_size)``          noise, divide by B, reset -> ``SharedGradient``
+
+``release`` is a template; a defense fills in what differs through its hooks:
+
+- ``sum_noise_std(B)``  std of the Gaussian noise on each coordinate of the sum (default σ·``params.clip``);
+- ``release_mask()``    the public mask: noise is drawn on every coordinate, added on the released ones;
+- ``transform(avg)``    public post-processing of the noisy average (AdaCliP's b·x + a);
+- ``on_release(shared, unreleased_noise)``  after the reset: public metadata, public state updates.
+
+Noise is drawn one parameter at a time in ``param_shapes`` order, so a release is a function of the
+seed. Defenses whose noise is not one draw per parameter (GEP, the non-private ``none``) override
+``release`` itself.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
@@ -196,9 +207,46 @@ class Defense(ABC):
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
         """Add one micro-batch of per-sample gradients to the running sum."""
 
-    @abstractmethod
     def release(self, batch_size: int) -> SharedGradient:
-        """Produce the shared gradient of the logical step and reset the running sum."""
+        """Produce the shared gradient of the logical step and reset the running sum: Gaussian noise of
+        std ``sum_noise_std`` on every coordinate of the sum (one draw per parameter, in ``param_shapes``
+        order; outside ``release_mask`` drawn but not added), divide by B, ``transform``, reset, then
+        ``on_release``. A defense overrides these hooks, not this method."""
+        std = self.sum_noise_std(batch_size)
+        mask = self.release_mask()
+        average: dict[str, torch.Tensor] = {}
+        unreleased: dict[str, torch.Tensor] | None = None if mask is None else {}
+        for name, total in self._sum.items():
+            noise = self.gaussian(total.shape, std)
+            if mask is None:
+                average[name] = (total + noise) / batch_size
+            else:
+                average[name] = (total + noise * mask[name]) / batch_size
+                unreleased[name] = (~mask[name]) * noise / batch_size
+        shared = SharedGradient(self.transform(average), batch_size=batch_size, noise_std=std / batch_size,
+                                mask=mask)
+        self.reset()
+        self.on_release(shared, unreleased)
+        return shared
+
+    # -- hooks of the release ------------------------------------------------------------------------------
+    def sum_noise_std(self, batch_size: int) -> float:
+        """Std of the noise on each coordinate of the running sum: σ·C, with C = ``params.clip`` (the L2
+        bound of one sample's contribution) unless a defense says otherwise."""
+        return self.noise_multiplier * self.params.clip
+
+    def release_mask(self) -> dict[str, torch.Tensor] | None:
+        """The public mask of this release ({name: bool tensor}, True = released), or None: all released."""
+        return None
+
+    def transform(self, average: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Public post-processing of the noisy average (e.g. AdaCliP's b·x + a); the default: none."""
+        return average
+
+    def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor] | None) -> None:
+        """After the reset: add public metadata to ``shared`` and update public state from it.
+        ``unreleased_noise`` (with a mask): the noise drawn on the withheld coordinates, divided by B."""
+        return None
 
     # -- helpers for subclasses ---------------------------------------------------------------------------
     def reset(self) -> None:

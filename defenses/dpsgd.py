@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.base import Defense, DefenseParams
 from defenses.clipping import GroupClipping
 from defenses.lean import LeanPlan
 from defenses.registry import DEFENSES
@@ -51,9 +51,3 @@ class DPSGD(Defense):
         for name, value in self._clipping.clip_sum(grads).items():
             self._sum[name] += value
         self.samples_seen += next(iter(grads.values())).shape[0]
-
-    def release(self, batch_size: int) -> SharedGradient:
-        std = self.noise_multiplier * self._clipping.sensitivity
-        grads = {n: (s + self.gaussian(s.shape, std)) / batch_size for n, s in self._sum.items()}
-        self.reset()
-        return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)

@@ -320,6 +320,7 @@ class GEP(Defense):
             self._res_sum += summed - self.lift((batch.factors[0][:, None] * theta).sum(0, keepdim=True))[0]
         self.samples_seen += batch.count
 
+    # Its own release, not the template's: two noisy sums (k-dim embedding, d-dim residual), not one per parameter.
     def release(self, batch_size: int) -> SharedGradient:
         self.current_bases()  # an empty Poisson batch still releases noise through V
         p = self.params
