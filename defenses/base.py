@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 FLOAT_BYTES = 4  # released values are float32
 INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)
+CLIP_EPS = 1e-6  # in the clip factor min(1, C / (‖g‖ + 1e-6))
 
 
 @dataclass
@@ -276,5 +277,7 @@ def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, C / (‖g‖ + 1e-6)): the +1e-6 (as in Opacus) keeps ‖clipped g‖ < C even when ‖g‖ is tiny."""
-    return (clip / (norms + 1e-6)).clamp(max=1.0)
+    """min(1, C / (‖g‖ + 1e-6)) per norm: the one clip factor of every defense that clips to a bound (dpsgd,
+    groupwise's ``abadi``, adaclip, rs / random-freeze, both parts of gep). The +1e-6 (as in Opacus) keeps
+    ‖clipped g‖ < C even when ‖g‖ is tiny."""
+    return (clip / (norms + CLIP_EPS)).clamp(max=1.0)
