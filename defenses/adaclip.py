@@ -81,8 +81,8 @@ class AdaCliP(Defense):
     Params = AdaCliPParams
 
     def __init__(self, params: AdaCliPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         # Algorithm 1, line 2: m⁰ = 0, s⁰ = √(h1·h2) (a std, so the state s² starts at h1·h2).
         self.m = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}

@@ -127,11 +127,14 @@ class Defense(ABC):
     dp: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
     description: ClassVar[str] = ""
-    steps_per_epoch: int = 1  # set by the runner before ``bind``; schedules that act within an epoch use it
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        """``steps_per_epoch``: the logical steps of one epoch of the model this defense trains (⌊n/B⌋ of
+        its pool), for schedules that act within an epoch (``refresh`` of rs / random-freeze); the default 1
+        makes every step the first of its epoch."""
         self.params = params
+        self.steps_per_epoch = steps_per_epoch
         self.param_shapes = dict(param_shapes)
         self.noise_multiplier = float(noise_multiplier)
         self.streams = streams

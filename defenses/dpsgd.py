@@ -32,8 +32,8 @@ class DPSGD(Defense):
     Params = ClipParams
 
     def __init__(self, params: ClipParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self._clipping = self.make_clipping()
         self._plan = self._clipping.plan()
 

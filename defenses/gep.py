@@ -112,11 +112,11 @@ class GEP(Defense):
     needs_model = True  # anchors are per-sample gradients of public data at the model's current weights
 
     def __init__(self, params: GEPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
         self.names = list(param_shapes)
         self.sizes = [math.prod(param_shapes[n]) for n in self.names]
         self.d = sum(self.sizes)
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self.bounds = group_bounds(self.d, params.groups)
         # Anchors get their own stream (random labels, power-iteration start), a fresh generator per refresh
         # step: they are a function of (public data, current weights, seed, step) only, never shift the
