@@ -7,16 +7,21 @@ shares:
 2. ``clip_and_accumulate(grads)``   per micro-batch: per-sample transform, clipping, running sum
 3. ``release(batch_size)``          noise, divide by B, reset -> ``SharedGradient``
 
-``release`` is a template; a defense fills in what differs through its hooks:
+``release`` is a template: (a) Gaussian noise on every coordinate of the running sum, kept only where
+the release's mask says released, (b) divide by B, (c) post-process, (d) reset the sum, (e) publish.
+A defense fills in what differs through its hooks:
 
-- ``sum_noise_std(B)``  std of the Gaussian noise on each coordinate of the sum (default σ·``params.clip``);
-- ``release_mask()``    the public mask: noise is drawn on every coordinate, added on the released ones;
-- ``transform(avg)``    public post-processing of the noisy average (AdaCliP's b·x + a);
-- ``on_release(shared, unreleased_noise)``  after the reset: public metadata, public state updates.
+- ``sum_noise_std(B)``  (a) the noise std on the sum (default σ·``params.clip``, C the per-sample bound);
+- ``release_mask()``    (a) the public mask (default None: all coordinates released);
+- ``transform(avg)``    (c) public post-processing of the noisy average (AdaCliP's b·x + a);
+- ``on_release(shared, unreleased_noise)``  (e) public metadata on the release, public state updates.
 
-Noise is drawn one parameter at a time in ``param_shapes`` order, so a release is a function of the
-seed. Defenses whose noise is not one draw per parameter (GEP, the non-private ``none``) override
-``release`` itself.
+Noise is drawn one parameter at a time in ``param_shapes`` order, on every coordinate whatever the mask,
+so a seed gives the same draws whatever the rate. Defenses whose noise is not one draw per parameter
+(GEP's embedding and residual, the noiseless ``none``) override ``release`` itself.
+
+``steps_per_epoch`` is given at construction (default 1); ``clip_factors`` is the one clip factor
+min(1, C / (‖g‖ + 1e-6)) of every defense.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
@@ -215,7 +220,8 @@ class Defense(ABC):
         """Produce the shared gradient of the logical step and reset the running sum: Gaussian noise of
         std ``sum_noise_std`` on every coordinate of the sum (one draw per parameter, in ``param_shapes``
         order; outside ``release_mask`` drawn but not added), divide by B, ``transform``, reset, then
-        ``on_release``. A defense overrides these hooks, not this method."""
+        ``on_release``. A defense overrides these hooks; only one whose noise is not one draw per
+        parameter (``gep``, ``none``) overrides this method."""
         std = self.sum_noise_std(batch_size)
         mask = self.release_mask()
         average: dict[str, torch.Tensor] = {}

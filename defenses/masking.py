@@ -155,7 +155,7 @@ class MaskedDPSGD(Defense):
     def sum_noise_std(self, batch_size: int) -> float:
         if self.params.noise_std is not None:
             return self.params.noise_std * batch_size  # noise_std is meant on the released average
-        return self.noise_multiplier * self.params.clip
+        return super().sum_noise_std(batch_size)
 
     def release_mask(self) -> dict[str, torch.Tensor]:
         return {n: m.clone() for n, m in self._views(self.keep).items()}  # 3) noise on kept coordinates only
