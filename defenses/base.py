@@ -225,7 +225,7 @@ class Defense(ABC):
         std = self.sum_noise_std(batch_size)
         mask = self.release_mask()
         average: dict[str, torch.Tensor] = {}
-        unreleased: dict[str, torch.Tensor] | None = None if mask is None else {}
+        unreleased: dict[str, torch.Tensor] = {}  # only with a mask
         for name, total in self._sum.items():
             noise = self.gaussian(total.shape, std)
             if mask is None:
@@ -236,7 +236,7 @@ class Defense(ABC):
         shared = SharedGradient(self.transform(average), batch_size=batch_size, noise_std=std / batch_size,
                                 mask=mask)
         self.reset()
-        self.on_release(shared, unreleased)
+        self.on_release(shared, None if mask is None else unreleased)
         return shared
 
     # -- hooks of the release ------------------------------------------------------------------------------
