@@ -180,7 +180,7 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
     game.features = front_features(fixed_front(model).front, game.x)
     store = view.shadow_progress(key) if view.shadow_progress is not None else None
     states = train_shadows(view.build_model, game.x, game.y, pools,
-                           lambda i, model: view.make_defense(scopes[i], model), game.train, scopes, view.device,
+                           lambda i, model, s: view.make_defense(scopes[i], model, s), game.train, scopes, view.device,
                            features=game.features, store=store, group=SHADOW_GROUP if store is not None else 0)
     outputs = [outputs_of(model, view, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))

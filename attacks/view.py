@@ -48,7 +48,7 @@ class AttackerView:
     privacy: PrivacyLedger                             # what training released: σ, q, steps, ε, δ
     spec: Any                                          # harness.config.RunSpec: the public hyperparameters
     build_model: Callable[[], nn.Module]               # a fresh model of the victim's architecture
-    make_defense: Callable[..., Defense]               # make_defense(streams, bound_to): a fresh defense
+    make_defense: Callable[..., Defense]               # make_defense(streams, bound_to, steps_per_epoch): fresh
     streams: Streams                                   # the run's streams (attacks draw from attack/…, shadow…)
     out_dir: Path
     device: torch.device

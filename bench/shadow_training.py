@@ -50,11 +50,11 @@ def main() -> None:
           f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
           f"{torch.get_num_threads()} torch threads")
     t0 = time.perf_counter()
-    seq = train_shadows_sequential(build, pop.x, pop.y, pools, lambda i, m: prep.make_defense(scopes[i], m),
+    seq = train_shadows_sequential(build, pop.x, pop.y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s),
                                    spec.train, scopes, device, progress=False)
     t1 = time.perf_counter()
-    vec = train_shadows(build, pop.x, pop.y, pools, lambda i, m: prep.make_defense(scopes[i], m), spec.train, scopes,
-                        device, progress=False)
+    vec = train_shadows(build, pop.x, pop.y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s), spec.train,
+                        scopes, device, progress=False)
     t2 = time.perf_counter()
     print(f"{'path':<12}{'seconds':>10}{'mean held-out acc':>20}")
     print(f"{'sequential':<12}{t1 - t0:>10.1f}{accuracy(seq):>20.4f}")

@@ -81,8 +81,8 @@ class AdaCliP(Defense):
     Params = AdaCliPParams
 
     def __init__(self, params: AdaCliPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         # Algorithm 1, line 2: m⁰ = 0, s⁰ = √(h1·h2) (a std, so the state s² starts at h1·h2).
         self.m = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}
@@ -122,24 +122,24 @@ class AdaCliP(Defense):
             self._sum[name] += (value - self.m[name] * total) / self.b[name]
         self.samples_seen += batch.count
 
-    def release(self, batch_size: int) -> SharedGradient:
-        p = self.params
-        std = self.noise_multiplier * p.clip  # in w-space, on the sum
+    # -- the release: noise N(0, σ²C²) on the sum in w-space, divided by B, then mapped back ---------------
+    def transform(self, average: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: self.b[n] * w + self.m[n] for n, w in average.items()}  # g̃ = b ⊙ w̄ + a
+
+    def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor] | None) -> None:
+        batch_size = shared.batch_size
+        std = self.sum_noise_std(batch_size)  # in w-space
         a, b = self.m, self.b
-        grads = {n: b[n] * ((s + self.gaussian(s.shape, std)) / batch_size) + a[n] for n, s in self._sum.items()}
-        noise_std = {n: b[n] * (std / batch_size) for n in grads}  # per coordinate, in gradient space
-        self.reset()
-        self.update_statistics(grads, batch_size)
-        extra = {
+        self.update_statistics(shared.grads, batch_size)
+        shared.extra = {
             "adaclip.a": a,                      # the shift and scale this release used (public)
             "adaclip.b": b,
-            "adaclip.noise_std": noise_std,
+            "adaclip.noise_std": {n: b[n] * (std / batch_size) for n in shared.grads},  # per coordinate
             "adaclip.at_h1": self.at_h1,
             "adaclip.at_h2": self.at_h2,
             "adaclip.frac_at_h2": self.at_h2 / self.d,
         }
-        rms = std * self.scale_norm(b) / (batch_size * math.sqrt(self.d))
-        return SharedGradient(grads, batch_size=batch_size, noise_std=rms, extra=extra)
+        shared.noise_std = std * self.scale_norm(b) / (batch_size * math.sqrt(self.d))  # RMS in gradient space
 
     def update_statistics(self, released: dict[str, torch.Tensor], batch_size: int) -> None:
         """Eqs. (4)–(5) from the released g̃ only. The m and b used for this release are replaced by new

@@ -5,7 +5,23 @@ shares:
 
 1. ``begin_epoch(epoch, epochs)``   schedules (e.g. sparsification rate, mask refresh)
 2. ``clip_and_accumulate(grads)``   per micro-batch: per-sample transform, clipping, running sum
-3. ``release(batch_size)``          noise, rescale, reset -> ``SharedGradient``
+3. ``release(batch_size)``          noise, divide by B, reset -> ``SharedGradient``
+
+``release`` is a template: (a) Gaussian noise on every coordinate of the running sum, kept only where
+the release's mask says released, (b) divide by B, (c) post-process, (d) reset the sum, (e) publish.
+A defense fills in what differs through its hooks:
+
+- ``sum_noise_std(B)``  (a) the noise std on the sum (default σ·``params.clip``, C the per-sample bound);
+- ``release_mask()``    (a) the public mask (default None: all coordinates released);
+- ``transform(avg)``    (c) public post-processing of the noisy average (AdaCliP's b·x + a);
+- ``on_release(shared, unreleased_noise)``  (e) public metadata on the release, public state updates.
+
+Noise is drawn one parameter at a time in ``param_shapes`` order, on every coordinate whatever the mask,
+so a seed gives the same draws whatever the rate. Defenses whose noise is not one draw per parameter
+(GEP's embedding and residual, the noiseless ``none``) override ``release`` itself.
+
+``steps_per_epoch`` is given at construction (default 1); ``clip_factors`` is the one clip factor
+min(1, C / (‖g‖ + 1e-6)) of every defense.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
@@ -43,6 +59,7 @@ if TYPE_CHECKING:
 
 FLOAT_BYTES = 4  # released values are float32
 INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)
+CLIP_EPS = 1e-6  # in the clip factor min(1, C / (‖g‖ + 1e-6))
 
 
 @dataclass
@@ -115,11 +132,14 @@ class Defense(ABC):
     dp: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
     description: ClassVar[str] = ""
-    steps_per_epoch: int = 1  # set by the runner before ``bind``; schedules that act within an epoch use it
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        """``steps_per_epoch``: the logical steps of one epoch of the model this defense trains (⌊n/B⌋ of
+        its pool), for schedules that act within an epoch (``refresh`` of rs / random-freeze); the default 1
+        makes every step the first of its epoch."""
         self.params = params
+        self.steps_per_epoch = steps_per_epoch
         self.param_shapes = dict(param_shapes)
         self.noise_multiplier = float(noise_multiplier)
         self.streams = streams
@@ -196,9 +216,47 @@ class Defense(ABC):
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
         """Add one micro-batch of per-sample gradients to the running sum."""
 
-    @abstractmethod
     def release(self, batch_size: int) -> SharedGradient:
-        """Produce the shared gradient of the logical step and reset the running sum."""
+        """Produce the shared gradient of the logical step and reset the running sum: Gaussian noise of
+        std ``sum_noise_std`` on every coordinate of the sum (one draw per parameter, in ``param_shapes``
+        order; outside ``release_mask`` drawn but not added), divide by B, ``transform``, reset, then
+        ``on_release``. A defense overrides these hooks; only one whose noise is not one draw per
+        parameter (``gep``, ``none``) overrides this method."""
+        std = self.sum_noise_std(batch_size)
+        mask = self.release_mask()
+        average: dict[str, torch.Tensor] = {}
+        unreleased: dict[str, torch.Tensor] = {}  # only with a mask
+        for name, total in self._sum.items():
+            noise = self.gaussian(total.shape, std)
+            if mask is None:
+                average[name] = (total + noise) / batch_size
+            else:
+                average[name] = (total + noise * mask[name]) / batch_size
+                unreleased[name] = (~mask[name]) * noise / batch_size
+        shared = SharedGradient(self.transform(average), batch_size=batch_size, noise_std=std / batch_size,
+                                mask=mask)
+        self.reset()
+        self.on_release(shared, None if mask is None else unreleased)
+        return shared
+
+    # -- hooks of the release ------------------------------------------------------------------------------
+    def sum_noise_std(self, batch_size: int) -> float:
+        """Std of the noise on each coordinate of the running sum: σ·C, with C = ``params.clip`` (the L2
+        bound of one sample's contribution) unless a defense says otherwise."""
+        return self.noise_multiplier * self.params.clip
+
+    def release_mask(self) -> dict[str, torch.Tensor] | None:
+        """The public mask of this release ({name: bool tensor}, True = released), or None: all released."""
+        return None
+
+    def transform(self, average: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Public post-processing of the noisy average (e.g. AdaCliP's b·x + a); the default: none."""
+        return average
+
+    def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor] | None) -> None:
+        """After the reset: add public metadata to ``shared`` and update public state from it.
+        ``unreleased_noise`` (with a mask): the noise drawn on the withheld coordinates, divided by B."""
+        return None
 
     # -- helpers for subclasses ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -228,5 +286,7 @@ def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, C / (‖g‖ + 1e-6)): the +1e-6 (as in Opacus) keeps ‖clipped g‖ < C even when ‖g‖ is tiny."""
-    return (clip / (norms + 1e-6)).clamp(max=1.0)
+    """min(1, C / (‖g‖ + 1e-6)) per norm: the one clip factor of every defense that clips to a bound (dpsgd,
+    groupwise's ``abadi``, adaclip, rs / random-freeze, both parts of gep). The +1e-6 (as in Opacus) keeps
+    ‖clipped g‖ < C even when ‖g‖ is tiny."""
+    return (clip / (norms + CLIP_EPS)).clamp(max=1.0)

@@ -3,7 +3,7 @@
 The trainable parameters are split into M groups; sample i's gradient restricted to group m is scaled by
 its own factor C_im computed from that group's norm alone:
 
-- ``abadi``  C = min(1, R_m / (‖g_i^(m)‖ + 1e-6))   (the +1e-6 as in Opacus / FastDP)
+- ``abadi``  C = min(1, R_m / (‖g_i^(m)‖ + 1e-6))   (``defenses.base.clip_factors``, as Opacus / FastDP)
 - ``auto``   C = R_m / (‖g_i^(m)‖ + 0.01)           (automatic clipping, the paper's default, γ = 0.01)
 
 Both keep ‖C·g_i^(m)‖ < R_m, so with R_m = R/√M the clipped per-sample vector has norm < R over all
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from defenses.base import clip_factors
 from defenses.lean import LeanPlan
 
 CLIP_FUNCTIONS = ("auto", "abadi")
 AUTO_GAMMA = 0.01   # the paper's stability constant in R/(‖g‖ + γ)
-ABADI_EPS = 1e-6    # keeps ‖clipped g‖ < R even when ‖g‖ is tiny (Opacus does the same)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class GroupClipping:
         r = self.threshold
         if self.function == "auto":
             return r / (norms + AUTO_GAMMA)
-        return (r / (norms + ABADI_EPS)).clamp(max=1.0)
+        return clip_factors(norms, r)
 
     def plan(self) -> LeanPlan:
         """The lean engine's plan: per group, the plain squared norm, and these factors."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.base import Defense, DefenseParams
 from defenses.clipping import GroupClipping
 from defenses.lean import LeanPlan
 from defenses.registry import DEFENSES
@@ -32,8 +32,8 @@ class DPSGD(Defense):
     Params = ClipParams
 
     def __init__(self, params: ClipParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self._clipping = self.make_clipping()
         self._plan = self._clipping.plan()
 
@@ -51,9 +51,3 @@ class DPSGD(Defense):
         for name, value in self._clipping.clip_sum(grads).items():
             self._sum[name] += value
         self.samples_seen += next(iter(grads.values())).shape[0]
-
-    def release(self, batch_size: int) -> SharedGradient:
-        std = self.noise_multiplier * self._clipping.sensitivity
-        grads = {n: (s + self.gaussian(s.shape, std)) / batch_size for n, s in self._sum.items()}
-        self.reset()
-        return SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size)

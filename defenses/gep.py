@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from defenses.auditing import CanaryDesign
-from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors
 from defenses.lean import LeanBatch, LeanPlan
 from defenses.registry import DEFENSES
 from harness.core.canaries import Canaries, flatten
@@ -102,9 +102,8 @@ def allocate_bases(sizes: list[int], k: int, cap: int) -> list[int]:
 
 
 def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
-    """Scale each row to L2 norm ≤ clip: factor min(1, C/(‖x‖ + 1e-6)) as ``defenses.base.clip_factors``."""
-    factors = (clip / (x.norm(dim=1) + 1e-6)).clamp(max=1.0)
-    return x * factors[:, None]
+    """Scale each row to L2 norm ≤ clip (``clip_factors``: min(1, C/(‖x‖ + 1e-6)))."""
+    return x * clip_factors(x.norm(dim=1), clip)[:, None]
 
 
 @DEFENSES.register("gep", "GEP: public anchor subspace; embedding clipped to C0, residual to C1, noise on each")
@@ -113,11 +112,11 @@ class GEP(Defense):
     needs_model = True  # anchors are per-sample gradients of public data at the model's current weights
 
     def __init__(self, params: GEPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu") -> None:
+                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
         self.names = list(param_shapes)
         self.sizes = [math.prod(param_shapes[n]) for n in self.names]
         self.d = sum(self.sizes)
-        super().__init__(params, param_shapes, noise_multiplier, streams, device)
+        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
         self.bounds = group_bounds(self.d, params.groups)
         # Anchors get their own stream (random labels, power-iteration start), a fresh generator per refresh
         # step: they are a function of (public data, current weights, seed, step) only, never shift the
@@ -287,7 +286,7 @@ class GEP(Defense):
 
         def factors(group: int, squares: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
             residual = (squares - theta.double().pow(2).sum(1)).clamp(min=0).sqrt()
-            return (clip1 / (residual + 1e-6)).clamp(max=1.0)  # as clip_rows
+            return clip_factors(residual, clip1)
 
         return LeanPlan((tuple(self.names),), factors, probes=self._probe_blocks, probe_dim=self.k,
                         sums=not self.params.biased)
@@ -320,6 +319,7 @@ class GEP(Defense):
             self._res_sum += summed - self.lift((batch.factors[0][:, None] * theta).sum(0, keepdim=True))[0]
         self.samples_seen += batch.count
 
+    # Its own release, not the template's: two noisy sums (k-dim embedding, d-dim residual), not one per parameter.
     def release(self, batch_size: int) -> SharedGradient:
         self.current_bases()  # an empty Poisson batch still releases noise through V
         p = self.params

@@ -152,30 +152,24 @@ class MaskedDPSGD(Defense):
             self._sum[name] += torch.einsum("b,b...->...", factors, g)
         self.samples_seen += batch
 
-    def release(self, batch_size: int) -> SharedGradient:
+    def sum_noise_std(self, batch_size: int) -> float:
         if self.params.noise_std is not None:
-            std = self.params.noise_std * batch_size  # noise_std is meant on the released average
-        else:
-            std = self.noise_multiplier * self.params.clip
-        keep = self._views(self.keep)
-        grads, mask = {}, {}
-        full_noise = {}
-        for name, s in self._sum.items():
-            full_noise[name] = self.gaussian(s.shape, std)
-            grads[name] = (s + full_noise[name] * keep[name]) / batch_size  # 3) noise on kept coordinates only
-            mask[name] = keep[name].clone()
+            return self.params.noise_std * batch_size  # noise_std is meant on the released average
+        return super().sum_noise_std(batch_size)
+
+    def release_mask(self) -> dict[str, torch.Tensor]:
+        return {n: m.clone() for n, m in self._views(self.keep).items()}  # 3) noise on kept coordinates only
+
+    def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor]) -> None:
+        shared.extra = {"epoch": self.epoch, "period": self.period}
+        shared.rate, shared.mask_is_new = self.rate, self.mask_is_new
         if self.ranking_sum is not None:
             # z += released gradient + (1/B)(1−m)⊙noise: masked coordinates get data-independent noise.
-            flat_release = torch.cat([grads[n].reshape(-1) for n in self.param_shapes])
-            flat_noise = torch.cat([full_noise[n].reshape(-1) for n in self.param_shapes])
-            self.ranking_sum += flat_release + (~self.keep) * flat_noise / batch_size
-        shared = SharedGradient(grads, batch_size=batch_size, noise_std=std / batch_size, mask=mask,
-                                extra={"epoch": self.epoch, "period": self.period}, rate=self.rate,
-                                mask_is_new=self.mask_is_new)
-        self.reset()
+            flat_release = torch.cat([shared.grads[n].reshape(-1) for n in self.param_shapes])
+            flat_noise = torch.cat([unreleased_noise[n].reshape(-1) for n in self.param_shapes])
+            self.ranking_sum += flat_release + flat_noise
         self.mask_is_new = False
         self._advance_step()
-        return shared
 
     def _advance_step(self) -> None:
         self.step_in_epoch += 1

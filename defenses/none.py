@@ -22,8 +22,8 @@ class NoDefense(Defense):
         """No per-sample statistic: the engine takes the plain gradient of the summed loss."""
         return LeanPlan((tuple(self.param_shapes),), lambda *_: None, per_sample=False)
 
+    # Its own release, not the template's: no noise draw, and the mean over the samples actually seen.
     def release(self, batch_size: int) -> SharedGradient:
-        # Non-private: divide by the number of samples actually seen (the true mean gradient).
         count = max(self.samples_seen, 1)
         shared = SharedGradient({n: s / count for n, s in self._sum.items()}, batch_size=count, noise_std=0.0)
         self.reset()

@@ -58,7 +58,7 @@ class Prepared:
     model: nn.Module
     sampler: BatchSampler
     privacy: PrivacyLedger                 # as planned; training's own count of releases replaces it
-    make_defense: Callable[..., Defense]   # make_defense(streams, bound_to=None)
+    make_defense: Callable[..., Defense]   # make_defense(streams, bound_to=None, steps_per_epoch=the victim's)
     build_model: Callable[[], nn.Module]
     streams: Streams                       # the run's root streams
     device: torch.device
@@ -123,15 +123,17 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     privacy = (plan or plan_privacy)(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
-    def make_defense(defense_streams: Streams, bound_to: nn.Module | None = None) -> Defense:
+    sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
+
+    def make_defense(defense_streams: Streams, bound_to: nn.Module | None = None,
+                     steps_per_epoch: int = sampler.steps_per_epoch) -> Defense:
         """A fresh defense as in training, drawing from ``defense_streams``, bound to ``bound_to`` (the
-        victim model by default)."""
-        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier, defense_streams, device)
-        defense.steps_per_epoch = n // spec.train.batch_size
+        victim model by default), for epochs of ``steps_per_epoch`` steps (the victim's by default; a shadow
+        model trained on another pool passes its own)."""
+        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier, defense_streams, device,
+                              steps_per_epoch=steps_per_epoch)
         defense.bind(bound_to if bound_to is not None else model, task)
         return defense
-
-    sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
 
 

@@ -103,8 +103,8 @@ class AuditContext:
         return {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
 
     def make_defense(self, streams: Streams) -> Defense:
-        defense = self.defense_cls(self.spec.defense, self.shapes, self.sigma, streams, self.device)
-        defense.steps_per_epoch = 1  # each step is the first of its epoch
+        defense = self.defense_cls(self.spec.defense, self.shapes, self.sigma, streams, self.device,
+                                   steps_per_epoch=1)  # each step is the first of its epoch
         self.model.load_state_dict(self.init_state)
         defense.bind(self.model, self.task)
         return defense

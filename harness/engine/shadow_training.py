@@ -43,6 +43,9 @@ from harness.core.settings import TrainConfig
 from harness.core.streams import Streams
 from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
 
+# make_defense(i, model, steps_per_epoch): shadow i's defense, bound to its model, for epochs of its own pool
+MakeDefense = Callable[[int, nn.Module, int], Defense]
+
 
 class ShadowProgress(Protocol):
     """Where finished shadows are kept (``harness.checkpoint.ShadowStore`` keeps them in the run's folder)."""
@@ -64,18 +67,18 @@ def fresh_models(build: Callable[[], nn.Module], scopes: list[Streams]) -> list[
 
 
 def train_shadows_sequential(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
-                             pools: list[torch.Tensor], make_defense: Callable[[int, nn.Module], Defense],
+                             pools: list[torch.Tensor], make_defense: MakeDefense,
                              cfg: TrainConfig, scopes: list[Streams], device: torch.device,
                              progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
-    """Reference path: the normal training loop, one model after another. ``make_defense(i, model)``
-    binds model i's defense to its own model (needed by defenses that keep it, e.g. GEP)."""
+    """Reference path: the normal training loop, one model after another. ``make_defense(i, model,
+    steps_per_epoch)`` binds model i's defense to its own model (needed by defenses that keep it, e.g. GEP)
+    and schedules it for the epochs of model i's pool."""
     states = []
     models = fresh_models(build, scopes)
     for i, model in enumerate(tqdm(models, desc="shadows (sequential)", disable=progress is False, leave=False)):
         idx = pools[i]
         sampler = BatchSampler(len(idx), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
-        defense = make_defense(i, model)
-        defense.steps_per_epoch = sampler.steps_per_epoch
+        defense = make_defense(i, model, sampler.steps_per_epoch)
         train(model, _Split(x[idx], y[idx]), _Split(x[:0], y[:0]), defense, cfg, sampler, device, progress=False)
         states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
     return states
@@ -91,22 +94,23 @@ class _Split:
 
 
 def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
-                  make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
+                  make_defense: MakeDefense, cfg: TrainConfig, scopes: list[Streams],
                   device: torch.device, progress: bool | None = None, features: torch.Tensor | None = None,
                   store: ShadowProgress | None = None, group: int = 0) -> list[dict[str, torch.Tensor]]:
     """Train the K shadow models together (see the module docstring); returns their state dicts.
-    ``make_defense(i, model)`` builds model i's defense bound to its own module; for defenses that keep the
-    model (``Defense.needs_model``, e.g. GEP's anchors) each module is given model i's current weights
-    before every step. ``features``: ``front_features`` of ``x`` when the caller has them already.
-    ``store``: load the shadows it holds instead of training them, save each one trained; ``group`` > 0:
-    train (and save) that many at a time, in index order (0: all that are left at once)."""
+    ``make_defense(i, model, steps_per_epoch)`` builds model i's defense bound to its own module, scheduled
+    for the epochs of its pool; for defenses that keep the model (``Defense.needs_model``, e.g. GEP's
+    anchors) each module is given model i's current weights before every step. ``features``:
+    ``front_features`` of ``x`` when the caller has them already. ``store``: load the shadows it holds
+    instead of training them, save each one trained; ``group`` > 0: train (and save) that many at a time,
+    in index order (0: all that are left at once)."""
     states = store.finished(len(pools)) if store is not None else {}
     todo = [i for i in range(len(pools)) if i not in states]
     size = group if group > 0 else max(len(todo), 1)
     for start in range(0, len(todo), size):
         chosen = todo[start:start + size]
         trained = _train_together(build, x, y, [pools[i] for i in chosen],
-                                  lambda j, model, chosen=chosen: make_defense(chosen[j], model), cfg,
+                                  lambda j, model, steps, chosen=chosen: make_defense(chosen[j], model, steps), cfg,
                                   [scopes[i] for i in chosen], device, progress, features)
         for i, state in zip(chosen, trained):
             states[i] = state
@@ -116,7 +120,7 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
 
 
 def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
-                    make_defense: Callable[[int, nn.Module], Defense], cfg: TrainConfig, scopes: list[Streams],
+                    make_defense: MakeDefense, cfg: TrainConfig, scopes: list[Streams],
                     device: torch.device, progress: bool | None,
                     features: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
     """The vectorised path for the given models (all of ``pools``), from their initialisation."""
@@ -136,11 +140,7 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
 
     samplers = [BatchSampler(len(pool), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
                 for i, pool in enumerate(pools)]
-    defenses = []
-    for i in range(k):
-        defense = make_defense(i, models[i])
-        defense.steps_per_epoch = samplers[i].steps_per_epoch
-        defenses.append(defense)
+    defenses = [make_defense(i, models[i], samplers[i].steps_per_epoch) for i in range(k)]
     bound = [(i, models[i]) for i, d in enumerate(defenses) if d.needs_model]
     holder = nn.Module()
     for n in names:  # an optimizer needs leaf tensors; it steps all K models at once

@@ -155,9 +155,9 @@ def test_vectorised_shadow_models_equal_sequential_on_hcnn():
     gen = torch.Generator().manual_seed(0)
     pools = [torch.sort(torch.randperm(len(y), generator=gen)[:len(y) // 2]).values for _ in range(2)]
     scopes = [prep.streams.scope("shadow", i) for i in range(2)]
-    vec = train_shadows(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m), spec.train, scopes,
-                        torch.device("cpu"), progress=False)
-    seq = train_shadows_sequential(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m),
+    vec = train_shadows(prep.build_model, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s), spec.train,
+                        scopes, torch.device("cpu"), progress=False)
+    seq = train_shadows_sequential(prep.build_model, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s),
                                    spec.train, scopes, torch.device("cpu"), progress=False)
     assert set(vec[0]) == set(prep.model.state_dict())  # loadable: no scattering filters, Normalize's stats
     for a, b in zip(vec, seq):

@@ -25,9 +25,7 @@ D = 40 * 25 + 37
 
 def make(name="rs", sigma=0.0, seed=0, steps_per_epoch=1, **params):
     cls = DEFENSES.get(name)
-    defense = cls(cls.Params(**params), SHAPES, sigma, Streams(seed))
-    defense.steps_per_epoch = steps_per_epoch
-    return defense
+    return cls(cls.Params(**params), SHAPES, sigma, Streams(seed), steps_per_epoch=steps_per_epoch)
 
 
 def flat(grads):

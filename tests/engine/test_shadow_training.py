@@ -31,9 +31,9 @@ def test_vectorised_shadows_equal_sequential(defense):
     scopes = [prep.streams.scope("shadow", i) for i in range(4)]
     cpu = torch.device("cpu")
 
-    vec = train_shadows(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m), spec.train,
+    vec = train_shadows(prep.build_model, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s), spec.train,
                         scopes, cpu, progress=False)
-    seq = train_shadows_sequential(prep.build_model, x, y, pools, lambda i, m: prep.make_defense(scopes[i], m),
+    seq = train_shadows_sequential(prep.build_model, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s),
                                    spec.train, scopes, cpu, progress=False)
     assert len(vec) == len(seq) == 4
     for a, b in zip(vec, seq):
@@ -44,6 +44,29 @@ def test_vectorised_shadows_equal_sequential(defense):
     assert not torch.equal(vec[0][weight], vec[1][weight])  # independent models
     initial = fresh_models(prep.build_model, scopes)[0].state_dict()
     assert not torch.equal(vec[0][weight], initial[weight])  # and they did train
+
+
+def test_each_defense_is_built_for_the_epochs_of_its_own_pool():
+    """A defense is constructed with the steps per epoch of the pool its model trains on (what rs and
+    random-freeze place their mask refreshes by): the victim's ⌊n/B⌋, each shadow's ⌊|pool|/B⌋."""
+    spec = build_spec({"train": {"epochs": 1, "batch_size": 64, "engine": "func"},
+                       "privacy": {"noise_multiplier": 1.0}})
+    prep = prepare(spec)
+    assert prep.make_defense(prep.streams.scope("victim")).steps_per_epoch == len(prep.task.train) // 64
+    x, y = prep.task.train.x[:512], prep.task.train.y[:512]
+    pools = [torch.arange(256), torch.arange(448)]  # 4 and 7 steps per epoch
+    scopes = [prep.streams.scope("shadow", i) for i in range(2)]
+    built: dict[int, int] = {}
+
+    def make_defense(i, model, steps):
+        defense = prep.make_defense(scopes[i], model, steps)
+        built[i] = defense.steps_per_epoch
+        return defense
+
+    for path in (train_shadows, train_shadows_sequential):
+        built.clear()
+        path(prep.build_model, x, y, pools, make_defense, spec.train, scopes, torch.device("cpu"), progress=False)
+        assert built == {0: 4, 1: 7}
 
 
 def test_fresh_models_follow_their_scopes():
@@ -84,11 +107,11 @@ def test_interrupted_shadows_resume_from_the_saved_ones(defense, tmp_path):
     cpu = torch.device("cpu")
     built: list[int] = []
 
-    def make_defense(i, model):
+    def make_defense(i, model, steps):
         if i == 2 and stop:
             raise Stop
         built.append(i)
-        return prep.make_defense(scopes[i], model)
+        return prep.make_defense(scopes[i], model, steps)
 
     def run(store, group):
         return train_shadows(prep.build_model, x, y, pools, make_defense, spec.train, scopes, cpu, progress=False,
