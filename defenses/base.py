@@ -243,7 +243,10 @@ class Defense(ABC):
     def sum_noise_std(self, batch_size: int) -> float:
         """Std of the noise on each coordinate of the running sum: σ·C, with C = ``params.clip`` (the L2
         bound of one sample's contribution) unless a defense says otherwise."""
-        return self.noise_multiplier * self.params.clip
+        clip = getattr(self.params, "clip", None)
+        if clip is None:  # a plug-in without a clip bound must say what its noise is scaled to
+            raise NotImplementedError(f"{type(self).__name__}: its Params have no 'clip'; override sum_noise_std")
+        return self.noise_multiplier * clip
 
     def release_mask(self) -> dict[str, torch.Tensor] | None:
         """The public mask of this release ({name: bool tensor}, True = released), or None: all released."""

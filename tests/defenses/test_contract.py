@@ -106,3 +106,27 @@ def test_declarations(prepared, name):
         assert cls.bind is not Defense.bind  # it says it keeps the model, so it must take it
     if not cls.is_dp(params):
         assert prepared[name].privacy.epsilon == math.inf
+
+
+def test_the_template_release_names_the_hook_a_defense_without_clip_must_write():
+    """The template scales noise to ``params.clip``; a defense whose parameters have none gets told which hook to
+    override (and one that overrides it releases)."""
+
+    class Unclipped(Defense):
+        def clip_and_accumulate(self, grads):
+            for name, g in grads.items():
+                self._sum[name] += g.sum(dim=0)
+
+    shapes = {"w": torch.Size([3])}
+    defense = Unclipped(Defense.Params(), shapes, noise_multiplier=1.0, streams=Streams(0))
+    defense.clip_and_accumulate({"w": torch.ones(2, 3)})
+    with pytest.raises(NotImplementedError, match="Unclipped.*sum_noise_std"):
+        defense.release(2)
+
+    class Scaled(Unclipped):
+        def sum_noise_std(self, batch_size):
+            return 0.0
+
+    defense = Scaled(Defense.Params(), shapes, noise_multiplier=1.0, streams=Streams(0))
+    defense.clip_and_accumulate({"w": torch.ones(2, 3)})
+    assert torch.equal(defense.release(2).grads["w"], torch.ones(3))
