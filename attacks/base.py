@@ -18,8 +18,9 @@ Each attack class declares:
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
 
-Every attack should report ``verdict``: exactly ``leaks`` or ``no-leak-detected``, decided by a documented
-statistical rule against its baseline or chance level (docs/results.md).
+Every attack should report ``verdict``: a ``harness.core.verdicts.Verdict`` (``leaks`` or
+``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level
+(docs/results.md).
 
 Model states are named ``init`` (before training), ``epoch:N`` (at the start of epoch N), ``final`` (after
 training) and ``trajectory:k`` (k states evenly spaced over training, ending at ``final``), which
@@ -36,7 +37,7 @@ from attacks.view import AttackerView
 from harness.core.params import Params
 from harness.core.splits import Task
 
-VERDICTS = ("leaks", "no-leak-detected")
+
 class AttackParams(Params):
     """Base for an attack's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming
     ``attack.<field>``."""

@@ -70,6 +70,7 @@ from harness.core.runtime import single_cpu_thread
 from harness.core.splits import Task
 from harness.core.states import AttackState, resolve
 from harness.core.streams import Streams
+from harness.core.verdicts import Verdict
 
 log = logging.getLogger("dpeval")
 LABEL_MODES = ("known", "recovered")
@@ -389,7 +390,7 @@ def _bytes(images: torch.Tensor) -> np.ndarray:
 
 
 def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[StateOutcome],
-             worst: StateOutcome, decision: str, baseline: float, path: Any) -> Any:
+             worst: StateOutcome, decision: Verdict, baseline: float, path: Any) -> Any:
     """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
     flat = x.reshape(-1, *x.shape[2:])
     rows, captions, labels = [], [], []

@@ -24,9 +24,9 @@ import numpy as np
 from sklearn.metrics import roc_curve
 
 from harness.core.statistics import auc_delong, epsilon_lower_bound
+from harness.core.verdicts import Verdict
 
 FPR_POINTS = {"tpr_at_0.1pct_fpr": 0.001, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1}
-LEAKS, NO_LEAK = "leaks", "no-leak-detected"
 
 
 def nonmembers_needed(fpr: float) -> int:
@@ -39,8 +39,8 @@ def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
     return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
 
 
-def verdict(epsilon_lb: float, auc_ci_low: float) -> str:
-    return LEAKS if epsilon_lb > 0 or auc_ci_low > 0.5 else NO_LEAK
+def verdict(epsilon_lb: float, auc_ci_low: float) -> Verdict:
+    return Verdict.of(epsilon_lb > 0 or auc_ci_low > 0.5)
 
 
 def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from attacks.base import VERDICTS
 from harness.core.states import in_order
+from harness.core.verdicts import Mixed, Verdict
 
 
 def attack_class(attack: str) -> Any:
@@ -100,7 +100,7 @@ class Headline:
     label: str                  # "IG PSNR (dB)"
     value: Any
     higher_leaks: bool
-    verdict: str | None         # "leaks" / "no-leak-detected"; None when the attack reports none
+    verdict: Verdict | Mixed | None  # Mixed: grouped seeds that disagree; None when the attack reports none
     reference: float | None     # the data-free baseline or chance level
     reference_name: str         # "best data-free guess" / "chance"
     state: str | None           # the worst attacked state
@@ -112,10 +112,8 @@ class Headline:
     def leaks(self) -> bool | None:
         """True / False from the verdict; without one, whether the headline beats its reference (None
         when there is nothing to compare with)."""
-        if self.verdict in VERDICTS:
-            return self.verdict == VERDICTS[0]
-        if self.verdict:  # an aggregated verdict of several seeds ("mixed"): some of them leak
-            return True
+        if self.verdict is not None:
+            return self.verdict.leaks
         if not is_number(self.value) or self.reference is None:
             return None
         return self.value > self.reference if self.higher_leaks else self.value < self.reference
@@ -159,7 +157,7 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
     state = record.get(key + "state")
     low, high = record.get(f"{key}{cls.headline}_ci_low"), record.get(f"{key}{cls.headline}_ci_high")
     return Headline(attack, key + cls.headline, metric_label(attack), record.get(key + cls.headline),
-                    cls.higher_leaks, record.get(key + "verdict"), reference, name,
+                    cls.higher_leaks, Verdict.parse(record.get(key + "verdict")), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from harness.core.accounting import composition, gaussian_rdp, random_stopping_cost
+from harness.core.verdicts import Verdict
 from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
 
 LEADING = [
@@ -132,13 +133,6 @@ def latest_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list({row["run_key"]: row for row in rows}.values())
 
 
-def merge_verdicts(values: list[Any]) -> str:
-    leaks = sum(v == "leaks" for v in values)
-    if len({str(v) for v in values}) == 1:
-        return str(values[0])
-    return f"mixed ({leaks}/{len(values)} leak)"
-
-
 def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in latest_per_key(rows):
@@ -157,7 +151,8 @@ def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if len(finite) > 1 and len(set(finite)) > 1:  # a spread only where the values vary
                     agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite))
             elif col.startswith("leakage.") and col.endswith(".verdict"):
-                agg[col] = merge_verdicts(values)
+                merged = Verdict.merge(values)
+                agg[col] = None if merged is None else str(merged)
             else:
                 distinct = {str(v) for v in values}
                 agg[col] = values[0] if len(distinct) == 1 else "|".join(sorted(distinct))

@@ -51,6 +51,7 @@ from harness import __version__  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
 from harness.core.errors import brief  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
+from harness.core.verdicts import Mixed, Verdict  # noqa: E402
 from harness.headlines import fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
@@ -225,7 +226,7 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
             sem = r.get(f"{c}.sem")
             if is_number(sem) and sem > 0:
                 text += f" ± {sem:.2g}"
-            cls = ' class="leaks"' if c.endswith(".verdict") and str(r.get(c)) != "no-leak-detected" else ""
+            cls = ' class="leaks"' if c.endswith(".verdict") and _leaks(r.get(c)) else ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return ", ".join(common), f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -265,11 +266,17 @@ CATEGORIES = {  # how a point is drawn by what its verdict says
 
 def category(record: dict[str, Any], attack: str) -> str:
     head = read(record, attack)
-    if head is None or not head.verdict:
+    if head is None or head.verdict is None:
         return "no verdict"
-    if head.verdict == "no-leak-detected":
-        return "no leak detected"
-    return "leaks" if head.verdict == "leaks" else "leaks in some seeds"
+    if isinstance(head.verdict, Mixed):
+        return "leaks in some seeds"
+    return "leaks" if head.verdict.leaks else "no leak detected"
+
+
+def _leaks(stored: Any) -> bool:
+    """Whether a stored verdict (a run's or a group's) says the attack leaks; False without one."""
+    verdict = Verdict.parse(stored)
+    return verdict is not None and verdict.leaks
 
 
 def place_labels(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.core.verdicts import Verdict
 from harness.store import ResultStore
 
 QUICK = ["--epochs", "2", "--set", "train.batch_size=64", "--quiet"]
@@ -346,7 +347,7 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
          "privacy.accountant": "rdp", "privacy.sampling": "poisson", "comm.density": 0.55,
          "comm.bytes_sparse": 10.0, "comm.bytes_dense": 20.0, "time.train_s": 1.0, "time.attack_s": 2.0,
          "attack.ig.targets": 6, "leakage.ig.psnr": 27.3, "leakage.ig.baseline_psnr": 12.1,
-         "leakage.ig.verdict": "leaks", "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
+         "leakage.ig.verdict": Verdict.LEAKS, "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
          "leakage.ig.density": 0.1, "leakage.lira.auc": 0.6, "leakage.lira.tpr_at_0.1pct_fpr": None,
          "leakage.lira.tpr_at_0.1pct_fpr_note": "not resolvable: 359 non-members",
          "leakage.lira.tpr_at_1pct_fpr": 0.02}

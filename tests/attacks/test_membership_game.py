@@ -14,12 +14,12 @@ from attacks import membership_common as mc
 from attacks import shadow_signals as sh
 from attacks.grad_mia import GradientMIA, GradMiaParams
 from attacks.lira import LiraParams, lira_scores
-from attacks.membership_metrics import LEAKS
 from attacks.rmia import RmiaParams, rmia_scores
 from harness.cli import main
 from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
+from harness.core.verdicts import Verdict
 from harness.engine.shadow_training import fresh_models
 from harness.engine.training import BatchSampler
 from harness.runner import execute, prepare
@@ -191,14 +191,14 @@ def test_dp_victim_never_shows_more_leakage_than_twice_its_epsilon(tmp_path):
 
 def test_grad_mia_recovers_members_of_an_undefended_release(tmp_path):
     m = run_json("--defense", "none", "--attack", "grad-mia", "--epochs", "1", "--results", str(tmp_path))
-    assert m["leakage.grad-mia.auc"] >= 0.9 and m["leakage.grad-mia.verdict"] == LEAKS
+    assert m["leakage.grad-mia.auc"] >= 0.9 and m["leakage.grad-mia.verdict"] == Verdict.LEAKS
     assert m["leakage.grad-mia.n_members"] == 64 and m["leakage.grad-mia.n_nonmembers"] == 64
 
 
 def test_overfit_non_private_victim_leaks(tmp_path):
     """The overfit recipe's non-private victim: the LOSS attack alone already finds the leak."""
     m = run_json("--config", OVERFIT, "--attack", "loss", "--results", str(tmp_path))
-    assert m["leakage.loss.verdict"] == LEAKS and m["leakage.loss.auc_ci_low"] > 0.5
+    assert m["leakage.loss.verdict"] == Verdict.LEAKS and m["leakage.loss.auc_ci_low"] > 0.5
 
 
 @pytest.mark.slow
@@ -208,7 +208,7 @@ def test_overfit_recipe_lira_separates_non_private_not_dp(tmp_path):
     m = run_json("--config", OVERFIT, "--attack", "loss", "--attack", "lira", "--attack", "rmia",
                  "--results", str(tmp_path))
     assert m["leakage.lira.auc"] >= 0.6 and m["leakage.lira.auc_ci_low"] > 0.55
-    assert m["leakage.lira.verdict"] == LEAKS and m["leakage.lira.tpr_at_1pct_fpr"] >= 0.02
+    assert m["leakage.lira.verdict"] == Verdict.LEAKS and m["leakage.lira.tpr_at_1pct_fpr"] >= 0.02
     assert m["leakage.rmia.auc"] >= m["leakage.loss.auc"]
     dp = run_json("--config", OVERFIT, "--defense", "dpsgd", "--epsilon", "1", "--attack", "lira",
                   "--results", str(tmp_path))
