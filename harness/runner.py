@@ -244,6 +244,8 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
         finally:
             metrics[f"time.{name}_s"] = time.perf_counter() - start
         metrics.update({str(AttackKey(name, k)): v for k, v in result.metrics.items()})
+        if result.verdict is not None:
+            metrics[str(AttackKey.verdict(name))] = result.verdict.value  # the stored text
         metrics.update({str(AttackKey(name, k, "artefacts")): artefact_path(v, run_id, out_dir) if run_id else str(v)
                         for k, v in result.artefacts.items()})
     if failed:
