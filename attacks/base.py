@@ -18,8 +18,9 @@ Each attack class declares:
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
 
-Every attack should report ``verdict``: exactly ``leaks`` or ``no-leak-detected``, decided by a documented
-statistical rule against its baseline or chance level (docs/results.md).
+Every attack should report a verdict, ``AttackResult.verdict`` (``harness.core.verdicts.Verdict``: ``leaks``
+or ``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level
+(docs/results.md); the runner stores it as ``leakage.<attack>.verdict``.
 
 Model states are named ``init`` (before training), ``epoch:N`` (at the start of epoch N), ``final`` (after
 training) and ``trajectory:k`` (k states evenly spaced over training, ending at ``final``), which
@@ -34,9 +35,11 @@ from typing import Any, ClassVar
 
 from attacks.view import AttackerView
 from harness.core.params import Params
+from harness.core.result_keys import VERDICT
 from harness.core.splits import Task
+from harness.core.verdicts import Verdict
 
-VERDICTS = ("leaks", "no-leak-detected")
+
 class AttackParams(Params):
     """Base for an attack's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming
     ``attack.<field>``."""
@@ -49,8 +52,15 @@ class NoAttackParams(AttackParams):
 
 @dataclass
 class AttackResult:
-    metrics: dict[str, float]              # metric name -> value, reported as leakage.<attack>.<metric>
+    metrics: dict[str, Any]                # metric name -> value, reported as leakage.<attack>.<metric>
     artefacts: dict[str, str] = field(default_factory=dict)  # name -> path of files written
+    verdict: Verdict | None = None         # reported as leakage.<attack>.verdict; None: the attack has no rule
+
+    def __post_init__(self) -> None:
+        if VERDICT in self.metrics:  # one way to report it, typed
+            raise ValueError("an attack reports its verdict as AttackResult.verdict, not among its metrics")
+        if self.verdict is not None:
+            self.verdict = Verdict(self.verdict)  # ValueError unless leaks / no-leak-detected
 
 
 class Attack(ABC):

@@ -61,7 +61,7 @@ from torch import nn
 
 from attacks import image_metrics, verdict
 from attacks.base import Attack, AttackParams, AttackResult
-from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
 from attacks.view import AttackerView
 from defenses.base import SharedGradient
 from harness.core.errors import ConfigError
@@ -70,6 +70,7 @@ from harness.core.runtime import single_cpu_thread
 from harness.core.splits import Task
 from harness.core.states import AttackState, resolve
 from harness.core.streams import Streams
+from harness.core.verdicts import Verdict
 
 log = logging.getLogger("dpeval")
 LABEL_MODES = ("known", "recovered")
@@ -330,7 +331,7 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     metrics.update(worst.rec.metrics)
     metrics.update({f"baseline_psnr_{g}": float(v.mean()) for g, v in base.items()})
     metrics["baseline_psnr"] = float(best_guess.mean())
-    metrics["verdict"], metrics["p_value"] = decision, p_value
+    metrics["p_value"] = p_value
 
     out = view.out_dir
     scores = {
@@ -352,7 +353,7 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
     for o in outcomes:
         artefacts.update(o.rec.artefacts)
-    return AttackResult(metrics=metrics, artefacts=artefacts)
+    return AttackResult(metrics=metrics, artefacts=artefacts, verdict=decision)
 
 
 def _attack_state(params: ReconstructionParams, view: AttackerView, reconstruct: Reconstruct, state: str,
@@ -389,7 +390,7 @@ def _bytes(images: torch.Tensor) -> np.ndarray:
 
 
 def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[StateOutcome],
-             worst: StateOutcome, decision: str, baseline: float, path: Any) -> Any:
+             worst: StateOutcome, decision: Verdict, baseline: float, path: Any) -> Any:
     """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
     flat = x.reshape(-1, *x.shape[2:])
     rows, captions, labels = [], [], []
@@ -470,8 +471,9 @@ class GradientMembershipAttack(Attack):
         labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool),
                                  np.zeros(sum(map(len, other_scores)), bool)])
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
+        decision = membership_verdict(metrics)
         metrics["accounted_epsilon"] = view.privacy.at(1.0, 1).epsilon
         metrics["release_noise_std"] = shared.noise_std
         metrics["release_density"] = shared.density
         view.out_dir.mkdir(parents=True, exist_ok=True)
-        return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()))
+        return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()), decision)

@@ -42,7 +42,7 @@ import torch
 
 from attacks import shadow_signals as sig
 from attacks.base import Attack, AttackParams, AttackResult
-from attacks.membership_metrics import membership_metrics, save_roc
+from attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
 from attacks.view import AttackerView
 from harness.core.errors import ConfigError
 from harness.core.ledger import PrivacyLedger
@@ -272,11 +272,12 @@ class ShadowAttack(Attack):
             labels.append(membership)
         scores, labels = np.concatenate(scores), np.concatenate(labels)
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
+        verdict = membership_verdict(metrics)
         if p.mia_target == "shadows":
             metrics.update(target_privacy(view.privacy, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
         metrics.update(self.extra_metrics())
-        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()))
+        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()), verdict)
 
 
 class VictimMembershipAttack(Attack):
@@ -310,8 +311,9 @@ class VictimMembershipAttack(Attack):
         scores = np.empty(len(y))
         scores[order.numpy()] = self.score(view, x[order], y[order])
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
+        verdict = membership_verdict(metrics)
         if self.yeom_rule:
             threshold = scores[labels].mean()
             metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
                                               + (scores[~labels] <= threshold).mean()) / 2)
-        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()))
+        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()), verdict)

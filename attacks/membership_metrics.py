@@ -1,5 +1,5 @@
 """Metrics of a membership test from scores (higher = "member"): ROC, AUC with its confidence interval,
-balanced accuracy, TPR at fixed FPR, an empirical ε lower bound, and the verdict.
+balanced accuracy, TPR at fixed FPR, an empirical ε lower bound; and the verdict on them.
 
 - **AUC interval** (``auc_ci_low``, ``auc_ci_high``): DeLong's 95% interval
   (``harness.core.statistics.auc_delong``), which treats the scored examples as independent.
@@ -24,9 +24,9 @@ import numpy as np
 from sklearn.metrics import roc_curve
 
 from harness.core.statistics import auc_delong, epsilon_lower_bound
+from harness.core.verdicts import Verdict
 
 FPR_POINTS = {"tpr_at_0.1pct_fpr": 0.001, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1}
-LEAKS, NO_LEAK = "leaks", "no-leak-detected"
 
 
 def nonmembers_needed(fpr: float) -> int:
@@ -39,8 +39,9 @@ def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
     return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
 
 
-def verdict(epsilon_lb: float, auc_ci_low: float) -> str:
-    return LEAKS if epsilon_lb > 0 or auc_ci_low > 0.5 else NO_LEAK
+def membership_verdict(metrics: dict[str, Any]) -> Verdict:
+    """The verdict of ``membership_metrics``' result (the rule above)."""
+    return Verdict.of(metrics["epsilon_lower_bound"] > 0 or metrics["auc_ci_low"] > 0.5)
 
 
 def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
@@ -68,7 +69,6 @@ def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
     metrics["epsilon_lower_bound"] = epsilon_lower_bound(scores, labels, delta, rng)
     metrics["n_members"] = int(labels.sum())
     metrics["n_nonmembers"] = n_nonmembers
-    metrics["verdict"] = verdict(metrics["epsilon_lower_bound"], low)
     return metrics
 
 

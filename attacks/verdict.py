@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attacks.base import VERDICTS
+from harness.core.verdicts import Verdict
 
 MARGIN_DB = 1.0  # a target counts as leaking only if it beats the best data-free guess by more than this
 ALPHA = 0.05     # family-wise level over the attacked states
@@ -51,10 +51,10 @@ def sign_test(gains: Sequence[float] | np.ndarray, margin: float = MARGIN_DB) ->
     return SignTest(wins=int((values > margin).sum()), n=int(values.size))
 
 
-def decide(tests: Sequence[SignTest], alpha: float = ALPHA) -> tuple[str, float]:
+def decide(tests: Sequence[SignTest], alpha: float = ALPHA) -> tuple[Verdict, float]:
     """(verdict, Bonferroni-adjusted p) over the per-state tests."""
     p = min(1.0, len(tests) * min(t.p_value for t in tests))
-    return (VERDICTS[0] if p <= alpha else VERDICTS[1]), p
+    return Verdict.of(p <= alpha), p
 
 
 def min_targets(states: int, alpha: float = ALPHA) -> int:

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from attacks.base import VERDICTS
+from harness.core.result_keys import AttackKey
 from harness.core.states import in_order
+from harness.core.verdicts import Mixed, Verdict
 
 
 def attack_class(attack: str) -> Any:
@@ -28,7 +29,7 @@ def attack_class(attack: str) -> Any:
 def attacks_in(records: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
     """Attacks with ``leakage.<attack>.*`` keys in a record or a list of records."""
     rows = [records] if isinstance(records, dict) else records
-    return sorted({c.split(".")[1] for r in rows for c in r if c.startswith("leakage.") and c.count(".") >= 2})
+    return sorted({key.attack for r in rows for c in r if (key := AttackKey.parse(c))})
 
 
 def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
@@ -37,14 +38,14 @@ def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
     cls = attack_class(attack)
     if cls is None or not cls.headline:
         return None
-    column = f"leakage.{attack}.{cls.headline}"
+    column = str(AttackKey(attack, cls.headline))
     return (column, cls.higher_leaks) if column in record_keys else None
 
 
 def metric_label(attack: str) -> str:
     """The human name of an attack's headline metric, e.g. "IG PSNR (dB)"."""
     cls = attack_class(attack)
-    return (cls.headline_label or f"leakage.{attack}.{cls.headline}") if cls else f"leakage.{attack}"
+    return (cls.headline_label or str(AttackKey(attack, cls.headline))) if cls else f"leakage.{attack}"
 
 
 def headline_label(attack: str) -> str:
@@ -74,16 +75,16 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 def states_of(record: dict[str, Any], attack: str) -> list[str]:
     """The model states with per-state keys ``leakage.<attack>.<state>.<metric>``, in training order."""
-    prefix = f"leakage.{attack}."
-    found = {k[len(prefix):].rsplit(".", 1)[0] for k in record if k.startswith(prefix) and k.count(".") >= 3}
-    return in_order(found)
+    keys = [key for c in record if (key := AttackKey.parse(c)) and key.attack == attack]
+    return in_order({key.state for key in keys if key.state})
 
 
 def smallest_p(record: dict[str, Any], attack: str) -> str:
     """For a sign-test verdict over T targets at S states (Bonferroni), the smallest p the run could give,
     in words; "" for an attack without a p-value or a target count."""
     targets = record.get(f"attack.{attack}.targets")
-    if not isinstance(targets, int) or isinstance(targets, bool) or record.get(f"leakage.{attack}.p_value") is None:
+    p_value = record.get(str(AttackKey(attack, "p_value")))
+    if not isinstance(targets, int) or isinstance(targets, bool) or p_value is None:
         return ""
     states = max(1, len(states_of(record, attack)))
     floor = min(1.0, states * 2.0 ** -targets)
@@ -96,11 +97,11 @@ def smallest_p(record: dict[str, Any], attack: str) -> str:
 @dataclass
 class Headline:
     attack: str
-    column: str                 # leakage.<attack>.<headline>
+    metric: str                 # the declared headline metric, e.g. psnr
     label: str                  # "IG PSNR (dB)"
     value: Any
     higher_leaks: bool
-    verdict: str | None         # "leaks" / "no-leak-detected"; None when the attack reports none
+    verdict: Verdict | Mixed | None  # Mixed: grouped seeds that disagree; None when the attack reports none
     reference: float | None     # the data-free baseline or chance level
     reference_name: str         # "best data-free guess" / "chance"
     state: str | None           # the worst attacked state
@@ -109,13 +110,16 @@ class Headline:
     interval: tuple[float, float] | None = None  # a confidence interval of the headline, when reported
 
     @property
+    def column(self) -> str:
+        """``leakage.<attack>.<metric>``."""
+        return str(AttackKey(self.attack, self.metric))
+
+    @property
     def leaks(self) -> bool | None:
         """True / False from the verdict; without one, whether the headline beats its reference (None
         when there is nothing to compare with)."""
-        if self.verdict in VERDICTS:
-            return self.verdict == VERDICTS[0]
-        if self.verdict:  # an aggregated verdict of several seeds ("mixed"): some of them leak
-            return True
+        if self.verdict is not None:
+            return self.verdict.leaks
         if not is_number(self.value) or self.reference is None:
             return None
         return self.value > self.reference if self.higher_leaks else self.value < self.reference
@@ -148,18 +152,18 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
     cls = attack_class(attack)
     if cls is None or not cls.headline:
         return None
-    key = f"leakage.{attack}."
+    def get(metric: str) -> Any:
+        return record.get(str(AttackKey(attack, metric)))
+
     reference, name = None, ""
-    if cls.baseline and is_number(record.get(key + cls.baseline)):
-        reference, name = float(record[key + cls.baseline]), "best data-free guess"
+    if cls.baseline and is_number(get(cls.baseline)):
+        reference, name = float(get(cls.baseline)), "best data-free guess"
     elif cls.chance_level() is not None:
         reference, name = cls.chance_level(), "chance"
-    rate = record.get(key + "defense_rate")
-    p_value = record.get(key + "p_value")
-    state = record.get(key + "state")
-    low, high = record.get(f"{key}{cls.headline}_ci_low"), record.get(f"{key}{cls.headline}_ci_high")
-    return Headline(attack, key + cls.headline, metric_label(attack), record.get(key + cls.headline),
-                    cls.higher_leaks, record.get(key + "verdict"), reference, name,
+    rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
+    low, high = get(f"{cls.headline}_ci_low"), get(f"{cls.headline}_ci_high")
+    return Headline(attack, cls.headline, metric_label(attack), get(cls.headline),
+                    cls.higher_leaks, Verdict.parse(record.get(str(AttackKey.verdict(attack)))), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None)

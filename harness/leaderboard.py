@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from harness.core.accounting import composition, gaussian_rdp, random_stopping_cost
+from harness.core.result_keys import AttackKey
+from harness.core.verdicts import Verdict
 from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
 
 LEADING = [
@@ -132,13 +134,6 @@ def latest_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list({row["run_key"]: row for row in rows}.values())
 
 
-def merge_verdicts(values: list[Any]) -> str:
-    leaks = sum(v == "leaks" for v in values)
-    if len({str(v) for v in values}) == 1:
-        return str(values[0])
-    return f"mixed ({leaks}/{len(values)} leak)"
-
-
 def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in latest_per_key(rows):
@@ -156,8 +151,9 @@ def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 agg[col] = statistics.fmean(values) if len(finite) == len(values) else values[0]
                 if len(finite) > 1 and len(set(finite)) > 1:  # a spread only where the values vary
                     agg[f"{col}.sem"] = statistics.stdev(finite) / math.sqrt(len(finite))
-            elif col.startswith("leakage.") and col.endswith(".verdict"):
-                agg[col] = merge_verdicts(values)
+            elif (key := AttackKey.parse(col)) is not None and key.is_verdict:
+                merged = Verdict.merge(values)
+                agg[col] = None if merged is None else str(merged)
             else:
                 distinct = {str(v) for v in values}
                 agg[col] = values[0] if len(distinct) == 1 else "|".join(sorted(distinct))
@@ -278,7 +274,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     keys = {c for r in records for c in r}
     varying = varying_settings(records)
     leak = [c for a in attacks_in(records) if (h := headline(keys, a))
-            for c in (h[0], f"leakage.{a}.verdict") if c in keys]
+            for c in (h[0], str(AttackKey.verdict(a))) if c in keys]
     pareto = sorted(c for c in keys if c.startswith("pareto.")) + [c for c in ("identical_results",) if c in keys]
     base = [c for c in TERMINAL if c != "seed" and c in keys | set(TERMINAL)]
     chosen = [c for c in SELECTION if c in keys]

@@ -50,8 +50,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from harness import __version__  # noqa: E402
 from harness import leaderboard as lb  # noqa: E402
 from harness.core.errors import brief  # noqa: E402
+from harness.core.result_keys import AttackKey  # noqa: E402
 from harness.core.states import in_order  # noqa: E402
-from harness.headlines import fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
+from harness.core.verdicts import Mixed, Verdict  # noqa: E402
+from harness.headlines import attack_class, fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
@@ -208,8 +210,8 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
         found = lb.headline(keys, attack)
         if found:
             columns.append((found[0], metric_label(attack)))
-        columns += [(c, name) for c, name in ((f"leakage.{attack}.verdict", f"{attack} verdict"),
-                                              (f"leakage.{attack}.state", f"{attack} worst state"),
+        columns += [(c, name) for c, name in ((str(AttackKey.verdict(attack)), f"{attack} verdict"),
+                                              (str(AttackKey(attack, "state")), f"{attack} worst state"),
                                               (f"pareto.{attack}", f"Pareto ({attack})")) if c in keys]
     if "identical_results" in keys:
         columns.append(("identical_results", "identical results"))
@@ -225,7 +227,8 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
             sem = r.get(f"{c}.sem")
             if is_number(sem) and sem > 0:
                 text += f" ± {sem:.2g}"
-            cls = ' class="leaks"' if c.endswith(".verdict") and str(r.get(c)) != "no-leak-detected" else ""
+            key = AttackKey.parse(c)
+            cls = ' class="leaks"' if key and key.is_verdict and _leaks(r.get(c)) else ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return ", ".join(common), f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -253,7 +256,7 @@ def _legend_outside(ax: plt.Axes) -> None:
 
 def _states_text(records: list[dict[str, Any]], attack: str) -> str:
     """" — worst state epoch:7, final": the worst attacked states of these records (seeds may differ)."""
-    found = {s for r in records for s in str(r.get(f"leakage.{attack}.state") or "").split("|") if s}
+    found = {s for r in records for s in str(r.get(str(AttackKey(attack, "state"))) or "").split("|") if s}
     return f" — worst state {', '.join(in_order(found))}" if found else ""
 
 
@@ -265,11 +268,17 @@ CATEGORIES = {  # how a point is drawn by what its verdict says
 
 def category(record: dict[str, Any], attack: str) -> str:
     head = read(record, attack)
-    if head is None or not head.verdict:
+    if head is None or head.verdict is None:
         return "no verdict"
-    if head.verdict == "no-leak-detected":
-        return "no leak detected"
-    return "leaks" if head.verdict == "leaks" else "leaks in some seeds"
+    if isinstance(head.verdict, Mixed):
+        return "leaks in some seeds"
+    return "leaks" if head.verdict.leaks else "no leak detected"
+
+
+def _leaks(stored: Any) -> bool:
+    """Whether a stored verdict (a run's or a group's) says the attack leaks; False without one."""
+    verdict = Verdict.parse(stored)
+    return verdict is not None and verdict.leaks
 
 
 def place_labels(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:
@@ -350,14 +359,15 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
         states = in_order({s for r in records for s in states_of(r, attack)})
         if not found or len(states) < 2:
             continue
-        metric = found[0].rsplit(".", 1)[1]
+        metric = attack_class(attack).headline
+        columns = [str(AttackKey.at_state(attack, s, metric)) for s in states]
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for r in sorted(records, key=lambda r: _sort_key(r, swept)):
-            xs = [i for i, s in enumerate(states) if is_number(r.get(f"leakage.{attack}.{s}.{metric}"))]
+            xs = [i for i, c in enumerate(columns) if is_number(r.get(c))]
             if not xs:
                 continue
-            ys = [r[f"leakage.{attack}.{states[i]}.{metric}"] for i in xs]
-            err = [r.get(f"leakage.{attack}.{states[i]}.{metric}.sem", 0) for i in xs]
+            ys = [r[columns[i]] for i in xs]
+            err = [r.get(f"{columns[i]}.sem", 0) for i in xs]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=point_label(r, swept))
         _reference_line(ax, records, attack, vertical=False)
         ax.set_xticks(range(len(states)), states)
@@ -431,7 +441,8 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
     curves: dict[str, list] = defaultdict(list)
     for row in rows:
         for key, value in row["metrics"].items():
-            if key.startswith("artefacts.") and key.endswith(".roc"):
+            owner = AttackKey.parse(key, "artefacts")
+            if owner and owner.metric == "roc":
                 path = resolve_artefact(value, root, row["run_id"])
                 if path is None:
                     continue
@@ -440,9 +451,9 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
                 except ARTEFACT_ERRORS as exc:
                     damaged.append(damaged_line(row, key, path, exc))
                     continue
-                n_out = row["metrics"].get(f"leakage.{key.split('.')[1]}.n_nonmembers")
+                n_out = row["metrics"].get(str(AttackKey(owner.attack, "n_nonmembers")))
                 floor = floor or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
-                curves[key.split(".")[1]].append((lb.flat_row(row), fpr, tpr, floor))
+                curves[owner.attack].append((lb.flat_row(row), fpr, tpr, floor))
     plots = []
     for attack, items in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
@@ -452,7 +463,7 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
         seeds = sorted({str(i[0].get("seed")) for i in items})
         styles = ["-", "--", ":", "-."]
         for record, fpr, tpr, _ in sorted(items, key=lambda i: (_sort_key(i[0], swept), str(i[0].get("seed")))):
-            auc = record.get(f"leakage.{attack}.auc")
+            auc = record.get(str(AttackKey(attack, "auc")))
             config = point_label(record, swept)
             label = f"{config}, seed {record.get('seed')}" + (f", AUC {auc:.3f}" if is_number(auc) else "")
             # one colour per configuration, one line style per seed
@@ -506,14 +517,15 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
     for row in rows:
         m = row["metrics"]
         for key, value in m.items():
-            if not (key.startswith("artefacts.") and key.endswith(".images")):
+            owner = AttackKey.parse(key, "artefacts")
+            if not (owner and owner.metric == "images"):
                 continue
-            attack = key.split(".")[1]
+            attack = owner.attack
             path = resolve_artefact(value, root, row["run_id"])
             if path is None:
                 continue
             try:
-                flat, recon, psnr, state = read_cell(path, m.get(f"leakage.{attack}.state"))
+                flat, recon, psnr, state = read_cell(path, m.get(str(AttackKey(attack, "state"))))
                 image = _cell(flat, recon)
             except ARTEFACT_ERRORS as exc:
                 damaged.append(damaged_line(row, key, path, exc))
@@ -562,14 +574,15 @@ def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
     for row in rows:
         record = lb.flat_row(row)
         for key, value in sorted(row["metrics"].items()):
-            if not key.startswith("artefacts."):
+            owner = AttackKey.parse(key, "artefacts")
+            if owner is None:
                 continue
             path = resolve_artefact(value, root, row["run_id"])
             if path is None:
                 missing.append(f"run {row['run_id']} ({point_label(record, swept)}, seed {record.get('seed')}): "
                                f"{key} = {value}")
             elif (str(value).endswith(".png") and "roc" not in key and row["run_id"] not in skip_runs):
-                found.append((f"{key.split('.')[1]} — {point_label(record, swept)}, seed {record.get('seed')}", path))
+                found.append((f"{owner.attack} — {point_label(record, swept)}, seed {record.get('seed')}", path))
     return found[:MAX_PICTURES], missing
 
 

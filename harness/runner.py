@@ -36,6 +36,7 @@ from harness.core.errors import ConfigError, RunFailure
 from harness.core.ledger import PrivacyLedger
 from harness.core.models import build_model
 from harness.core.registry import default_model
+from harness.core.result_keys import AttackKey
 from harness.core.runtime import apply_thread_default, resolve_device
 from harness.core.splits import Task
 from harness.core.states import resolve
@@ -240,13 +241,15 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
             result = attack.play(view, prep.task)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
-            metrics[f"leakage.{name}.error"] = f"{type(exc).__name__}: {exc}"
+            metrics[str(AttackKey(name, "error"))] = f"{type(exc).__name__}: {exc}"
             failed.append(name)
             continue
         finally:
             metrics[f"time.{name}_s"] = time.perf_counter() - start
-        metrics.update({f"leakage.{name}.{k}": v for k, v in result.metrics.items()})
-        metrics.update({f"artefacts.{name}.{k}": artefact_path(v, run_id, out_dir) if run_id else str(v)
+        metrics.update({str(AttackKey(name, k)): v for k, v in result.metrics.items()})
+        if result.verdict is not None:
+            metrics[str(AttackKey.verdict(name))] = result.verdict.value  # the stored text
+        metrics.update({str(AttackKey(name, k, "artefacts")): artefact_path(v, run_id, out_dir) if run_id else str(v)
                         for k, v in result.artefacts.items()})
     if failed:
         metrics["failed_attacks"] = failed
@@ -322,7 +325,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         failed = metrics.pop("failed_attacks", [])
         metrics["status"] = "failed" if failed else "done"
         if failed:
-            errors = "; ".join(f"{a}: {metrics[f'leakage.{a}.error']}" for a in failed)
+            errors = "; ".join(f"{a}: {metrics[str(AttackKey(a, 'error'))]}" for a in failed)
             kept = [a for a in spec.attacks if a not in failed]
             raise AttacksFailed(f"attack(s) failed after training ({errors}); recorded with the results that "
                                 f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", metrics)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.core.verdicts import Verdict
 from harness.store import ResultStore
 
 QUICK = ["--epochs", "2", "--set", "train.batch_size=64", "--quiet"]
@@ -349,7 +350,7 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
          "privacy.accountant": "rdp", "privacy.sampling": "poisson", "comm.density": 0.55,
          "comm.bytes_sparse": 10.0, "comm.bytes_dense": 20.0, "time.train_s": 1.0, "time.attack_s": 2.0,
          "attack.ig.targets": 6, "leakage.ig.psnr": 27.3, "leakage.ig.baseline_psnr": 12.1,
-         "leakage.ig.verdict": "leaks", "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
+         "leakage.ig.verdict": Verdict.LEAKS, "leakage.ig.p_value": 3 / 64, "leakage.ig.state": "final",
          "leakage.ig.density": 0.1, "leakage.lira.auc": 0.6, "leakage.lira.tpr_at_0.1pct_fpr": None,
          "leakage.lira.tpr_at_0.1pct_fpr_note": "not resolvable: 359 non-members",
          "leakage.lira.tpr_at_1pct_fpr": 0.02}
@@ -361,3 +362,20 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
     assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text and "out of reach" not in text
     assert "fraction of the model's trainable coordinates a training step releases" in text
     assert "density of the attacked release (fraction of coordinates sent) 0.1" in text
+
+
+def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
+    """A metric name with a dot (``tpr_at_0.1pct_fpr``, ``ssim_at_0.9``) is neither a model state nor a
+    per-state key, even beside an attack's per-state keys; an attack name with a dash is one attack."""
+    from harness.cli import format_attack
+    from harness.headlines import attacks_in, states_of
+
+    m = {"leakage.lira.tpr_at_0.1pct_fpr": 0.01, "leakage.lira.auc": 0.6, "leakage.grad-mia.auc": 0.7,
+         "leakage.ig.psnr": 9.0, "leakage.ig.epoch:3.psnr": 9.0, "leakage.ig.final.psnr": 8.0,
+         "leakage.ig.ssim_at_0.9": 0.25, "utility.test_accuracy": 0.9, "attack.ig.targets": 6}
+    assert attacks_in(m) == ["grad-mia", "ig", "lira"]
+    assert states_of(m, "ig") == ["epoch:3", "final"] and states_of(m, "lira") == []
+    (rest,) = [line for line in format_attack(m, "lira", None)[1:] if "tpr_at" in line]
+    assert "tpr_at_0.1pct_fpr 0.01" in rest
+    ig = "\n".join(format_attack(m, "ig", None))
+    assert "ssim_at_0.9 0.25" in ig and "final" in ig  # shown beside the per-state table, not taken for a state

@@ -10,6 +10,7 @@ from attacks import ATTACKS
 from attacks.base import Attack
 from harness import leaderboard as lb
 from harness.core.errors import ConfigError
+from harness.core.verdicts import Verdict
 
 
 def row(run_id, seed, acc, psnr=None, auc=None, rate=0.0):
@@ -121,7 +122,7 @@ def test_sem_only_where_values_vary():
 
 def test_grouped_verdicts_say_how_many_seeds_leak():
     rows = [row(r, s, 0.9, psnr=20.0) for r, s in (("a", 0), ("b", 1), ("c", 2))]
-    for r, verdict in zip(rows, ("leaks", "no-leak-detected", "no-leak-detected")):
+    for r, verdict in zip(rows, (Verdict.LEAKS, Verdict.NO_LEAK, Verdict.NO_LEAK)):
         r["metrics"]["leakage.ig.verdict"] = verdict
     (group,) = lb.leaderboard(rows, seeds_grouped=True)
     assert group["leakage.ig.verdict"] == "mixed (1/3 leak)"
@@ -134,9 +135,8 @@ def test_no_pareto_mark_inside_the_baseline_noise():
     that lies in the noise, and the most accurate of them still dominates leaking configurations."""
     rows = [row("quiet-a", 0, 0.90, psnr=8.0), row("quiet-b", 0, 0.85, psnr=7.0),
             row("leaky", 0, 0.88, psnr=30.0), row("leaky-best", 0, 0.95, psnr=40.0)]
-    verdicts = {"quiet-a": "no-leak-detected", "quiet-b": "no-leak-detected", "leaky": "leaks", "leaky-best": "leaks"}
     for r in rows:
-        r["metrics"]["leakage.ig.verdict"] = verdicts[r["run_id"]]
+        r["metrics"]["leakage.ig.verdict"] = Verdict.of(r["run_id"].startswith("leaky"))
         r["metrics"]["leakage.ig.baseline_psnr"] = 9.0
     marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(rows)}
     # quiet-b has less PSNR than quiet-a but is inside the noise: neither is marked; leaky is dominated by
@@ -157,8 +157,8 @@ def test_without_a_verdict_the_declared_baseline_decides():
 
 def test_terminal_table_shows_verdicts_and_swept_attack_settings():
     rows = [row("a", 0, 0.9, psnr=20.0), row("b", 0, 0.8, psnr=10.0)]
-    rows[0]["metrics"].update({"leakage.ig.verdict": "leaks", "attack.ig.targets": 6})
-    rows[1]["metrics"].update({"leakage.ig.verdict": "no-leak-detected", "attack.ig.targets": 12})
+    rows[0]["metrics"].update({"leakage.ig.verdict": Verdict.LEAKS, "attack.ig.targets": 6})
+    rows[1]["metrics"].update({"leakage.ig.verdict": Verdict.NO_LEAK, "attack.ig.targets": 12})
     text = lb.format_table(lb.leaderboard(rows))
     assert "leakage.ig.verdict" in text and "no-leak-detected" in text and "attack.ig.targets" in text
 

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.config import build_spec
+from harness.core.verdicts import Verdict
 from harness.reference import find_reference
 from harness.store import ResultStore
 
@@ -49,9 +50,9 @@ def test_deltas_name_both_headlines_and_the_direction_of_leakage():
     from harness.reference import deltas, format_deltas
 
     mine = {"defense": "rs", "utility.test_accuracy": 0.85, "attack.ig.targets": 6, "leakage.ig.psnr": 7.6,
-            "leakage.ig.baseline_psnr": 12.1, "leakage.ig.verdict": "no-leak-detected"}
+            "leakage.ig.baseline_psnr": 12.1, "leakage.ig.verdict": Verdict.NO_LEAK}
     ref = {"run_id": "ref", "metrics": {**mine, "defense": "none", "utility.test_accuracy": 0.97,
-                                        "leakage.ig.psnr": 27.3, "leakage.ig.verdict": "leaks"}}
+                                        "leakage.ig.psnr": 27.3, "leakage.ig.verdict": Verdict.LEAKS}}
     delta = deltas(mine, ref)
     assert delta["utility.test_accuracy"] == 0.85 - 0.97 and delta["leakage.ig.psnr"] == 7.6 - 27.3
     text = "\n".join(format_deltas(mine, ref))

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from harness.cli import main
+from harness.core.verdicts import Verdict
 from harness.store import ResultStore
 
 STATES = ["epoch:7", "epoch:13", "final"]
@@ -48,7 +49,7 @@ def fake_results(root, defenses=("rs", "random-freeze"), rates=(0.0, 0.5, 0.9), 
                     "defense.final_rate": rate, "privacy.epsilon": 3.0,
                     "utility.test_accuracy": 0.9 - 0.1 * rate + 0.01 * seed,
                     "leakage.ig.psnr": psnr, "leakage.ig.baseline_psnr": 12.0, "leakage.ig.state": "final",
-                    "leakage.ig.verdict": "leaks" if leaks else "no-leak-detected",
+                    "leakage.ig.verdict": Verdict.of(leaks),
                     "leakage.ig.p_value": 0.047 if leaks else 1.0, "leakage.ig.defense_rate": rate,
                     "leakage.lira.auc": 0.6 - 0.05 * rate,
                     "artefacts.ig.png": f"runs/{run_id}/ig/ig-reconstruction.png",
@@ -120,7 +121,7 @@ def test_pareto_marks_only_for_configurations_that_leak(tmp_path):
     board = CliRunner().invoke(main, ["leaderboard", "--results", str(tmp_path / "r"), "--group-seeds", "--json"])
     groups = json.loads(board.stdout)
     for g in groups:
-        if g["leakage.ig.verdict"] == "no-leak-detected":
+        if Verdict.parse(g["leakage.ig.verdict"]) is Verdict.NO_LEAK:
             assert g["pareto.ig"] is False
     assert any(g["pareto.ig"] for g in groups)
 

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from harness import leaderboard as lb
 from harness.cli import main
+from harness.core.verdicts import Verdict
 from harness.report import spread_note
 from harness.store import ResultStore
 
@@ -104,7 +105,7 @@ def test_leakage_vs_epsilon_per_attack_and_paper_markers(tmp_path):
     def extra(defense, eps):
         leak = {"attack": "ig", "attack.ig.targets": 3, "leakage.ig.psnr": 30.0 if defense == "none" else 8 + eps,
                 "leakage.ig.baseline_psnr": 11.5, "leakage.ig.p_value": 1.0,
-                "leakage.ig.verdict": "leaks" if defense == "none" else "no-leak-detected"}
+                "leakage.ig.verdict": Verdict.of(defense == "none")}
         return {**leak, "paper.test_accuracy": 0.85} if defense == "dpsgd" else leak
 
     utility_store(tmp_path / "r", [("none", 3.0, {}), ("dpsgd", 1.0, {}), ("dpsgd", 8.0, {})], extra=extra)

@@ -210,3 +210,20 @@ def test_writers_wait_for_a_long_held_reader(tmp_path):
         w.join(timeout=60)
         assert w.exitcode == 0
     assert len(ResultStore(tmp_path).rows(status="done")) == 20
+
+
+def test_a_verdict_round_trips_through_the_store(tmp_path):
+    """The stored text is the verdict's value; read back (SQLite row and metrics.json), it parses to the same
+    Verdict."""
+    from harness.core.verdicts import Verdict
+
+    store = ResultStore(tmp_path)
+    for verdict in Verdict:
+        run_id = store.begin(verdict.name.lower().ljust(16, "k"), {})
+        store.finish(run_id, {"leakage.ig.verdict": verdict, "leakage.lira.verdict": verdict.value})
+        stored = store.get(run_id)["metrics"]
+        on_disk = json.loads((store.run_dir(run_id) / "metrics.json").read_text())
+        for metrics in (stored, on_disk):
+            assert metrics["leakage.ig.verdict"] == metrics["leakage.lira.verdict"] == verdict.value
+            stored_text = metrics["leakage.ig.verdict"]
+            assert type(stored_text) is str and Verdict.parse(stored_text) is verdict

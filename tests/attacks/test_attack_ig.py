@@ -13,6 +13,7 @@ from defenses.base import Defense, SharedGradient
 from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
+from harness.core.verdicts import Verdict
 from harness.runner import untrained_view
 
 
@@ -126,13 +127,17 @@ def test_verdicts_undefended_leaks_and_dpsgd_at_epsilon_one_does_not(tmp_path):
     """The verdict rule (attacks/verdict.py) on six targets: an undefended release leaks, a DP-SGD ε = 1
     release is at the level of the data-free guesses."""
     ctx, spec = context(tmp_path / "none", targets=6)
-    plain = run_ig(ctx, spec).metrics
+    plain_result = run_ig(ctx, spec)
+    plain = plain_result.metrics
     ctx, spec = context(tmp_path / "dp", defense="dpsgd", epsilon=1.0, targets=6)
-    dp = run_ig(ctx, spec).metrics
-    print(f"ig none: {plain['verdict']} (PSNR {plain['psnr']:.1f} dB, p {plain['p_value']:.3g}); dpsgd ε=1: "
-          f"{dp['verdict']} (PSNR {dp['psnr']:.1f} dB vs best guess {dp['baseline_psnr']:.1f}, p {dp['p_value']:.3g})")
-    assert plain["verdict"] == "leaks" and plain["init.wins"] == 6 and plain["p_value"] == pytest.approx(1 / 64)
-    assert dp["verdict"] == "no-leak-detected" and dp["p_value"] > 0.05
+    dp_result = run_ig(ctx, spec)
+    dp = dp_result.metrics
+    print(f"ig none: {plain_result.verdict} (PSNR {plain['psnr']:.1f} dB, p {plain['p_value']:.3g}); dpsgd ε=1: "
+          f"{dp_result.verdict} (PSNR {dp['psnr']:.1f} dB vs best guess {dp['baseline_psnr']:.1f}, "
+          f"p {dp['p_value']:.3g})")
+    assert plain_result.verdict is Verdict.LEAKS
+    assert plain["init.wins"] == 6 and plain["p_value"] == pytest.approx(1 / 64)
+    assert dp_result.verdict is Verdict.NO_LEAK and dp["p_value"] > 0.05
     assert dp["noise_std"] > 1.0  # σ·C/B with B = 1
     # measured 5.3 dB vs best data-free guesses 12.1 (public mean image), 8.5 (constant mean), 5.7 (noise)
     assert dp["psnr"] < dp["baseline_psnr"] and dp["ssim"] < 0.3

@@ -19,6 +19,7 @@ from harness.core.models import build_model
 from harness.core.params import from_dict
 from harness.core.per_sample import PerSampleGradients
 from harness.core.streams import Streams
+from harness.core.verdicts import Verdict
 from harness.runner import untrained_view
 
 
@@ -157,14 +158,16 @@ def test_other_supported_models(tmp_path, model):
 
 def test_verdicts_undefended_leaks_and_dpsgd_at_epsilon_one_does_not(tmp_path):
     ctx, spec = context(tmp_path / "none", targets=6)
-    plain = run_rgap(ctx, spec).metrics
+    plain_result = run_rgap(ctx, spec)
+    plain = plain_result.metrics
     ctx, spec = context(tmp_path / "dp", defense="dpsgd", epsilon=1.0, targets=6)
-    dp = run_rgap(ctx, spec).metrics
-    print(f"rgap none: {plain['verdict']} ({plain['psnr']:.1f} dB); dpsgd eps=1: {dp['verdict']} "
+    dp_result = run_rgap(ctx, spec)
+    dp = dp_result.metrics
+    print(f"rgap none: {plain_result.verdict} ({plain['psnr']:.1f} dB); dpsgd eps=1: {dp_result.verdict} "
           f"(PSNR {dp['psnr']:.2f} dB vs best guess {dp['baseline_psnr']:.2f}: noise {dp['baseline_psnr_noise']:.2f}, "
           f"mean image {dp['baseline_psnr_mean']:.2f}, public mean {dp['baseline_psnr_public']:.2f})")
-    assert plain["verdict"] == "leaks" and plain["psnr"] >= 60.0
-    assert dp["verdict"] == "no-leak-detected" and dp["init.wins"] == 0
+    assert plain_result.verdict is Verdict.LEAKS and plain["psnr"] >= 60.0
+    assert dp_result.verdict is Verdict.NO_LEAK and dp["init.wins"] == 0
     # measured 3.9 dB vs 12.1 (public mean image), 8.5 (constant mean), 6.5 (uniform noise)
     assert dp["psnr"] < dp["baseline_psnr"]
 

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from attacks import verdict
-from attacks.base import VERDICTS
 from harness.cli import main
 from harness.core.states import resolve as resolve_states
 from harness.core.states import trajectory_epochs
+from harness.core.verdicts import Verdict
 
 # ------------------------------------------------------------------------------------------------------------
 # state names
@@ -38,10 +38,10 @@ def test_sign_test_and_bonferroni():
     assert verdict.sign_test([5.0, 0.5, 2.0, 1.0]).wins == 2  # > 1 dB; a tie at the margin does not count
     assert verdict.SignTest(6, 6).p_value == pytest.approx(1 / 64)
     assert verdict.SignTest(5, 6).p_value == pytest.approx(7 / 64)
-    assert verdict.decide([verdict.SignTest(6, 6)] * 3) == ("leaks", pytest.approx(3 / 64))
-    assert verdict.decide([verdict.SignTest(6, 6)] * 4)[0] == "no-leak-detected"  # 4/64 > 0.05 after Bonferroni
+    assert verdict.decide([verdict.SignTest(6, 6)] * 3) == (Verdict.LEAKS, pytest.approx(3 / 64))
+    assert verdict.decide([verdict.SignTest(6, 6)] * 4)[0] is Verdict.NO_LEAK  # 4/64 > 0.05 after Bonferroni
     assert verdict.min_targets(3) == 6 and verdict.min_targets(1) == 5
-    assert verdict.decide([verdict.SignTest(5, 5)] * 1)[0] == "leaks"  # 1/32 <= 0.05
+    assert verdict.decide([verdict.SignTest(5, 5)] * 1)[0] is Verdict.LEAKS  # 1/32 <= 0.05
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def test_headline_is_the_worst_state(trajectory_run):
     assert m["leakage.ig.state"] == worst
     for metric in ("psnr", "ssim", "mse", "defense_rate"):
         assert m[f"leakage.ig.{metric}"] == m[f"leakage.ig.{worst}.{metric}"]
-    assert m["leakage.ig.verdict"] in VERDICTS and 0 < m["leakage.ig.p_value"] <= 1
+    assert Verdict.parse(m["leakage.ig.verdict"]) in Verdict and 0 < m["leakage.ig.p_value"] <= 1
     assert m["leakage.ig.baseline_psnr"] >= max(m["leakage.ig.baseline_psnr_mean"], m["leakage.ig.baseline_psnr_noise"])
 
 
@@ -127,5 +127,5 @@ def test_make_run_attacks_rs_while_it_sparsifies(tmp_path):
                              catch_exceptions=False)
     assert out.exit_code == 0, out.output
     (line,) = [entry for entry in out.stdout.splitlines() if entry.strip().startswith("ig ")]
-    assert any(v in line for v in VERDICTS) and "(rate 0." in line
+    assert any(v in line for v in Verdict) and "(rate 0." in line
     assert "picture: " in out.stdout and "ig-reconstruction.png" in out.stdout

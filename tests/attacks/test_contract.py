@@ -9,7 +9,10 @@ import math
 import pytest
 
 from attacks import ATTACKS
+from attacks.base import AttackResult
 from harness.config import build_spec
+from harness.core.result_keys import AttackKey
+from harness.core.verdicts import Verdict
 from harness.runner import execute
 from harness.store import ResultStore
 
@@ -28,12 +31,17 @@ def test_declarations(name):
 
 
 @pytest.fixture(scope="module")
-def every_attack(tmp_path_factory):
+def results(tmp_path_factory):
+    return tmp_path_factory.mktemp("results")
+
+
+@pytest.fixture(scope="module")
+def every_attack(results):
     raw = {"attacks": NAMES, "train": {"epochs": 2}, "defense": {"name": "dpsgd"},
            "attack": {k: v for k, v in SMALL.items()}, "data": {"max_train": 400}}
     raw["attack"]["grad-mia"] = {"batch_size": 4}
     spec = build_spec(raw)
-    return execute(spec, ResultStore(tmp_path_factory.mktemp("results")), progress=False)
+    return execute(spec, ResultStore(results), progress=False)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -43,5 +51,19 @@ def test_headline_is_reported(every_attack, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_attack_reports_a_verdict(every_attack, name):
-    assert every_attack[f"leakage.{name}.verdict"] in ("leaks", "no-leak-detected")
+def test_every_attack_reports_a_verdict_the_store_gives_back(every_attack, results, name):
+    """AttackResult.verdict, stored as its text under leakage.<attack>.verdict, reads back as the same Verdict."""
+    key = str(AttackKey.verdict(name))
+    reported = every_attack[key]
+    stored = ResultStore(results).get(every_attack["run_id"])["metrics"][key]
+    assert type(reported) is str and Verdict.parse(reported) in Verdict
+    assert stored == reported and Verdict.parse(stored) is Verdict.parse(reported)
+
+
+def test_a_verdict_is_reported_typed_never_among_the_metrics():
+    assert AttackResult({"auc": 0.5}, verdict="leaks").verdict is Verdict.LEAKS
+    assert AttackResult({"auc": 0.5}).verdict is None  # an attack without a rule
+    with pytest.raises(ValueError, match="AttackResult.verdict"):
+        AttackResult({"auc": 0.5, "verdict": Verdict.LEAKS})
+    with pytest.raises(ValueError):
+        AttackResult({"auc": 0.5}, verdict="leak")

@@ -14,7 +14,6 @@ from attacks import membership_common as mc
 from attacks import shadow_signals as sh
 from attacks.grad_mia import GradientMIA, GradMiaParams
 from attacks.lira import LiraParams, lira_scores
-from attacks.membership_metrics import LEAKS, NO_LEAK
 from attacks.rmia import RmiaParams, rmia_scores
 from defenses import DEFENSES
 from defenses.dpsgd import DPSGD
@@ -22,6 +21,7 @@ from harness.cli import main
 from harness.config import build_spec
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
+from harness.core.verdicts import Verdict
 from harness.engine.shadow_training import fresh_models
 from harness.engine.training import BatchSampler
 from harness.runner import execute, prepare
@@ -201,9 +201,9 @@ def test_dp_victim_never_shows_more_leakage_than_twice_its_epsilon(tmp_path):
     m = overfit_membership_run(tmp_path, "dpsgd")
     for attack in ("loss", "lira", "rmia"):
         assert 0 <= m[f"leakage.{attack}.epsilon_lower_bound"] <= 2 * m["privacy.epsilon"] <= 2.0
-        assert m[f"leakage.{attack}.verdict"] == NO_LEAK and 0.4 < m[f"leakage.{attack}.auc"] < 0.56
+        assert m[f"leakage.{attack}.verdict"] == Verdict.NO_LEAK and 0.4 < m[f"leakage.{attack}.auc"] < 0.56
         assert m[f"leakage.{attack}.tpr_at_0.1pct_fpr"] is None  # 200 non-members
-    assert m["leakage.grad-mia.verdict"] == NO_LEAK
+    assert m["leakage.grad-mia.verdict"] == Verdict.NO_LEAK
     assert m["leakage.grad-mia.epsilon_lower_bound"] <= m["leakage.grad-mia.accounted_epsilon"]
     assert (tmp_path / "runs" / m["run_id"] / "lira" / "roc.json").is_file()
     assert m["artefacts.lira.roc_png"].endswith("roc.png")
@@ -217,7 +217,7 @@ def test_the_same_victim_without_its_noise_is_caught(tmp_path, noiseless_dpsgd):
     m = overfit_membership_run(tmp_path, noiseless_dpsgd)
     assert m["privacy.epsilon"] == pytest.approx(1.0, abs=0.005)
     for attack in ("loss", "lira", "rmia"):
-        assert m[f"leakage.{attack}.verdict"] == LEAKS
+        assert m[f"leakage.{attack}.verdict"] == Verdict.LEAKS
     assert m["leakage.lira.auc"] >= 0.58
     assert m["leakage.grad-mia.epsilon_lower_bound"] > 2 * m["privacy.epsilon"]
     assert m["leakage.grad-mia.epsilon_lower_bound"] > m["leakage.grad-mia.accounted_epsilon"]
@@ -225,14 +225,14 @@ def test_the_same_victim_without_its_noise_is_caught(tmp_path, noiseless_dpsgd):
 
 def test_grad_mia_recovers_members_of_an_undefended_release(tmp_path):
     m = run_json("--defense", "none", "--attack", "grad-mia", "--epochs", "1", "--results", str(tmp_path))
-    assert m["leakage.grad-mia.auc"] >= 0.9 and m["leakage.grad-mia.verdict"] == LEAKS
+    assert m["leakage.grad-mia.auc"] >= 0.9 and m["leakage.grad-mia.verdict"] == Verdict.LEAKS
     assert m["leakage.grad-mia.n_members"] == 64 and m["leakage.grad-mia.n_nonmembers"] == 64
 
 
 def test_overfit_non_private_victim_leaks(tmp_path):
     """The overfit recipe's non-private victim: the LOSS attack alone already finds the leak."""
     m = run_json("--config", OVERFIT, "--attack", "loss", "--results", str(tmp_path))
-    assert m["leakage.loss.verdict"] == LEAKS and m["leakage.loss.auc_ci_low"] > 0.5
+    assert m["leakage.loss.verdict"] == Verdict.LEAKS and m["leakage.loss.auc_ci_low"] > 0.5
 
 
 @pytest.mark.slow
@@ -242,7 +242,7 @@ def test_overfit_recipe_lira_separates_non_private_not_dp(tmp_path):
     m = run_json("--config", OVERFIT, "--attack", "loss", "--attack", "lira", "--attack", "rmia",
                  "--results", str(tmp_path))
     assert m["leakage.lira.auc"] >= 0.6 and m["leakage.lira.auc_ci_low"] > 0.55
-    assert m["leakage.lira.verdict"] == LEAKS and m["leakage.lira.tpr_at_1pct_fpr"] >= 0.02
+    assert m["leakage.lira.verdict"] == Verdict.LEAKS and m["leakage.lira.tpr_at_1pct_fpr"] >= 0.02
     assert m["leakage.rmia.auc"] >= m["leakage.loss.auc"]
     dp = run_json("--config", OVERFIT, "--defense", "dpsgd", "--epsilon", "1", "--attack", "lira",
                   "--results", str(tmp_path))

@@ -9,8 +9,9 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from attacks.membership_metrics import LEAKS, NO_LEAK, membership_metrics, nonmembers_needed, save_roc
+from attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, save_roc
 from harness.core.statistics import auc_delong, clopper_pearson, epsilon_from_rates, epsilon_lower_bound
+from harness.core.verdicts import Verdict
 
 
 def gaussian_scores(n, shift, seed, members=0.5):
@@ -86,8 +87,8 @@ def test_metrics_keys_and_fpr_points():
     scores, labels = gaussian_scores(5000, 1.5, 1)
     m = membership_metrics(scores, labels, 1e-5, np.random.default_rng(2))
     assert set(m) >= {"auc", "auc_ci_low", "auc_ci_high", "balanced_accuracy", "tpr_at_0.1pct_fpr",
-                      "tpr_at_1pct_fpr", "tpr_at_10pct_fpr", "epsilon_lower_bound", "n_members", "n_nonmembers",
-                      "verdict"}
+                      "tpr_at_1pct_fpr", "tpr_at_10pct_fpr", "epsilon_lower_bound", "n_members", "n_nonmembers"}
+    assert "verdict" not in m  # typed: membership_verdict(m), reported as AttackResult.verdict
     assert not any(k.endswith("_note") for k in m)  # ≥ 1000 non-members resolve every FPR point
     assert m["tpr_at_0.1pct_fpr"] <= m["tpr_at_1pct_fpr"] <= m["tpr_at_10pct_fpr"]
     expected_auc = stats.norm.cdf(1.5 / math.sqrt(2))
@@ -116,29 +117,29 @@ def test_verdict_random_scores_do_not_leak():
     """Scores independent of membership: no-leak-detected at a fixed seed, and false alarms are rare over
     many draws (each of the two tests is at the 95% level on the leaking side)."""
     scores, labels = gaussian_scores(1617, 0.0, 11, members=0.78)
-    assert membership_metrics(scores, labels, 1e-5, np.random.default_rng(0))["verdict"] == NO_LEAK
-    alarms = [membership_metrics(*gaussian_scores(1617, 0.0, s, members=0.78), 1e-5,
-                                 np.random.default_rng(s))["verdict"] == LEAKS for s in range(100)]
+    assert membership_verdict(membership_metrics(scores, labels, 1e-5, np.random.default_rng(0))) is Verdict.NO_LEAK
+    alarms = [membership_verdict(membership_metrics(*gaussian_scores(1617, 0.0, s, members=0.78), 1e-5,
+                                                    np.random.default_rng(s))) is Verdict.LEAKS for s in range(100)]
     assert sum(alarms) <= 10
 
 
 def test_verdict_separated_scores_leak():
     for shift, members in ((0.4, 0.5), (0.3, 0.78)):
         m = membership_metrics(*gaussian_scores(1617, shift, 3, members), 1e-5, np.random.default_rng(0))
-        assert m["verdict"] == LEAKS and m["auc_ci_low"] > 0.5
+        assert membership_verdict(m) is Verdict.LEAKS and m["auc_ci_low"] > 0.5
     # the ε bound alone suffices: a few members far out, AUC interval still containing 0.5
     labels = np.r_[np.ones(500, bool), np.zeros(500, bool)]
     scores = np.random.default_rng(4).normal(0, 1, 1000)
     scores[:60] += 10
     m = membership_metrics(scores, labels, 1e-5, np.random.default_rng(0))
-    assert m["epsilon_lower_bound"] > 0 and m["verdict"] == LEAKS
+    assert m["epsilon_lower_bound"] > 0 and membership_verdict(m) is Verdict.LEAKS
 
 
 def test_inverted_scores_do_not_count_as_leaking():
     """Both tests claim only on the leaking side: members scoring lower is not a leak by this rule."""
     scores, labels = gaussian_scores(2000, -1.0, 5)
     m = membership_metrics(scores, labels, 1e-5, np.random.default_rng(0))
-    assert m["auc"] < 0.3 and m["epsilon_lower_bound"] == 0 and m["verdict"] == NO_LEAK
+    assert m["auc"] < 0.3 and m["epsilon_lower_bound"] == 0 and membership_verdict(m) is Verdict.NO_LEAK
 
 
 def test_roc_axes_stop_at_one_over_the_non_members(tmp_path):
