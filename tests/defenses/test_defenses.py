@@ -15,6 +15,7 @@ from harness.core.errors import ConfigError
 from harness.core.models import build_model
 from harness.core.params import from_dict
 from harness.core.per_sample import PerSampleGradients, micro_batches
+from harness.core.settings import ModelConfig
 from harness.core.streams import Streams
 
 
@@ -132,16 +133,33 @@ def test_micro_batching_does_not_change_the_release():
     torch.testing.assert_close(releases[0], releases[2], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("model_name,shape", [("cnn3", (1, 8, 8)), ("mlp", (1, 8, 8)), ("dpcnn-small", (1, 28, 28))])
+def per_sample_norms(grads):
+    """Norm of each sample's whole gradient, from per-parameter tensors [b, *param]."""
+    return torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
+
+
+SMALL_TRANSFORMER = ModelConfig(depth=2, width=16, heads=2)
+
+
+@pytest.mark.parametrize("model_name,shape", [("cnn3", (1, 8, 8)), ("mlp", (1, 8, 8)), ("dpcnn-small", (1, 28, 28)),
+                                              ("vit", (1, 8, 8)), ("gpt", (1, 1, 12))])
 def test_clipped_sum_matches_opacus_dp_optimizer(model_name, shape):
     """Same model, batch and C: dpeval's release with σ = 0 equals Opacus' DPOptimizer gradient."""
     torch.manual_seed(3)
-    model = build_model(model_name, shape, 10, (0.5,), (0.25,))
-    batch, clip = 16, 0.05  # small C so that every sample is clipped
-    x, y = torch.rand(batch, *shape), torch.randint(0, 10, (batch,))
+    batch, clip, vocab = 16, 0.05, 7  # small C so that every sample is clipped (asserted below, on both sides)
+    if model_name == "gpt":  # token ids as the float values of a token dataset (b, 1, 1, T), identity normalisation
+        model = build_model("gpt", shape, 10, (0.0,), (1.0,), settings=SMALL_TRANSFORMER, vocab=vocab)
+        x = torch.randint(0, vocab, (batch, *shape)).float()
+    else:
+        settings = SMALL_TRANSFORMER if model_name == "vit" else None
+        model = build_model(model_name, shape, 10, (0.5,), (0.25,), settings=settings)
+        x = torch.rand(batch, *shape)
+    y = torch.randint(0, 10, (batch,))
 
     defense = make("dpsgd", shapes_of(model), sigma=0.0, clip=clip)
-    defense.clip_and_accumulate(PerSampleGradients(model)(x, y))
+    grads = PerSampleGradients(model)(x, y)
+    assert bool((per_sample_norms(grads.values()) > clip).all())
+    defense.clip_and_accumulate(grads)
     ours = defense.release(batch).grads
 
     gsm = GradSampleModule(model, loss_reduction="mean")
@@ -149,6 +167,7 @@ def test_clipped_sum_matches_opacus_dp_optimizer(model_name, shape):
                             max_grad_norm=clip, expected_batch_size=batch, loss_reduction="mean")
     optimizer.zero_grad()
     F.cross_entropy(gsm(x), y).backward()
+    assert bool((per_sample_norms(p.grad_sample for p in gsm.parameters()) > clip).all())
     assert optimizer.pre_step()
     for (name, _), p in zip(model.named_parameters(), gsm.parameters()):
         torch.testing.assert_close(ours[name], p.grad, rtol=0, atol=1e-6)
