@@ -158,7 +158,8 @@ def _load_mnist(cfg: DataConfig) -> Task:
 
 
 @DATASETS.register(
-    "fashionmnist", "Fashion-MNIST clothing images via torchvision from data.root (1x28x28, 10 classes)",
+    "fashionmnist",
+    "Fashion-MNIST clothing images from data.root, else Debian's dataset-fashion-mnist (1x28x28, 10 classes)",
     default_model="dpcnn-small",
 )
 def _load_fashionmnist(cfg: DataConfig) -> Task:
