@@ -20,7 +20,7 @@ Noise is drawn one parameter at a time in ``param_shapes`` order, on every coord
 so a seed gives the same draws whatever the rate. Defenses whose noise is not one draw per parameter
 (GEP's embedding and residual, the noiseless ``none``) override ``release`` itself.
 
-``steps_per_epoch`` is given at construction (default 1); ``clip_factors`` is the one clip factor
+``steps_per_epoch`` is given at construction (default 1); ``defenses.clipping.clip_factors`` is the one clip factor
 min(1, C / (‖g‖ + 1e-6)) of every defense.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 
 FLOAT_BYTES = 4  # released values are float32
 INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)
-CLIP_EPS = 1e-6  # in the clip factor min(1, C / (‖g‖ + 1e-6))
 
 
 @dataclass
@@ -280,16 +279,3 @@ class Defense(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned (an attack replaying a training step); stateless: no-op."""
         return None
-
-
-def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
-    """L2 norm of each sample's gradient over all parameters: Tensor[b]."""
-    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
-    return torch.stack(squares, dim=1).sum(dim=1).sqrt()
-
-
-def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, C / (‖g‖ + 1e-6)) per norm: the one clip factor of every defense that clips to a bound (dpsgd,
-    groupwise's ``abadi``, adaclip, rs / random-freeze, both parts of gep). The +1e-6 (as in Opacus) keeps
-    ‖clipped g‖ < C even when ‖g‖ is tiny."""
-    return (clip / (norms + CLIP_EPS)).clamp(max=1.0)

@@ -3,7 +3,7 @@
 The trainable parameters are split into M groups; sample i's gradient restricted to group m is scaled by
 its own factor C_im computed from that group's norm alone:
 
-- ``abadi``  C = min(1, R_m / (‖g_i^(m)‖ + 1e-6))   (``defenses.base.clip_factors``, as Opacus / FastDP)
+- ``abadi``  C = min(1, R_m / (‖g_i^(m)‖ + 1e-6))   (``clip_factors``, as Opacus / FastDP)
 - ``auto``   C = R_m / (‖g_i^(m)‖ + 0.01)           (automatic clipping, the paper's default, γ = 0.01)
 
 Both keep ‖C·g_i^(m)‖ < R_m, so with R_m = R/√M the clipped per-sample vector has norm < R over all
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import clip_factors
 from defenses.lean import LeanPlan
 
 CLIP_FUNCTIONS = ("auto", "abadi")
 AUTO_GAMMA = 0.01   # the paper's stability constant in R/(‖g‖ + γ)
+CLIP_EPS = 1e-6     # in the clip factor min(1, C / (‖g‖ + 1e-6))
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,16 @@ class GroupClipping:
             for n in group:
                 out[n] = torch.einsum("b,b...->...", factors, grads[n])
         return out
+
+
+def per_sample_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each sample's gradient over all parameters: Tensor[b]."""
+    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
+    return torch.stack(squares, dim=1).sum(dim=1).sqrt()
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(1, C / (‖g‖ + 1e-6)) per norm: the one clip factor of every defense that clips to a bound (dpsgd,
+    groupwise's ``abadi``, adaclip, rs / random-freeze, both parts of gep). The +1e-6 (as in Opacus) keeps
+    ‖clipped g‖ < C even when ‖g‖ is tiny."""
+    return (clip / (norms + CLIP_EPS)).clamp(max=1.0)

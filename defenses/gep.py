@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from defenses.auditing import CanaryDesign
-from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors
+from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.clipping import clip_factors
 from defenses.lean import LeanBatch, LeanPlan
 from defenses.registry import DEFENSES
 from harness.core.canaries import Canaries, flatten

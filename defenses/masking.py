@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from defenses.auditing import CanaryDesign
-from defenses.base import Defense, DefenseParams, SharedGradient, clip_factors, per_sample_norms
+from defenses.base import Defense, DefenseParams, SharedGradient
+from defenses.clipping import clip_factors, per_sample_norms
 from defenses.lean import LeanBatch, LeanPlan
 from harness.core.canaries import Canaries, axis_canaries, pick
 from harness.core.errors import ConfigError

@@ -15,7 +15,8 @@ import torch
 from click.testing import CliRunner
 
 from defenses import DEFENSES
-from defenses.base import SharedGradient, clip_factors
+from defenses.base import SharedGradient
+from defenses.clipping import clip_factors
 from defenses.dpsgd import DPSGD
 from defenses.rs import RandomSparsification
 from harness.audit.driver import AuditOptions, dp_defense_names, run_audit
