@@ -11,8 +11,8 @@ recipe's `paper.*` columns). Ours: mean ± SEM over seeds (sample std / √n), n
 means with Welch's 95% t interval (none while an arm has one seed). Reading, per cell: *sign reproduced* when
 our interval lies on the paper's side of 0 (with one seed per arm: the point estimate does, said as
 "not yet testable"); once the sign is, *size reproduced* when the paper's difference lies inside our interval
-(while the interval spans 0 it holds almost any size, so no size is read). "ours − paper" is each arm's mean
-minus the paper's.
+(while the interval spans 0, the size is read only when the paper's difference lies outside it: not
+reproduced). "ours − paper" is each arm's mean minus the paper's.
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ def reading_of(paper_diff: float, diff: float, low: float, high: float) -> str:
         sign = "reproduced" if low > 0 else "not reproduced" if high < 0 else "not resolved (interval spans 0)"
     else:
         sign = "reproduced" if high < 0 else "not reproduced" if low > 0 else "not resolved (interval spans 0)"
-    if sign != "reproduced":  # an interval spanning 0 holds almost any size: no reading of the size yet
+    if sign != "reproduced":
+        # An interval spanning 0 leaves the sign open, but a narrow one can still rule the paper's size out.
+        if sign.startswith("not resolved") and not low <= paper_diff <= high:
+            return f"sign {sign}; the paper's {paper_diff:+.1f} lies outside it: its size not reproduced"
         return f"sign {sign}"
     size = "reproduced" if low <= paper_diff <= high else "not reproduced"
     return f"sign {sign}; size {size} (the paper's difference {'inside' if size == 'reproduced' else 'outside'} ours)"
