@@ -61,6 +61,7 @@ STALE_ERROR = "interrupted: its process is gone"
 # How the errors of interrupted runs begin (Ctrl-C, SIGTERM / SIGHUP, a process found gone): such a run
 # resumes from its checkpoint.
 INTERRUPTED = ("interrupted", "terminated by ")
+_ID_ATTEMPTS = 64  # fresh suffixes drawn before begin() gives up (65,536 exist per key prefix and second)
 LOCK_WAIT_S = 30.0  # how long a command waits for another process's lock on the database
 log = logging.getLogger("dpeval")
 
@@ -270,10 +271,31 @@ class ResultStore:
 
     def begin(self, run_key: str, config: dict[str, Any]) -> str:
         """Record a new ``running`` row and create its artefact folder; returns the run id. When the row
-        cannot be recorded, the folders this call created are removed again."""
+        cannot be recorded, the folders this call created are removed again.
+
+        The id is ``<UTC second>-<run key prefix>-<4 random hex>``. Runs whose keys share that prefix, begun in
+        one second, can draw the same suffix (a sweep of hundreds does, now and then), so an id already taken,
+        as a row or as a folder, is drawn again rather than failing the run."""
+        for _ in range(_ID_ATTEMPTS):
+            run_id = self._fresh_id(run_key)
+            if self._insert_running(run_id, run_key, config):
+                break
+        else:
+            raise RunFailure(f"--results: no free run id for key {run_key[:8]} after {_ID_ATTEMPTS} draws; "
+                             f"the store under {self.root} holds an implausible number of runs this second")
+        self._t0[run_id] = time.perf_counter()
+        return run_id
+
+    def _fresh_id(self, run_key: str) -> str:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run_id = f"{stamp}-{run_key[:8]}-{secrets.token_hex(2)}"
+        return f"{stamp}-{run_key[:8]}-{secrets.token_hex(2)}"
+
+    def _insert_running(self, run_id: str, run_key: str, config: dict[str, Any]) -> bool:
+        """Create the run's folder and its ``running`` row; False (and nothing left behind) when the id is
+        taken. Other failures remove the folders this call created and raise."""
         run_dir = self.run_dir(run_id)
+        if run_dir.exists():
+            return False
         created = [p for p in (self.root, run_dir.parent, run_dir) if not p.exists()]
         try:
             try:
@@ -288,15 +310,16 @@ class ResultStore:
                     (run_id, run_key, json.dumps(config, sort_keys=True, default=str), __version__, _now(),
                      socket.gethostname(), os.getpid()),
                 )
-        except BaseException:
+            return True
+        except BaseException as exc:
             for path in reversed(created):
                 try:
                     path.rmdir()
                 except OSError:
                     pass
+            if isinstance(exc, sqlite3.IntegrityError) and "run_id" in str(exc):
+                return False
             raise
-        self._t0[run_id] = time.perf_counter()
-        return run_id
 
     def finish(self, run_id: str, metrics: dict[str, Any]) -> None:
         """``metrics.json``, then the row ``done`` with its metrics. When either cannot be written (a full

@@ -185,6 +185,38 @@ def test_damaged_rows_are_left_out_with_one_note(tmp_path):
     assert "Traceback" not in shown.output
 
 
+def test_a_taken_run_id_is_drawn_again(tmp_path, monkeypatch):
+    """Runs whose keys share their 8-character prefix, begun in one second, may draw the same random suffix:
+    the second draw of a taken id (as a row, or as a folder left by a crash) is replaced, not an error."""
+    draws = iter(["abcd", "abcd", "abcd", "ef01", "2345", "2345", "6789"])
+    monkeypatch.setattr("harness.store.secrets.token_hex", lambda n: next(draws))
+    monkeypatch.setattr("harness.store.datetime", _FrozenClock)
+    store = ResultStore(tmp_path)
+    first = store.begin("0" * 16, {"i": 0})
+    second = store.begin("0" * 16, {"i": 1})  # draws abcd twice (taken), then ef01
+    (tmp_path / "runs" / f"{_FrozenClock.STAMP}-00000000-2345").mkdir()  # a folder with no row
+    third = store.begin("0" * 16, {"i": 2})  # 2345 twice (folder exists), then 6789
+    assert [first, second, third] == [f"{_FrozenClock.STAMP}-00000000-{s}" for s in ("abcd", "ef01", "6789")]
+    rows = {r["run_id"]: r["status"] for r in store.rows()}
+    assert rows == {first: "running", second: "running", third: "running"}
+
+
+def test_many_runs_of_one_key_prefix_in_one_second_all_record(tmp_path):
+    """The case that failed in CI: 300 runs with keys sharing the prefix, begun as fast as the store allows."""
+    store = ResultStore(tmp_path)
+    ids = [store.begin(f"{i:016x}", {"i": i}) for i in range(300)]
+    assert len(set(ids)) == 300 and len(store.rows()) == 300
+
+
+class _FrozenClock:
+    STAMP = "20261125-000000"
+
+    @staticmethod
+    def now(tz):  # the store's only use of datetime in begin()
+        from datetime import datetime
+        return datetime(2026, 11, 25, tzinfo=tz)
+
+
 def _writer(root: str, n: int) -> None:
     store = ResultStore(root)
     for i in range(n):
