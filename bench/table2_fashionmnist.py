@@ -25,7 +25,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/doc_markers.py
 
+from doc_markers import write_into  # noqa: E402
 from scipy import stats  # noqa: E402
 
 MODELS = {"dpcnn-small": "DP-CNN/S (26K)", "hcnn-small": "H-CNN/S (33K)"}
@@ -130,28 +132,15 @@ def main() -> None:
     parser.add_argument("csv", nargs="?", type=Path)
     parser.add_argument("--export", nargs="+", type=Path, help="results folders to export into --out")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--doc", type=Path, help=f"write the table into this Markdown file between {START} and {END}")
+    parser.add_argument("--doc", type=Path, help="write the table into this Markdown file between its table2 markers")
     args = parser.parse_args()
     if args.export:
         export(args.export, args.out)
     if args.csv:
         text = table(args.csv)
         if args.doc:
-            write_into(args.doc, text)
+            write_into(args.doc, "table2", text)
         print(text)
-
-
-START, END = "<!-- table2:start -->", "<!-- table2:end -->"
-
-
-def write_into(doc: Path, text: str) -> None:
-    """Replace what lies between the two markers of ``doc`` with ``text`` (both markers must be there)."""
-    page = doc.read_text()
-    if page.count(START) != 1 or page.count(END) != 1:
-        sys.exit(f"{doc}: needs exactly one {START} and one {END} line")
-    head, rest = page.split(START)
-    page = f"{head}{START}\n{text}\n{END}{rest.split(END, 1)[1]}"
-    doc.write_text(page)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def test_table_from_csv_and_into_the_doc(tmp_path):
            "-0.2, +0.7 | +1.7 [" in text
     assert "sign reproduced; size not reproduced" in text  # +0.8 lies outside a tight interval around +1.7
     doc = tmp_path / "doc.md"
-    doc.write_text(f"before\n{table2.START}\nold\n{table2.END}\nafter\n")
-    table2.write_into(doc, text)
-    assert doc.read_text() == f"before\n{table2.START}\n{text}\n{table2.END}\nafter\n"
+    start, end = "<!-- table2:start -->", "<!-- table2:end -->"
+    doc.write_text(f"before\n{start}\nold\n{end}\nafter\n")
+    table2.write_into(doc, "table2", text)
+    assert doc.read_text() == f"before\n{start}\n{text}\n{end}\nafter\n"
