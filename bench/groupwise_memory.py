@@ -34,6 +34,8 @@ baseline includes the weights (~475 MiB) but not their gradients, which every ro
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/groupwise_memory.py            # B 8, T 128
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/groupwise_memory.py --batch 4 --rows non-private all layer
+    # the largest batch per style that fits 24 GiB, from peaks measured at B = 8 and 32 (fitted as a + b·B)
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/groupwise_memory.py --batch 8 32 --largest 24
 """
 
 from __future__ import annotations
@@ -134,9 +136,9 @@ def measure(args) -> dict:
             "wall_s": wall, "cpu_s": cpu, "load1": os.getloadavg()[0], "threads": torch.get_num_threads()}
 
 
-def run_row(row: str, args) -> dict:
+def run_row(row: str, batch: int, args) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, __file__, "--row", row, "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+    cmd = [sys.executable, __file__, "--row", row, "--batch", str(batch), "--seq-len", str(args.seq_len),
            "--vocab", str(args.vocab)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -145,38 +147,71 @@ def run_row(row: str, args) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    ok = {r["row"]: r for r in results if "error" not in r}
-    ref, flat = ok.get("non-private"), ok.get("all")
+    ok = {(r["row"], r["batch"]): r for r in results if "error" not in r}
     lines = ["| style | B | T | peak RSS over baseline MiB | × non-private | × all | step wall s | CPU s "
              "| load avg (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['row']} | | | failed: {r['error']} | | | | | |")
             continue
+        ref, flat = ok.get(("non-private", r["batch"])), ok.get(("all", r["batch"]))  # at the same batch
         to_ref, to_flat = (f"{r['peak_mib'] / b['peak_mib']:.2f}" if b else "-" for b in (ref, flat))
         lines.append(f"| {r['row']} | {r['batch']} | {r['seq_len']} | {r['peak_mib']:.1f} | {to_ref} | "
                      f"{to_flat} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['load1']:.2f} |")
     return "\n".join(lines)
 
 
+def largest(results: list[dict], budget_gib: float) -> str:
+    """Per style, peak = a + b·B fitted by least squares over the measured batch sizes; the largest batch whose
+    resident set (baseline + peak) fits the budget is ⌊(budget − baseline − a) / b⌋."""
+    lines = [f"| style | T | measured B | MiB per sequence (b) | fixed MiB (a) | largest fit residual MiB | "
+             f"largest B in {budget_gib:g} GiB |", "|---|---|---|---|---|---|---|"]
+    rows = dict.fromkeys(r["row"] for r in results if "error" not in r)
+    for row in rows:
+        points = [r for r in results if r.get("row") == row and "error" not in r]
+        if len({r["batch"] for r in points}) < 2:
+            continue
+        bs = [float(r["batch"]) for r in points]
+        peaks = [r["peak_mib"] for r in points]
+        b_mean, p_mean = sum(bs) / len(bs), sum(peaks) / len(peaks)
+        slope = sum((b - b_mean) * (p - p_mean) for b, p in zip(bs, peaks)) / sum((b - b_mean) ** 2 for b in bs)
+        fixed = p_mean - slope * b_mean
+        residual = max(abs(p - fixed - slope * b) for b, p in zip(bs, peaks))
+        baseline = max(r["baseline_mib"] for r in points)
+        top = int((budget_gib * 1024 - baseline - fixed) // slope)
+        lines.append(f"| {row} | {points[0]['seq_len']} | {', '.join(str(int(b)) for b in bs)} | {slope:.1f} | "
+                     f"{fixed:.0f} | {residual:.0f} | {top} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), help="styles (and `opacus-ghost`)")
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, nargs="+", default=[8], help="batch sizes, each row at each")
+    parser.add_argument("--largest", type=float, metavar="GIB",
+                        help="with two or more batch sizes: the largest batch per style whose resident set fits "
+                             "GIB, from a linear fit of peak vs B")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--row", help=argparse.SUPPRESS)  # the child: measure one row, print one JSON line
     args = parser.parse_args()
     if args.row:
+        args.batch = args.batch[0]
         print(json.dumps(measure(args)))
         return
+    if args.largest and len(set(args.batch)) < 2:
+        parser.error("--largest needs two or more --batch sizes to fit")
     print(f"# gpt 12/768/12, vocab {args.vocab}, B {args.batch}, T {args.seq_len}; torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
     results = []
-    for row in args.rows:
-        results.append(run_row(row, args))
-        print(json.dumps(results[-1]), flush=True)
+    for batch in args.batch:
+        for row in args.rows:
+            results.append(run_row(row, batch, args))
+            print(json.dumps(results[-1]), flush=True)
     print(table(results))
+    if args.largest:
+        print()
+        print(largest(results, args.largest))
 
 
 if __name__ == "__main__":
