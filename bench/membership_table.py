@@ -3,7 +3,8 @@ configs/sweeps/membership-fashionmnist/): one row per run and attack — AUC wit
 and 1 % FPR, the ε lower bound beside 2ε — and the three checks docs/membership.md states, read off the numbers.
 
     for f in none dpsgd rs; do
-      dpeval sweep configs/sweeps/membership-fashionmnist/$f.yaml --results runs/mia-fm; done
+      dpeval sweep configs/sweeps/membership-fashionmnist/$f.yaml --results runs/mia-fm
+  done
     dpeval leaderboard --results runs/mia-fm --out docs/results/membership-fashionmnist.csv
     .venv/bin/python bench/membership_table.py docs/results/membership-fashionmnist.csv --doc docs/membership.md
 

@@ -3,7 +3,8 @@ setting — DP-SGD at σ × C (σ²C² labels the row), clipped SGD without nois
 Markdown table and a two-panel figure, with the paper's two claims read off the numbers.
 
     for f in dp dp-high-noise clip-only noise-only; do
-      dpeval sweep configs/sweeps/rs-tradeoff-fashionmnist/$f.yaml --results runs/rs-tradeoff; done
+      dpeval sweep configs/sweeps/rs-tradeoff-fashionmnist/$f.yaml --results runs/rs-tradeoff
+  done
     dpeval leaderboard --results runs/rs-tradeoff --out docs/results/rs-tradeoff-fashionmnist.csv
     .venv/bin/python bench/rs_tradeoff.py docs/results/rs-tradeoff-fashionmnist.csv \\
         --figure docs/results/rs-tradeoff-fashionmnist.svg --doc docs/sparsification.md
