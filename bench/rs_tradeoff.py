@@ -2,7 +2,7 @@
 setting — DP-SGD at σ × C (σ²C² labels the row), clipped SGD without noise, noisy SGD without clipping — as a
 Markdown table and a two-panel figure, with the paper's two claims read off the numbers.
 
-    for f in dp dp-high-noise clip-only noise-only; do
+    for f in dp dp-high-noise clip-only noise-only noise-only-paper-scale; do
       dpeval sweep configs/sweeps/rs-tradeoff-fashionmnist/$f.yaml --results runs/rs-tradeoff
   done
     dpeval leaderboard --results runs/rs-tradeoff --out docs/results/rs-tradeoff-fashionmnist.csv
