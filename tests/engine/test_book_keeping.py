@@ -347,7 +347,7 @@ def test_transformers_match_torch_func_with_clipping_active(name):
     names = [n for n, _ in model.named_parameters()]
     grads = PerSampleGradients(model)(x, y)
     trainable_layers(model)  # every layer is in the kernel table
-    for spec in ("all", "layer", "param"):
+    for spec in ("all", "layer", "param", "uniform:2", "boundary:1"):
         for fn in ("auto", "abadi"):
             clipping = GroupClipping.of(resolve_groups(spec, names), 0.05, fn)
             ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan())
