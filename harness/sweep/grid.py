@@ -188,5 +188,6 @@ def describe(spec: RunSpec, swept: list[str]) -> str:
 
     flat = settings_of(spec)
     names = {"privacy.target_epsilon": "epsilon"}
-    return " ".join(f"{names.get(key, key.split('.')[-1])}={flat[key]}" for key in swept
-                    if key in ("defense", "dataset", "model", "attacks", "seed") or applies(flat, key))
+    parts = [f"{names.get(key, key.split('.')[-1])}={flat[key]}" for key in swept
+             if key in ("defense", "dataset", "model", "attacks", "seed") or applies(flat, key)]
+    return " ".join(dict.fromkeys(parts))  # a shared attack setting is stored once per attack: say it once

@@ -243,6 +243,16 @@ def test_status_lines_name_only_the_settings_that_apply_to_a_point():
                      "defense=gep epsilon=3.0 optimizer=adam"}
 
 
+def test_a_setting_shared_by_two_attacks_is_named_once():
+    from harness.config import build_spec
+    from harness.sweep.grid import describe, swept_fields
+
+    specs = [build_spec({"defense": "rs", "attacks": ["ig", "rgap"], "attack": {"mask_aware": aware}})
+             for aware in (True, False)]
+    swept = swept_fields(specs)
+    assert {describe(s, swept) for s in specs} == {"mask_aware=True", "mask_aware=False"}
+
+
 def test_dry_run_applies_the_checks_of_run_in_one_line(tmp_path):
     """A grid every point of which `run` would refuse (too few shadow models for the victim game) is refused
     by --dry-run before listing anything, in one line naming the point, and writes nothing."""
