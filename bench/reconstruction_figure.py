@@ -13,7 +13,8 @@ A run is placed by the release it describes: `defense: none` is the non-private 
 run by its noise std, rate and `attack.mask_aware`. Per setting the table gives the mean MSE over the
 targets ± its standard error, the mean PSNR and how many targets beat their best data-free guess.
 The claim read off the numbers: for each attacker and noise, the mean MSE rises with r (every step up,
-and r = 0.9 above r = 0 by more than both standard errors).
+and r = 0.9 above r = 0 by more than both standard errors); not measurable where at r = 0 fewer than half
+of the targets beat their best data-free guess (the attack has nothing left to lose).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def setting(row: dict[str, str]) -> Setting:
 
 
 def summarise(path: Path) -> dict[Setting, dict[float, dict[str, float]]]:
-    """setting → rate → mean MSE, its SEM, mean PSNR, share of targets above their best guess, n."""
+    """setting → rate → mean MSE, its SEM, mean PSNR, share of targets above their best guess, the best
+    guesses' mean MSE, n."""
     groups: dict[Setting, dict[float, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
     with path.open() as f:
         for row in csv.DictReader(f):
@@ -92,6 +94,7 @@ def summarise(path: Path) -> dict[Setting, dict[float, dict[str, float]]]:
                 "sem": statistics.stdev(mse) / math.sqrt(len(mse)) if len(mse) > 1 else math.nan,
                 "psnr": statistics.fmean(float(r["psnr"]) for r in rows),
                 "beats_guess": sum(float(r["psnr"]) > float(r["best_guess_psnr"]) for r in rows) / len(rows),
+                "guess_mse": statistics.fmean(10 ** (-float(r["best_guess_psnr"]) / 10) for r in rows),
                 "n": len(rows),
             }
     return out
@@ -127,6 +130,9 @@ def claims(data: dict[Setting, dict[float, dict[str, float]]]) -> str:
         rates = sorted(by_rate)
         first, last = by_rate[rates[0]], by_rate[rates[-1]]
         verdict = "reproduced" if monotone and clear else ("rises, not every step" if clear else "not reproduced")
+        if first["beats_guess"] < 0.5:  # no reconstruction to lose: a rise among failures says nothing
+            verdict = (f"not measurable: at r = {rates[0]:g} only {first['beats_guess']:.0%} of the targets beat their "
+                       "best data-free guess")
         lines.append(f"- {attack}, noise std {std:g}, {attacker}: MSE {first['mse']:.4f} at r = {rates[0]:g} → "
                      f"{last['mse']:.4f} at r = {rates[-1]:g}; every step up: {'yes' if monotone else 'no'} — "
                      f"{verdict}.")
@@ -146,6 +152,8 @@ def figure(data: dict[Setting, dict[float, dict[str, float]]], out: Path, attack
         if label == NON_PRIVATE:
             s = next(iter(by_rate.values()))
             ax.axhline(s["mse"], color="red", linestyle="--", label=f"non-private ({s['mse']:.4f})")
+            ax.axhline(s["guess_mse"], color="grey", linestyle="-.",
+                       label=f"best data-free guess ({s['guess_mse']:.3f})")
             continue
         rates = sorted(by_rate)
         ax.errorbar(rates, [by_rate[r]["mse"] for r in rates], yerr=[by_rate[r]["sem"] for r in rates],

@@ -36,14 +36,14 @@ def test_collect_writes_one_row_per_target_with_the_release_it_attacked(tmp_path
     assert all(0 < float(r["mse"]) < 1 and r["model"] == "cnn3" for r in rows)
 
 
-def write(path: Path, mse_by_rate: dict[float, list[float]]) -> Path:
+def write(path: Path, mse_by_rate: dict[float, list[float]], psnr: float = 20.0) -> Path:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=reconstruction_figure.FIELDS)
         w.writeheader()
         for rate, values in mse_by_rate.items():
             for t, mse in enumerate(values):
                 w.writerow({"run_id": f"r{rate}", "attack": "ig", "defense": "rs", "noise_std": 0.001, "rate": rate,
-                            "mask_aware": True, "model": "cnn6", "target": t, "mse": mse, "psnr": 20.0, "ssim": 0.5,
+                            "mask_aware": True, "model": "cnn6", "target": t, "mse": mse, "psnr": psnr, "ssim": 0.5,
                             "best_guess_psnr": 10.0})
     return path
 
@@ -60,3 +60,10 @@ def test_the_claim_reads_the_numbers_both_ways(tmp_path):
     noisy = reconstruction_figure.summarise(write(tmp_path / "b.csv", {0.0: [0.01, 0.09], 0.5: [0.03, 0.04],
                                                                        0.9: [0.02, 0.12]}))
     assert "every step up: no — not reproduced." in reconstruction_figure.claims(noisy)
+
+
+def test_a_trend_among_failed_reconstructions_is_not_read_as_the_claim(tmp_path):
+    failing = reconstruction_figure.summarise(write(tmp_path / "c.csv", {0.0: [0.30, 0.32], 0.9: [0.40, 0.42]},
+                                                    psnr=5.0))
+    assert "not measurable: at r = 0 only 0% of the targets beat their best data-free guess" in \
+        reconstruction_figure.claims(failing)
