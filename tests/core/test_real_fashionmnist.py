@@ -53,3 +53,24 @@ def test_real_fashionmnist_trains_a_step_with_no_data_flags(tmp_path) -> None:
     metrics = json.loads(result.stdout)
     assert metrics["dataset"] == "fashionmnist" and metrics["privacy.steps"] == 2
     assert metrics["utility.test_accuracy"] > 0.1  # one epoch of DP training on real images beats chance
+
+
+def test_real_fashionmnist_victim_game_resolves_tpr_at_a_tenth_of_a_percent(tmp_path) -> None:
+    """The membership game on real data: with 1,000 private examples the test split supplies as many
+    non-members, so the population is twice the pool (every example IN for half the shadows) and TPR at
+    0.1 % FPR rests on a real false positive instead of being unresolvable (digits: 359 non-members)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    result = CliRunner().invoke(main, ["run", "--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense",
+                                       "none", "--attack", "lira", "--epochs", "1", "--set", "data.max_train=1000",
+                                       "--set", "attack.shadows=4", "--results", str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout)
+    assert m["leakage.lira.n_members"] == 1000 and m["leakage.lira.n_nonmembers"] == 1000
+    assert m["leakage.lira.game_in_fraction"] == 0.5
+    assert m["leakage.lira.tpr_at_0.1pct_fpr"] is not None and "leakage.lira.tpr_at_0.1pct_fpr_note" not in m
+    assert 0.0 <= m["leakage.lira.tpr_at_0.1pct_fpr"] <= m["leakage.lira.tpr_at_1pct_fpr"] <= 1.0
