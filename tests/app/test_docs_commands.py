@@ -36,7 +36,9 @@ def shell_lines(doc: Path) -> list[str]:
 
 
 def commands(doc: Path) -> list[str]:
-    """The runnable lines: not synopses, no downloads, and nothing reading a folder only those would fill."""
+    """The runnable lines: not synopses, no downloads, and nothing reading a folder only those would fill —
+    nor a folder of its own that only a sweep fills (a sweep runs as ``--dry-run`` here, which writes
+    nothing)."""
     kept, unfilled = [], set()
     for line in shell_lines(doc):
         folder = re.search(r"--results\s+(\S+)", line)
@@ -44,6 +46,8 @@ def commands(doc: Path) -> list[str]:
             unfilled |= {folder.group(1)} if folder else set()
         elif not (folder and folder.group(1) in unfilled):
             kept.append(line)
+            if line.startswith("dpeval sweep ") and folder and folder.group(1) != "dpeval-results":
+                unfilled.add(folder.group(1))
     return kept
 
 
