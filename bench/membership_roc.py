@@ -89,7 +89,7 @@ def read(path: Path) -> dict[tuple[str, ...], tuple[list[float], list[float]]]:
 
 def _eps_label(defense: str, epsilon: str) -> str:
     eps = float(epsilon)
-    return "no defense" if not math.isfinite(eps) else f"{defense}, ε = {eps:g}"
+    return "no defense" if not math.isfinite(eps) else f"{defense}, ε = {eps:.2g}"
 
 
 def figure(path: Path, out: Path) -> None:
