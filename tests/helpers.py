@@ -1,9 +1,19 @@
 """Helpers shared by several test files."""
 
+import pytest
 import torch
 
 from defenses.base import Defense
 from harness.config import RunSpec, build_spec, set_dotted
+from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
+
+# The real Fashion-MNIST files where Debian's package dataset-fashion-mnist installs them (`make test` installs
+# it where apt allows); the real-data tests are skipped, with this reason, without them.
+FASHIONMNIST_FOLDER = SYSTEM_FOLDERS["FashionMNIST"][0]
+FASHIONMNIST_INSTALLED = (FASHIONMNIST_FOLDER / "train-images-idx3-ubyte.gz").is_file()
+needs_fashionmnist = pytest.mark.skipif(
+    not FASHIONMNIST_INSTALLED,
+    reason=f"Fashion-MNIST not in {FASHIONMNIST_FOLDER} (apt-get install dataset-fashion-mnist)")
 
 
 def spec_for(defense: str, **sets) -> RunSpec:

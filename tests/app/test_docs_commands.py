@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.store import ResultStore
+from tests.helpers import FASHIONMNIST_INSTALLED
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_RUN = ["--set", "data.max_train=256", "--quiet"]  # and the fewest epochs the command's states allow
@@ -65,10 +66,7 @@ def small(args: list[str]) -> list[str]:
 
 def real_data_missing(line: str) -> bool:
     """A Fashion-MNIST command on a machine without Debian's files (as the real-data tests, it then waits)."""
-    from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
-
-    system = SYSTEM_FOLDERS["FashionMNIST"][0] / "train-images-idx3-ubyte.gz"
-    return "fashionmnist" in line and not system.is_file()
+    return "fashionmnist" in line and not FASHIONMNIST_INSTALLED
 
 
 def run_all(lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

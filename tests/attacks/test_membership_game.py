@@ -19,7 +19,6 @@ from defenses import DEFENSES
 from defenses.dpsgd import DPSGD
 from harness.cli import main
 from harness.config import build_spec
-from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 from harness.core.errors import ConfigError
 from harness.core.params import from_dict
 from harness.core.verdicts import Verdict
@@ -27,7 +26,7 @@ from harness.engine.shadow_training import fresh_models
 from harness.engine.training import BatchSampler
 from harness.runner import execute, prepare
 from harness.store import ResultStore
-from tests.helpers import noiseless
+from tests.helpers import needs_fashionmnist, noiseless
 
 OVERFIT = "configs/digits-mia-overfit.yaml"
 
@@ -276,8 +275,7 @@ FASHION = ("--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense", "
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SYSTEM_FOLDERS["FashionMNIST"][0] / "train-images-idx3-ubyte.gz").is_file(),
-                    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+@needs_fashionmnist
 def test_online_lira_beats_offline_on_an_overfit_fashionmnist_victim(tmp_path):
     """Where the LiRA paper measures its online advantage — a victim far from generalising (DP-CNN/S on 500
     Fashion-MNIST images, 40 epochs: train ≈ 0.99, test ≈ 0.77), every example IN for half of 8 shadows —

@@ -10,12 +10,10 @@ import pytest
 import torch
 
 from harness.core.datasets import load_task
-from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 from harness.core.settings import DataConfig
+from tests.helpers import needs_fashionmnist
 
-SYSTEM = SYSTEM_FOLDERS["FashionMNIST"][0]
-pytestmark = pytest.mark.skipif(not (SYSTEM / "train-images-idx3-ubyte.gz").is_file(),
-                                reason=f"Fashion-MNIST not in {SYSTEM} (apt-get install dataset-fashion-mnist)")
+pytestmark = needs_fashionmnist
 
 
 @pytest.fixture(scope="module")
