@@ -27,6 +27,7 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,13 +76,25 @@ def collect(results: list[Path], out: Path) -> int:
     return curves
 
 
-def read(path: Path) -> dict[tuple[str, ...], tuple[list[float], list[float]]]:
-    """(run_id, attack, defense, ε, members, shadows, online, variance) → (fpr, tpr)."""
-    curves: dict[tuple[str, ...], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+class Curve(NamedTuple):
+    """What a curve of the CSV is of (CSV strings, as written)."""
+
+    run_id: str
+    attack: str
+    defense: str
+    epsilon: str
+    members: str
+    shadows: str
+    online: str
+    variance: str
+
+
+def read(path: Path) -> dict[Curve, tuple[list[float], list[float]]]:
+    """Each curve of the CSV → (fpr, tpr)."""
+    curves: dict[Curve, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     with path.open() as f:
         for r in csv.DictReader(f):
-            key = (r["run_id"], r["attack"], r["defense"], r["epsilon"], r["members"], r["shadows"], r["online"],
-                   r["variance"])
+            key = Curve(*(r[field] for field in Curve._fields))
             curves[key][0].append(float(r["fpr"]))
             curves[key][1].append(float(r["tpr"]))
     return dict(curves)
@@ -101,22 +114,22 @@ def figure(path: Path, out: Path) -> None:
     curves = read(path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     order = {"none": 0, "dpsgd": 1, "rs": 2}
-    by_defense = sorted(((k, v) for k, v in curves.items() if k[1] == "lira" and k[4] == "5000" and k[5] == "16"
-                         and k[6] == "True"), key=lambda kv: (order.get(kv[0][2], 9), float(kv[0][3])))
-    for (_, _, defense, eps, *_), (fpr, tpr) in by_defense:
-        left.plot(fpr, tpr, label=_eps_label(defense, eps), linestyle="-" if defense != "rs" else "--")
+    by_defense = sorted((c for c in curves if c.attack == "lira" and c.members == "5000" and c.shadows == "16"
+                         and c.online == "True"), key=lambda c: (order.get(c.defense, 9), float(c.epsilon)))
+    for c in by_defense:
+        left.plot(*curves[c], label=_eps_label(c.defense, c.epsilon), linestyle="-" if c.defense != "rs" else "--")
     left.set_title("LiRA online by defense (5,000 members, 16 shadows)", fontsize=9)
-    victims = sorted(((k, v) for k, v in curves.items() if k[1] == "lira" and k[2] == "none" and k[5] == "64"
-                      and k[7] in ("global", "")), key=lambda kv: (kv[0][4], kv[0][6] != "True"))
+    victims = sorted((c for c in curves if c.attack == "lira" and c.defense == "none" and c.shadows == "64"
+                      and c.variance in ("global", "")), key=lambda c: (c.members, c.online != "True"))
     colours: dict[str, str] = {}
-    for (_, _, _, _, members, _, online, _), (fpr, tpr) in victims:
-        name = "overfit victim, 1,000 members" if members == "1000" else "victim of the table, 5,000 members"
-        colour = colours.setdefault(members, f"C{len(colours)}")
-        right.plot(fpr, tpr, color=colour, linestyle="-" if online == "True" else "--",
-                   label=f"{name}, {'online' if online == 'True' else 'offline'}")
+    for c in victims:
+        name = "overfit victim, 1,000 members" if c.members == "1000" else "victim of the table, 5,000 members"
+        online = c.online == "True"
+        right.plot(*curves[c], color=colours.setdefault(c.members, f"C{len(colours)}"),
+                   linestyle="-" if online else "--", label=f"{name}, {'online' if online else 'offline'}")
     right.set_title("LiRA online vs offline, non-private, 64 shadows", fontsize=9)
+    lo = min((min(fpr) for fpr, _ in curves.values()), default=1e-4)  # the finest FPR any game resolves
     for ax in (left, right):
-        lo = min((min(f) for (f, _) in curves.values()), default=1e-4)
         ax.plot([lo, 1], [lo, 1], color="grey", linewidth=0.8, linestyle=":", label="chance")
         ax.set_xscale("log")
         ax.set_yscale("log")
