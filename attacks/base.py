@@ -11,20 +11,20 @@ task (``tests/test_layers.py``). Metrics are reported under ``leakage.<attack>.<
 
 Each attack class declares:
 
-- ``Params``: its parameter dataclass (fields made with ``harness.core.params.param``);
+- ``Params``: its parameter dataclass (fields made with ``dpeval.core.params.param``);
 - ``headline`` and ``higher_leaks``: the metric that ranks configurations (leaderboard Pareto marks, the
   report's axes) and whether a higher value means more leakage; ``headline_label`` names it for humans;
 - ``baseline`` / ``chance``: what the headline is compared with when nothing leaks: the name of a metric
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
 
-Every attack should report a verdict, ``AttackResult.verdict`` (``harness.core.verdicts.Verdict``: ``leaks``
+Every attack should report a verdict, ``AttackResult.verdict`` (``dpeval.core.verdicts.Verdict``: ``leaks``
 or ``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level
 (docs/results.md); the runner stores it as ``leakage.<attack>.verdict``.
 
 Model states are named ``init`` (before training), ``epoch:N`` (at the start of epoch N), ``final`` (after
 training) and ``trajectory:k`` (k states evenly spaced over training, ending at ``final``), which
-``harness.core.states.resolve`` turns into the others once the number of epochs is known.
+``dpeval.core.states.resolve`` turns into the others once the number of epochs is known.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from attacks.view import AttackerView
-from harness.core.params import Params
-from harness.core.result_keys import VERDICT
-from harness.core.splits import Task
-from harness.core.verdicts import Verdict
+from dpeval.attacks.view import AttackerView
+from dpeval.core.params import Params
+from dpeval.core.result_keys import VERDICT
+from dpeval.core.splits import Task
+from dpeval.core.verdicts import Verdict
 
 
 class AttackParams(Params):
@@ -86,7 +86,7 @@ class Attack(ABC):
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
         """Model states to snapshot during training besides ``init`` and ``final``: ``epoch:N`` or
-        ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``harness.core.states.resolve``)."""
+        ``trajectory[:k]`` (the runner resolves it against the run's epochs, ``dpeval.core.states.resolve``)."""
         return set()
 
     @classmethod

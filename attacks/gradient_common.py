@@ -21,7 +21,7 @@ Choices where the papers are silent (also in docs/gradient-inversion.md):
   weights at the start of epoch N with the defense as then; ``final`` = weights after training with the
   defense as in the last epoch (``begin_epoch(epochs - 1)``) and its final public state;
   ``trajectory[:k]`` (reconstruction attacks; the default) = k states evenly spaced over training and
-  ending at ``final`` (``harness.core.states.resolve``), the stretch where schedules such as RS's
+  ending at ``final`` (``dpeval.core.states.resolve``), the stretch where schedules such as RS's
   gradual cooling are active. ``begin_epoch`` runs first, then the snapshot of the defense's public
   state from training (if the defense has ``load_state_dict``) overrides whatever the schedule re-drew.
 * The release is ``release(attack.batch_size)``: the attacker observes one logical step whose batch is
@@ -59,18 +59,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks import image_metrics, verdict
-from attacks.base import Attack, AttackParams, AttackResult
-from attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
-from attacks.view import AttackerView
-from defenses.base import SharedGradient
-from harness.core.errors import ConfigError
-from harness.core.params import param
-from harness.core.runtime import single_cpu_thread
-from harness.core.splits import Task
-from harness.core.states import AttackState, resolve
-from harness.core.streams import Streams
-from harness.core.verdicts import Verdict
+from dpeval.attacks import image_metrics, verdict
+from dpeval.attacks.base import Attack, AttackParams, AttackResult
+from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.view import AttackerView
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import param
+from dpeval.core.runtime import single_cpu_thread
+from dpeval.core.splits import Task
+from dpeval.core.states import AttackState, resolve
+from dpeval.core.streams import Streams
+from dpeval.core.verdicts import Verdict
+from dpeval.defenses.base import SharedGradient
 
 log = logging.getLogger("dpeval")
 LABEL_MODES = ("known", "recovered")

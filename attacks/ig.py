@@ -33,12 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from attacks import gradient_common as gc
-from attacks.registry import ATTACKS
-from attacks.view import AttackerView
-from harness.core.params import param
-from harness.core.runtime import single_cpu_thread
-from harness.core.streams import Streams
+from dpeval.attacks import gradient_common as gc
+from dpeval.attacks.registry import ATTACKS
+from dpeval.attacks.view import AttackerView
+from dpeval.core.params import param
+from dpeval.core.runtime import single_cpu_thread
+from dpeval.core.streams import Streams
 
 OBJECTIVES = ("cosine", "l2")
 OPTIMIZERS = ("auto", "adam", "lbfgs")

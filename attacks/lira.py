@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from attacks.membership_common import ShadowAttack, ShadowParams, View
-from attacks.registry import ATTACKS
-from harness.core.params import param
+from dpeval.attacks.membership_common import ShadowAttack, ShadowParams, View
+from dpeval.attacks.registry import ATTACKS
+from dpeval.core.params import param
 
 VARIANCES = ("global", "per-example")
 OFFLINE_TESTS = ("one-sided", "two-sided")

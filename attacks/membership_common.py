@@ -40,17 +40,17 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from attacks import shadow_signals as sig
-from attacks.base import Attack, AttackParams, AttackResult
-from attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
-from attacks.view import AttackerView
-from harness.core.errors import ConfigError
-from harness.core.ledger import PrivacyLedger
-from harness.core.params import param
-from harness.core.per_sample import fixed_front, front_features
-from harness.core.settings import TrainConfig
-from harness.core.splits import Task
-from harness.engine.shadow_training import train_shadows
+from dpeval.attacks import shadow_signals as sig
+from dpeval.attacks.base import Attack, AttackParams, AttackResult
+from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.view import AttackerView
+from dpeval.core.errors import ConfigError
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.params import param
+from dpeval.core.per_sample import fixed_front, front_features
+from dpeval.core.settings import TrainConfig
+from dpeval.core.splits import Task
+from dpeval.engine.shadow_training import train_shadows
 
 TARGETS = ("victim", "shadows")
 log = logging.getLogger("dpeval")

@@ -2,11 +2,11 @@
 balanced accuracy, TPR at fixed FPR, an empirical ε lower bound; and the verdict on them.
 
 - **AUC interval** (``auc_ci_low``, ``auc_ci_high``): DeLong's 95% interval
-  (``harness.core.statistics.auc_delong``), which treats the scored examples as independent.
+  (``dpeval.core.statistics.auc_delong``), which treats the scored examples as independent.
 - **TPR at a fixed FPR** X is reported only when there are at least ⌈1/X⌉ non-members: with fewer, the
   smallest non-zero FPR the data can show is above X, and "TPR at X" would be TPR at zero false positives.
   Otherwise the value is null and ``<key>_note`` says why.
-- **ε lower bound**: ``harness.core.statistics.epsilon_lower_bound`` (95% confidence, threshold chosen on
+- **ε lower bound**: ``dpeval.core.statistics.epsilon_lower_bound`` (95% confidence, threshold chosen on
   one random half of the scored examples, judged on the other) at the run's δ. What it bounds depends on
   the game the scores come from (docs/membership.md).
 - **Verdict**: ``leaks`` when the ε lower bound is > 0 or the AUC interval lies entirely above 0.5 (both
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_curve
 
-from harness.core.statistics import auc_delong, epsilon_lower_bound
-from harness.core.verdicts import Verdict
+from dpeval.core.statistics import auc_delong, epsilon_lower_bound
+from dpeval.core.verdicts import Verdict
 
 FPR_POINTS = {"tpr_at_0.1pct_fpr": 0.001, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1}
 

@@ -1,6 +1,6 @@
 """The attack registry (a module of its own, free of torch, so configurations are checked without importing
-any attack; ``harness.core.registry`` explains the discovery)."""
+any attack; ``dpeval.core.registry`` explains the discovery)."""
 
-from harness.core.registry import Registry
+from dpeval.core.registry import Registry
 
-ATTACKS: Registry = Registry("attack", scan="attacks", var="ATTACKS")
+ATTACKS: Registry = Registry("attack", scan="dpeval.attacks", var="ATTACKS")

@@ -49,14 +49,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attacks import gradient_common as gc
-from attacks.registry import ATTACKS
-from attacks.view import AttackerView
-from harness.core.errors import ConfigError
-from harness.core.models import Normalize
-from harness.core.params import param
-from harness.core.runtime import single_cpu_thread
-from harness.core.scatternet import FixedFeatures
+from dpeval.attacks import gradient_common as gc
+from dpeval.attacks.registry import ATTACKS
+from dpeval.attacks.view import AttackerView
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import Normalize
+from dpeval.core.params import param
+from dpeval.core.runtime import single_cpu_thread
+from dpeval.core.scatternet import FixedFeatures
 
 WORKING_MODELS = "cnn3 (the digits default), cnn6, fcn3 and mlp"
 RANK_TOL = 1e-7

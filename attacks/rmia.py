@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from attacks.membership_common import ShadowAttack, ShadowParams, View
-from attacks.registry import ATTACKS
-from harness.core.params import param
+from dpeval.attacks.membership_common import ShadowAttack, ShadowParams, View
+from dpeval.attacks.registry import ATTACKS
+from dpeval.core.params import param
 
 EPS = 1e-30
 A_GRID = np.round(np.linspace(0, 1, 11), 10)

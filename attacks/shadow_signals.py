@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.core.per_sample import fixed_front
+from dpeval.core.per_sample import fixed_front
 
 
 @dataclass
@@ -102,7 +102,7 @@ def cache_key(state: dict[str, torch.Tensor], indices: torch.Tensor, kind: str) 
 def model_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: torch.Tensor, y: torch.Tensor,
                   device: torch.device, batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of one set of weights on the examples whose fixed-front features
-    (``harness.core.per_sample.front_features``, computed once for all models of a game) are ``features``."""
+    (``dpeval.core.per_sample.front_features``, computed once for all models of a game) are ``features``."""
     model.load_state_dict(state)
     model.to(device).eval()
     head = fixed_front(model).head

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.verdicts import Verdict
+from dpeval.core.verdicts import Verdict
 
 MARGIN_DB = 1.0  # a target counts as leaking only if it beats the best data-free guess by more than this
 ALPHA = 0.05     # family-wise level over the attacked states

@@ -1,8 +1,8 @@
 """The attacker's view of a run: everything an attack may see, and nothing that reaches the private pool.
 
 An ``AttackerView`` holds the victim's architecture and recorded model states (``init``, ``epoch:N``,
-``final``; ``harness.core.states.AttackState`` names them), the defense's public state at the same moments,
-the release oracle (``harness.engine.release.ReleaseOracle``: the defense's own stages applied to a batch),
+``final``; ``dpeval.core.states.AttackState`` names them), the defense's public state at the same moments,
+the release oracle (``dpeval.engine.release.ReleaseOracle``: the defense's own stages applied to a batch),
 the public split, the data's public facts (shape, classes, normalisation), the run's privacy ledger, the
 public hyperparameters, factories for fresh models and defenses (shadow models), random streams, an output
 folder and the device.
@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from defenses.base import Defense
-from harness.core.errors import ConfigError
-from harness.core.ledger import PrivacyLedger
-from harness.core.splits import Split
-from harness.core.streams import Streams
-from harness.engine.release import ReleaseOracle
-from harness.engine.shadow_training import ShadowProgress
+from dpeval.core.errors import ConfigError
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.splits import Split
+from dpeval.core.streams import Streams
+from dpeval.defenses.base import Defense
+from dpeval.engine.release import ReleaseOracle
+from dpeval.engine.shadow_training import ShadowProgress
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class AttackerView:
     mean: tuple[float, ...]                            # the normalisation (from the public split)
     std: tuple[float, ...]
     privacy: PrivacyLedger                             # what training released: σ, q, steps, ε, δ
-    spec: Any                                          # harness.config.RunSpec: the public hyperparameters
+    spec: Any                                          # dpeval.config.RunSpec: the public hyperparameters
     build_model: Callable[[], nn.Module]               # a fresh model of the victim's architecture
     make_defense: Callable[..., Defense]               # make_defense(streams, bound_to, steps_per_epoch): fresh
     streams: Streams                                   # the run's streams (attacks draw from attack/…, shadow…)

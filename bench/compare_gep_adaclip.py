@@ -22,19 +22,15 @@ import argparse
 import copy
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from harness.config import build_spec, parse_set, set_dotted  # noqa: E402
-from harness.core.streams import seed_globals  # noqa: E402
-from harness.engine.training import train  # noqa: E402
-from harness.runner import prepare  # noqa: E402
+from dpeval.config import build_spec, parse_set, set_dotted
+from dpeval.core.streams import seed_globals
+from dpeval.engine.training import train
+from dpeval.runner import prepare
 
 
 def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -54,11 +54,11 @@ PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example t
 
 # -- one measurement (runs in a child process) ---------------------------------------------------------
 def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
-    from defenses.dpsgd import DPSGD, ClipParams
-    from defenses.groupwise import Groupwise, GroupwiseParams
-    from harness.core.per_sample import micro_batches
-    from harness.core.streams import Streams
-    from harness.engine.training import clipped_sum_feeder
+    from dpeval.core.per_sample import micro_batches
+    from dpeval.core.streams import Streams
+    from dpeval.defenses.dpsgd import DPSGD, ClipParams
+    from dpeval.defenses.groupwise import Groupwise, GroupwiseParams
+    from dpeval.engine.training import clipped_sum_feeder
 
     batch = x.shape[0]
     params = dict(model.named_parameters())
@@ -118,8 +118,8 @@ def defense_for(name: str, params: dict, model: torch.nn.Module, shapes: dict, s
     bound to the model and a public split of random images."""
     from types import SimpleNamespace
 
-    from defenses import DEFENSES
-    from harness.core.splits import Split
+    from dpeval.core.splits import Split
+    from dpeval.defenses import DEFENSES
 
     cls = DEFENSES.get(name)
     defense = cls(cls.Params(**params), shapes, 1.0, streams, device)
@@ -140,7 +140,7 @@ def _status_kb(field: str) -> int:
 
 
 def measure(cfg: dict) -> dict:
-    from harness.core.models import build_model
+    from dpeval.core.models import build_model
 
     torch.manual_seed(0)
     device = torch.device(cfg["device"])

@@ -14,18 +14,14 @@ Table-2 run: (front + 40 × epoch) / 40. CPU time is what an idle core would tak
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from harness.config import build_spec  # noqa: E402
-from harness.core.streams import seed_globals  # noqa: E402
-from harness.engine.training import train  # noqa: E402
-from harness.runner import prepare  # noqa: E402
+from dpeval.config import build_spec
+from dpeval.core.streams import seed_globals
+from dpeval.engine.training import train
+from dpeval.runner import prepare
 
 RECIPE = {"train": {"batch_size": 2048, "physical_batch_size": 512, "optimizer": "sgd", "lr": 4.0, "momentum": 0.9,
                     "sampling": "shuffle"}, "data": {"name": "fashionmnist", "public_fraction": 0.0},

@@ -58,8 +58,8 @@ CLASSES = 4
 
 
 def build(args) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    from harness.core.models import build_model
-    from harness.core.settings import ModelConfig
+    from dpeval.core.models import build_model
+    from dpeval.core.settings import ModelConfig
 
     torch.manual_seed(0)
     settings = ModelConfig(depth=12, width=768, heads=12, seq_len=args.seq_len, vocab=args.vocab)
@@ -82,7 +82,7 @@ def step_function(row: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
     if row == "opacus-ghost":
         from opacus import PrivacyEngine
 
-        import harness.core.models.transformers as transformers
+        import dpeval.core.models.transformers as transformers
         positions = transformers._positions  # expanded (non-contiguous) ids: Opacus' embedding norm `view`s them
         transformers._positions = lambda h: positions(h).contiguous()  # same values
         model.train()  # Opacus captures activations in training mode (the model has no dropout / batch norm)
@@ -97,10 +97,10 @@ def step_function(row: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
-    from defenses.groupwise import Groupwise, GroupwiseParams
-    from harness.core.per_sample import fixed_front, front_features
-    from harness.core.streams import Streams
-    from harness.engine.training import clipped_sum_feeder
+    from dpeval.core.per_sample import fixed_front, front_features
+    from dpeval.core.streams import Streams
+    from dpeval.defenses.groupwise import Groupwise, GroupwiseParams
+    from dpeval.engine.training import clipped_sum_feeder
 
     params = dict(model.named_parameters())
     defense = Groupwise(GroupwiseParams(clip=1.0, groups=row, clip_fn="abadi"),

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from harness.config import build_spec
-from harness.runner import execute
-from harness.store import ResultStore
+from dpeval.config import build_spec
+from dpeval.runner import execute
+from dpeval.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"default": {"data": {"name": "digits"}},

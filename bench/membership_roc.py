@@ -24,7 +24,6 @@ import argparse
 import csv
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
@@ -48,8 +47,7 @@ def curve_on_grid(fpr: list[float], tpr: list[float], floor: float) -> tuple[np.
 
 def collect(results: list[Path], out: Path) -> int:
     """Write the gridded ROC of every done run and membership attack in ``results``; the number of curves."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from harness.store import ResultStore
+    from dpeval.store import ResultStore
 
     rows, curves = [], 0
     for folder in results:

@@ -22,10 +22,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/doc_markers.py
+from scipy import stats
 
-from doc_markers import write_into  # noqa: E402
-from scipy import stats  # noqa: E402
+from dpeval.doc_markers import write_into
 
 ATTACKS = ("lira", "rmia", "loss")
 

@@ -18,19 +18,16 @@ wall time means anything. Printed as a Markdown row.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from harness.core.datasets import load_task  # noqa: E402
-from harness.core.streams import seed_globals  # noqa: E402
-from harness.engine.training import train  # noqa: E402
-from harness.runner import prepare  # noqa: E402
-from harness.sweep.grid import load_sweep  # noqa: E402
+from dpeval.core.datasets import load_task
+from dpeval.core.streams import seed_globals
+from dpeval.engine.training import train
+from dpeval.runner import prepare
+from dpeval.sweep.grid import load_sweep
 
 # Image shape and (train + test) examples of the real data sets the recipes name.
 REAL = {"cifar10": ([3, 32, 32], 60_000), "svhn": ([3, 32, 32], 99_289), "mnist": ([1, 28, 28], 70_000),

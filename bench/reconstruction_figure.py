@@ -24,13 +24,10 @@ import csv
 import json
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/doc_markers.py
-
-from doc_markers import write_into  # noqa: E402
+from dpeval.doc_markers import write_into
 
 FIELDS = ["run_id", "attack", "defense", "noise_std", "rate", "mask_aware", "model", "target", "mse", "psnr",
           "ssim", "best_guess_psnr"]
@@ -40,9 +37,8 @@ Setting = tuple[str, str, float, str]  # (attack, release label, noise std, atta
 
 def collect(results: list[Path], out: Path) -> int:
     """Write one CSV row per attacked target of every done run in ``results``; the number of rows."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from harness.core.registry import default_model
-    from harness.store import ResultStore
+    from dpeval.core.registry import default_model
+    from dpeval.store import ResultStore
 
     rows = []
     for folder in results:

@@ -29,17 +29,13 @@ pixels may fall below it.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from attacks.rgap import reconstruct_one  # noqa: E402
+from dpeval.attacks.rgap import reconstruct_one
 
 ATTACKERS = ("theorem", "release")  # and "naive"
 
@@ -123,7 +119,7 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS, read_idx
+    from dpeval.core.datasets.torchvision_sets import SYSTEM_FOLDERS, read_idx
     folder = SYSTEM_FOLDERS["FashionMNIST"][0]
     images = read_idx(folder / "train-images-idx3-ubyte.gz")[: args.images].unsqueeze(1).double() / 255
     labels = read_idx(folder / "train-labels-idx1-ubyte.gz")[: args.images].long()

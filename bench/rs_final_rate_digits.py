@@ -14,10 +14,10 @@ import math
 import statistics
 import time
 
-from harness.config import build_spec, set_dotted
-from harness.core.streams import seed_globals
-from harness.engine.training import accuracy, train
-from harness.runner import prepare
+from dpeval.config import build_spec, set_dotted
+from dpeval.core.streams import seed_globals
+from dpeval.engine.training import accuracy, train
+from dpeval.runner import prepare
 
 
 def run_once(sigma: float, clip: float, rate: float, seed: int, args: argparse.Namespace) -> tuple[float, float]:

@@ -26,9 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/doc_markers.py
-
-from doc_markers import write_into  # noqa: E402
+from dpeval.doc_markers import write_into
 
 Key = tuple[str, float | None]  # (setting label, σ²C²)
 Data = dict[Key, dict[float, tuple[float, float, int]]]  # setting → r* → (train, test, n)

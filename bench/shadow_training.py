@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from attacks import shadow_signals as sig
-from harness.config import build_spec
-from harness.engine.shadow_training import train_shadows, train_shadows_sequential
-from harness.runner import prepare
+from dpeval.attacks import shadow_signals as sig
+from dpeval.config import build_spec
+from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
+from dpeval.runner import prepare
 
 
 def main() -> None:

@@ -21,14 +21,11 @@ import argparse
 import csv
 import math
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/doc_markers.py
+from scipy import stats
 
-from doc_markers import write_into  # noqa: E402
-from scipy import stats  # noqa: E402
+from dpeval.doc_markers import write_into
 
 MODELS = {"dpcnn-small": "DP-CNN/S (26K)", "hcnn-small": "H-CNN/S (33K)"}
 KEEP = ["run_id", "run_key", "dataset", "model", "defense", "seed", "privacy.epsilon", "privacy.noise_multiplier",
@@ -39,8 +36,8 @@ KEEP = ["run_id", "run_key", "dataset", "model", "defense", "seed", "privacy.eps
 
 def export(folders: list[Path], out: Path) -> None:
     """Every done run of the given results folders, one row each, the columns the table needs."""
-    from harness.leaderboard import flat_row
-    from harness.store import ResultStore
+    from dpeval.leaderboard import flat_row
+    from dpeval.store import ResultStore
 
     rows = []
     for folder in folders:

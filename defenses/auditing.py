@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from harness.core.canaries import Canaries, axis_canaries, flatten, pick
+from dpeval.core.canaries import Canaries, axis_canaries, flatten, pick
 
-Defense = SharedGradient = Any  # defenses.base imports this module: the types are named, not imported
+Defense = SharedGradient = Any  # dpeval.defenses.base imports this module: the types are named, not imported
 
 
 class CanaryDesign:

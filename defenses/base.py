@@ -20,15 +20,15 @@ Noise is drawn one parameter at a time in ``param_shapes`` order, on every coord
 so a seed gives the same draws whatever the rate. Defenses whose noise is not one draw per parameter
 (GEP's embedding and residual, the noiseless ``none``) override ``release`` itself.
 
-``steps_per_epoch`` is given at construction (default 1); ``defenses.clipping.clip_factors`` is the one clip factor
-min(1, C / (‖g‖ + 1e-6)) of every defense.
+``steps_per_epoch`` is given at construction (default 1); ``dpeval.defenses.clipping.clip_factors`` is the one clip
+factor min(1, C / (‖g‖ + 1e-6)) of every defense.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
 
 Besides the stages a defense declares (defaults in :class:`Defense`):
 
-- ``Params``: its parameter dataclass (fields made with ``harness.core.params.param``);
+- ``Params``: its parameter dataclass (fields made with ``dpeval.core.params.param``);
 - ``is_dp`` / ``noise_for_accounted`` / ``accounted_noise_multiplier``: the accounting facts;
 - ``needs_model``: whether ``bind`` keeps the model (its public state follows the weights, e.g. GEP
   anchors), so that every model trained with it needs its own instance;
@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from defenses.auditing import CanaryDesign
-from defenses.lean import LeanBatch, LeanPlan
-from harness.core.params import Params
-from harness.core.streams import Streams
+from dpeval.core.params import Params
+from dpeval.core.streams import Streams
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.lean import LeanBatch, LeanPlan
 
 if TYPE_CHECKING:
-    from defenses.clipping import GroupClipping
+    from dpeval.defenses.clipping import GroupClipping
 
 FLOAT_BYTES = 4  # released values are float32
 INDEX_BYTES = 4  # a coordinate index as uint32 (enough for < 4.29e9 parameters)

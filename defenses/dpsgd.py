@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import Defense, DefenseParams
-from defenses.clipping import GroupClipping
-from defenses.lean import LeanPlan
-from defenses.registry import DEFENSES
-from harness.core.params import param
-from harness.core.streams import Streams
+from dpeval.core.params import param
+from dpeval.core.streams import Streams
+from dpeval.defenses.base import Defense, DefenseParams
+from dpeval.defenses.clipping import GroupClipping
+from dpeval.defenses.lean import LeanPlan
+from dpeval.defenses.registry import DEFENSES
 
 
 @dataclass

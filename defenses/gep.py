@@ -36,16 +36,16 @@ from typing import Any
 
 import torch
 
-from defenses.auditing import CanaryDesign
-from defenses.base import Defense, DefenseParams, SharedGradient
-from defenses.clipping import clip_factors
-from defenses.lean import LeanBatch, LeanPlan
-from defenses.registry import DEFENSES
-from harness.core.canaries import Canaries, flatten
-from harness.core.errors import ConfigError
-from harness.core.params import param
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams
+from dpeval.core.canaries import Canaries, flatten
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import param
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
+from dpeval.defenses.clipping import clip_factors
+from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.registry import DEFENSES
 
 ANCHOR_BUDGET = 1 << 25  # elements (128 MiB float32) of anchor gradients held at once
 LABEL_CHOICES = ("random", "resample", "real")  # not "true": YAML would read it as a bool

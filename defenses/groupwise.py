@@ -40,12 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
-from defenses.base import DefenseParams
-from defenses.clipping import CLIP_FUNCTIONS, GroupClipping
-from defenses.dpsgd import DPSGD
-from defenses.registry import DEFENSES
-from harness.core.errors import ConfigError
-from harness.core.params import param
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import param
+from dpeval.defenses.base import DefenseParams
+from dpeval.defenses.clipping import CLIP_FUNCTIONS, GroupClipping
+from dpeval.defenses.dpsgd import DPSGD
+from dpeval.defenses.registry import DEFENSES
 
 GROUPINGS = ("all", "layer", "param", "uniform:M", "device:N", "boundary:X", "[layer names]")
 

@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from defenses.auditing import CanaryDesign
-from defenses.base import Defense, DefenseParams, SharedGradient
-from defenses.clipping import clip_factors, per_sample_norms
-from defenses.lean import LeanBatch, LeanPlan
-from harness.core.canaries import Canaries, axis_canaries, pick
-from harness.core.errors import ConfigError
-from harness.core.params import param
+from dpeval.core.canaries import Canaries, axis_canaries, pick
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import param
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
+from dpeval.defenses.clipping import clip_factors, per_sample_norms
+from dpeval.defenses.lean import LeanBatch, LeanPlan
 
 
 @dataclass

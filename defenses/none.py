@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from defenses.base import Defense, SharedGradient
-from defenses.lean import LeanPlan
-from defenses.registry import DEFENSES
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.defenses.lean import LeanPlan
+from dpeval.defenses.registry import DEFENSES
 
 
 @DEFENSES.register("none", "no defense: plain mean gradient, not private (ε = inf)")

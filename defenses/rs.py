@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from defenses.masking import MaskedClipParams, MaskedDPSGD
-from defenses.registry import DEFENSES
-from harness.core.params import param
+from dpeval.core.params import param
+from dpeval.defenses.masking import MaskedClipParams, MaskedDPSGD
+from dpeval.defenses.registry import DEFENSES
 
 SCHEDULES = ("linear", "constant", "refresh")
 MASKS = ("random", "ranked")

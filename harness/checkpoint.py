@@ -3,7 +3,7 @@
 resumes from its last checkpoint.
 
 One file, checked before use: an outer record (format version, run key, SHA-256 of the payload, the
-payload's bytes) and the payload itself (``harness.engine.training.LoopState`` as plain data, plus the
+payload's bytes) and the payload itself (``dpeval.engine.training.LoopState`` as plain data, plus the
 model states and public defense states attacks asked for). Both are read with ``weights_only=True``: a
 checkpoint can hold tensors and plain data only, never code.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from harness.core.errors import ConfigError
-from harness.store import CHECKPOINT_FILE, write_atomic
+from dpeval.core.errors import ConfigError
+from dpeval.store import CHECKPOINT_FILE, write_atomic
 
 FORMAT = 1
 FILE = CHECKPOINT_FILE

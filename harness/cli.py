@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import click
 
-from harness import __version__
-from harness.core.errors import ConfigError, RunFailure
+from dpeval import __version__
+from dpeval.core.errors import ConfigError, RunFailure
 
 DEFAULT_RESULTS = "./dpeval-results"
 
@@ -178,7 +178,7 @@ def format_delta(delta: float) -> str:
 @click.version_option(__version__, prog_name="dpeval")
 def main() -> None:
     """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs leakage."""
-    from harness.logs import setup_logging
+    from dpeval.logs import setup_logging
 
     setup_logging()  # warnings on stderr for every command; run and sweep redo it with their --debug
 
@@ -189,7 +189,7 @@ def main() -> None:
 
 def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...]) -> dict[str, Any]:
     """Merge the layers: YAML file ← explicit CLI flags ← ``--set`` (later wins)."""
-    from harness.config import load_yaml, parse_set, set_dotted
+    from dpeval.config import load_yaml, parse_set, set_dotted
 
     raw = load_yaml(config) if config else {}
     if isinstance(raw.get("defense"), str):
@@ -220,7 +220,7 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         f"{m['comm.bytes_dense']:.0f} B dense per step",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
-    from harness.headlines import attacks_in
+    from dpeval.headlines import attacks_in
 
     for attack in attacks_in(m):
         lines += format_attack(m, attack, results)
@@ -231,8 +231,8 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
     """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
     per-state table of an attack over several model states, and its other metrics. Configuration
     echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
-    from harness.core.result_keys import VERDICT, AttackKey
-    from harness.headlines import fmt, read, smallest_p, states_of
+    from dpeval.core.result_keys import VERDICT, AttackKey
+    from dpeval.headlines import fmt, read, smallest_p, states_of
 
     head = read(m, attack)
     lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
@@ -302,8 +302,8 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     Every setting (--set KEY=VALUE, or in a --config YAML file): `dpeval list --params` for the defenses'
     and attacks' parameters, docs/configuration.md for all of them."""
-    from harness.config import build_spec
-    from harness.logs import setup_logging
+    from dpeval.config import build_spec
+    from dpeval.logs import setup_logging
 
     flags = {
         "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
@@ -314,18 +314,18 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     spec = build_spec(raw)
     for note in spelling_notes(raw):
         click.echo(note, err=True)
-    from harness.store import ResultStore
+    from dpeval.store import ResultStore
 
     store = ResultStore(results)
     store.check(create=True)
-    from harness.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
+    from dpeval.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
 
     setup_logging(debug)
     metrics = execute(spec, store, progress=not quiet)
     references = reference_runs(spec, store, reference, progress=not quiet)
     text = format_run(metrics, results)
     if references:
-        from harness.reference import deltas, format_deltas
+        from dpeval.reference import deltas, format_deltas
 
         metrics = {**metrics, "reference": {r["metrics"]["defense"]: deltas(metrics, r) for r in references}}
         text += "\n  reference       this run − the reference run:\n" + "\n".join(
@@ -349,8 +349,8 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
 def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> list[dict[str, Any]]:
     """The stored reference runs (``none``, ``dpsgd``) that match ``spec``; the one ``asked`` for is run
     first when none matches, or none ran the same attacks."""
-    from harness.reference import REFERENCES, covers, find_reference, reference_spec
-    from harness.runner import execute
+    from dpeval.reference import REFERENCES, covers, find_reference, reference_spec
+    from dpeval.runner import execute
 
     found = []
     for defense in REFERENCES:
@@ -388,16 +388,16 @@ def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> 
 def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None, results: str, rerun: bool,
           fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
-    from harness.logs import setup_logging
-    from harness.store import ResultStore
-    from harness.sweep import executors
-    from harness.sweep.driver import run_sweep
-    from harness.sweep.grid import describe, load_paper, load_sweep, swept_fields
+    from dpeval.logs import setup_logging
+    from dpeval.store import ResultStore
+    from dpeval.sweep import executors
+    from dpeval.sweep.driver import run_sweep
+    from dpeval.sweep.grid import describe, load_paper, load_sweep, swept_fields
 
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     specs = load_sweep(sweep_file)
-    from harness.runner import check_points
+    from dpeval.runner import check_points
 
     swept = swept_fields(specs)
     if dry_run or executor != "ray":  # Ray workers may hold data the driver does not: each run checks itself
@@ -449,8 +449,8 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
             epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
-    from harness.core.accounting import ACCOUNTED_SAMPLING, noise_for, steps_for
-    from harness.core.ledger import PrivacyLedger
+    from dpeval.core.accounting import ACCOUNTED_SAMPLING, noise_for, steps_for
+    from dpeval.core.ledger import PrivacyLedger
 
     for flag, value in (("--epsilon", epsilon), ("--noise-multiplier", noise_multiplier), ("--delta", delta),
                         ("--sample-rate", sample_rate)):
@@ -514,12 +514,12 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
           seed: int | None, as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
-    from harness.config import build_spec
+    from dpeval.config import build_spec
 
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
     if scope == "run":
-        from harness.audit.format import format_run_audit
-        from harness.audit.run import RunAuditOptions, run_scope_audit
+        from dpeval.audit.format import format_run_audit
+        from dpeval.audit.run import RunAuditOptions, run_scope_audit
 
         for flag, value in (("--trials", trials), ("--noise-multiplier", noise_multiplier), ("--steps", steps)):
             if value is not None:
@@ -530,8 +530,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
         result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
         emit(result, as_json, format_run_audit(result))
     else:
-        from harness.audit.driver import AuditOptions, run_audit
-        from harness.audit.format import format_audit
+        from dpeval.audit.driver import AuditOptions, run_audit
+        from dpeval.audit.format import format_audit
 
         if canary_kind is not None:
             raise ConfigError("--canary-kind: only with --scope run")
@@ -561,10 +561,10 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
 def list_cmd(with_params: bool, as_json: bool) -> None:
     """Defenses, attacks, datasets (with their default models) and models, with one-line descriptions (and,
     with --params, every defense and attack parameter: default, allowed values, meaning)."""
-    from attacks import ATTACKS
-    from defenses import DEFENSES
-    from harness.core.params import describe
-    from harness.core.registry import DATASETS, MODELS
+    from dpeval.attacks import ATTACKS
+    from dpeval.core.params import describe
+    from dpeval.core.registry import DATASETS, MODELS
+    from dpeval.defenses import DEFENSES
 
     data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
                             "datasets": DATASETS.describe(), "models": MODELS.describe()}
@@ -598,7 +598,7 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
 def show(run_id: str, results: str, as_json: bool) -> None:
     """One stored run: status, config and metrics (any unique part of the id is enough, e.g. its run-key
     part or its random suffix)."""
-    from harness.store import ResultStore
+    from dpeval.store import ResultStore
 
     if not run_id.strip():
         raise ConfigError("RUN_ID: empty; give a run id or a unique prefix of one (dpeval leaderboard lists them)")
@@ -648,8 +648,8 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
                 as_json: bool) -> None:
     """One row per finished run (or seed group) with the result keys and, per attack, whether
     the configuration is on the utility–leakage Pareto front (pareto.<attack>)."""
-    from harness import leaderboard as lb
-    from harness.store import ResultStore
+    from dpeval import leaderboard as lb
+    from dpeval.store import ResultStore
 
     store = ResultStore(results)
     store.check(create=False)
@@ -675,8 +675,8 @@ def report(results: str, out: str, as_json: bool) -> None:
     """One self-contained HTML page: a generated summary, the leaderboard, accuracy and leakage vs ε,
     configurations at matched ε, learning curves, density over training, utility vs leakage, trends,
     ROC curves, reconstructions."""
-    from harness.report import write_report
-    from harness.store import ResultStore
+    from dpeval.report import write_report
+    from dpeval.store import ResultStore
 
     if not out.endswith((".html", ".htm")):
         raise ConfigError(f"--out: must name an .html file, got {out!r}")

@@ -1,7 +1,7 @@
 """Run configuration assembly: the validated, canonical RunSpec and its run key.
 
 A run is described by nested plain data (YAML file ← CLI flags ← ``--set dotted.key=value``). ``build_spec``
-validates it against the declared settings (``harness.core.settings``) and the chosen defense's and attacks'
+validates it against the declared settings (``dpeval.core.settings``) and the chosen defense's and attacks'
 own ``Params``: unknown keys are rejected with the list of valid ones, values are type-, range- and
 choice-checked from their declarations, and every failure is a ``ConfigError`` naming the dotted field.
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from harness.core.errors import ConfigError, brief
-from harness.core.params import coerce, field_names, from_dict, param, unkeyed
-from harness.core.settings import DEFAULT_EPSILON, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
+from dpeval.core.errors import ConfigError, brief
+from dpeval.core.params import coerce, field_names, from_dict, param, unkeyed
+from dpeval.core.settings import DEFAULT_EPSILON, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -227,9 +227,9 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     Everything but the chosen defense's and attacks' own parameters is checked first, from declarations
     and the registries' source-level names alone, so such errors answer without importing torch or any
     plug-in; then the chosen plug-ins are imported and their parameters checked."""
-    from attacks import ATTACKS
-    from defenses import DEFENSES
-    from harness.core.registry import DATASETS, MODELS, default_model
+    from dpeval.attacks import ATTACKS
+    from dpeval.core.registry import DATASETS, MODELS, default_model
+    from dpeval.defenses import DEFENSES
 
     raw = dict(raw)
     top = [f for f in field_names(RunSpec) if f != "defense_name"]

@@ -14,14 +14,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.result_keys import AttackKey
-from harness.core.states import in_order
-from harness.core.verdicts import Mixed, Verdict
+from dpeval.core.result_keys import AttackKey
+from dpeval.core.states import in_order
+from dpeval.core.verdicts import Mixed, Verdict
 
 
 def attack_class(attack: str) -> Any:
     """The registered class of ``attack``, or None (a result of an attack that is no longer installed)."""
-    from attacks import ATTACKS
+    from dpeval.attacks import ATTACKS
 
     return ATTACKS.get(attack) if attack in ATTACKS else None
 

@@ -20,7 +20,7 @@ composition over all the runs: Σε, Σδ) and, where every run's σ, q and T ar
 Gaussian), ``privacy.selection_epsilon_random_stopping`` / ``.selection_delta_random_stopping`` with
 ``privacy.selection_random_stopping`` naming the distribution: what the selection would cost had the
 configurations been tried by Papernot & Steinke's random stopping with as many trials on average
-(``harness.core.accounting.random_stopping_cost``). ``selection_sentences`` says it in words.
+(``dpeval.core.accounting.random_stopping_cost``). ``selection_sentences`` says it in words.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from harness.core.accounting import composition, gaussian_rdp, random_stopping_cost
-from harness.core.result_keys import AttackKey
-from harness.core.verdicts import Verdict
-from harness.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
+from dpeval.core.accounting import composition, gaussian_rdp, random_stopping_cost
+from dpeval.core.result_keys import AttackKey
+from dpeval.core.verdicts import Verdict
+from dpeval.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
 
 LEADING = [
     "run_id", "run_key", "status", "dataset", "model", "defense", "attack", "seed",
@@ -209,7 +209,7 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
 
 def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -> list[dict[str, Any]]:
     if records and not any(column in r for r in records):
-        from harness.core.errors import ConfigError
+        from dpeval.core.errors import ConfigError
 
         raise ConfigError(f"--sort: no column {column!r}; columns: {', '.join(ordered_columns(records))}")
 

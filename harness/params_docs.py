@@ -2,7 +2,7 @@
 
 docs/configuration.md holds blocks ``<!-- params: SECTION -->`` … ``<!-- /params -->``; each block is the
 table of one section (``run``, ``data``, ``model``, ``privacy``, ``train``, ``defense:NAME``,
-``attack:NAME``) rendered by :func:`table`. ``python -m harness.params_docs docs/configuration.md``
+``attack:NAME``) rendered by :func:`table`. ``python -m dpeval.params_docs docs/configuration.md``
 rewrites the blocks in place (after changing a declaration) and adds the section of a registered defense or
 attack that has none (after the last section of its kind: a heading, its description, its table), so a new
 plug-in's parameters are documented by running it; a test fails when the file is out of date.
@@ -14,8 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from harness.core.params import params_table
-from harness.core.settings import DataConfig, ModelConfig, PrivacyConfig, TrainConfig
+from dpeval.core.params import params_table
+from dpeval.core.settings import DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
 BLOCK = re.compile(r"(<!-- params: (?P<section>[\w:-]+) -->\n)(?P<body>.*?)(<!-- /params -->)", re.S)
 SETTINGS = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig, "train": TrainConfig}
@@ -23,7 +23,7 @@ SETTINGS = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig, 
 
 def table(section: str) -> str:
     """The markdown table of one section (see the module docstring)."""
-    from harness.config import RunSpec
+    from dpeval.config import RunSpec
 
     if section in SETTINGS:
         return params_table(SETTINGS[section], section)
@@ -68,8 +68,8 @@ def add_section(text: str, section: str) -> str:
 
 
 def _plugin_registries() -> dict:
-    from attacks import ATTACKS
-    from defenses import DEFENSES
+    from dpeval.attacks import ATTACKS
+    from dpeval.defenses import DEFENSES
 
     return {"defense": DEFENSES, "attack": ATTACKS}
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config import RunSpec, build_spec
-from harness.headlines import attacks_in, fmt, read, unit_of
+from dpeval.config import RunSpec, build_spec
+from dpeval.headlines import attacks_in, fmt, read, unit_of
 
 REFERENCES = ("none", "dpsgd")
 SAME = ("data", "model", "train", "seed")

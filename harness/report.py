@@ -15,7 +15,7 @@ leakage vs each swept numeric setting; ROC curves (log-log) of membership attack
 one compact grid per attack (swept value × seed, originals over the worst state's reconstructions); and
 the pictures a run names that cannot be found.
 
-Artefact paths in results are relative to the results folder (``harness.runner.artefact_path``), so a
+Artefact paths in results are relative to the results folder (``dpeval.runner.artefact_path``), so a
 moved or copied folder still reports its pictures; absolute paths of older runs are read under the
 folder's own ``runs/<run_id>/``. An artefact resolves only inside its own run's folder (after following
 links): a path that leads elsewhere (``../``, an absolute path, a symlink out) is never read. A file that
@@ -47,13 +47,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from harness import __version__  # noqa: E402
-from harness import leaderboard as lb  # noqa: E402
-from harness.core.errors import brief  # noqa: E402
-from harness.core.result_keys import AttackKey  # noqa: E402
-from harness.core.states import in_order  # noqa: E402
-from harness.core.verdicts import Mixed, Verdict  # noqa: E402
-from harness.headlines import attack_class, fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
+from dpeval import __version__  # noqa: E402
+from dpeval import leaderboard as lb  # noqa: E402
+from dpeval.core.errors import brief  # noqa: E402
+from dpeval.core.result_keys import AttackKey  # noqa: E402
+from dpeval.core.states import in_order  # noqa: E402
+from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
+from dpeval.headlines import attack_class, fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
@@ -127,8 +127,8 @@ def setting_name(column: str) -> str:
 
 def setting_help(column: str, records: list[dict[str, Any]]) -> str:
     """The declared help text of a ``defense.*`` / ``attack.*`` setting (for axis labels), or ""."""
-    from attacks import ATTACKS
-    from defenses import DEFENSES
+    from dpeval.attacks import ATTACKS
+    from dpeval.defenses import DEFENSES
 
     parts = column.split(".")
     if parts[0] == "defense" and len(parts) == 2:

@@ -24,28 +24,28 @@ import torch
 import yaml
 from torch import nn
 
-from attacks import ATTACKS
-from attacks.view import AttackerView
-from defenses import DEFENSES
-from defenses.base import Defense
-from harness import __version__, checkpoint
-from harness.config import RunSpec
-from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
-from harness.core.datasets import load_task
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.ledger import PrivacyLedger
-from harness.core.models import build_model
-from harness.core.registry import default_model
-from harness.core.result_keys import AttackKey
-from harness.core.runtime import apply_thread_default, resolve_device
-from harness.core.splits import Task
-from harness.core.states import resolve
-from harness.core.streams import Streams, seed_globals
-from harness.engine.book_keeping import check_lean
-from harness.engine.release import ReleaseOracle
-from harness.engine.training import BatchSampler, Loop, accuracy, train
-from harness.logs import LOG_ONLY
-from harness.store import ResultStore, write_atomic
+from dpeval import __version__, checkpoint
+from dpeval.attacks import ATTACKS
+from dpeval.attacks.view import AttackerView
+from dpeval.config import RunSpec
+from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
+from dpeval.core.datasets import load_task
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.models import build_model
+from dpeval.core.registry import default_model
+from dpeval.core.result_keys import AttackKey
+from dpeval.core.runtime import apply_thread_default, resolve_device
+from dpeval.core.splits import Task
+from dpeval.core.states import resolve
+from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import Defense
+from dpeval.engine.book_keeping import check_lean
+from dpeval.engine.release import ReleaseOracle
+from dpeval.engine.training import BatchSampler, Loop, accuracy, train
+from dpeval.logs import LOG_ONLY
+from dpeval.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
 SHADOWS = "shadows"  # a run folder's finished shadow models, kept until the run is done (resume)

@@ -27,8 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from harness import __version__
-from harness.core.errors import ConfigError, RunFailure
+from dpeval import __version__
+from dpeval.core.errors import ConfigError, RunFailure
 
 STORE_FILE = "results.sqlite"
 LOCK_FILE = ".sweep.lock"

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from defenses.base import Defense
-from harness.config import RunSpec, build_spec, set_dotted
-from harness.core.datasets.torchvision_sets import SYSTEM_FOLDERS
+from dpeval.config import RunSpec, build_spec, set_dotted
+from dpeval.core.datasets.torchvision_sets import SYSTEM_FOLDERS
+from dpeval.defenses.base import Defense
 
 # The real Fashion-MNIST files where Debian's package dataset-fashion-mnist installs them (`make test` installs
 # it where apt allows); the real-data tests are skipped, with this reason, without them.

@@ -1,13 +1,17 @@
 """The layering stays one-way: every module of the project is parsed and each import checked against its layer.
 
-    harness/core      imports only harness.core
-    defenses/         imports harness.core and defenses
-    harness/engine    imports harness.core, defenses and harness.engine
-    attacks/          imports harness.core, harness.engine, attacks and only defenses.base of the defenses
-    harness/ (rest)   the application: may import everything
+The installed package is ``dpeval``; its folders keep the repository's layout (pyproject's package-dir):
 
-Imports inside functions count too (a lazy import is still a dependency). ``harness`` itself (the package's
-``__init__``, which only holds the version) may be imported from anywhere.
+    layer         package            folder           may import
+    core          dpeval.core        harness/core     core
+    defenses      dpeval.defenses    defenses/        core, defenses
+    engine        dpeval.engine      harness/engine   core, defenses, engine
+    attacks       dpeval.attacks     attacks/         core, engine, attacks, and dpeval.defenses.base (no other defense)
+    application   dpeval (the rest)  harness/         everything
+
+Each layer imports itself and the layers above it in this table, never one below. Imports inside functions
+count too (a lazy import is still a dependency). ``dpeval`` itself (the package's ``__init__``: the version and
+the public API's lazy names) may be imported from anywhere.
 
 Within the attacks layer, a module that registers an attack (and the plug-in fixture) stays on the attacker's
 side of the threat model: it sees the ``AttackerView`` and what its family's game hands it, nothing that
@@ -24,39 +28,49 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("harness", "defenses", "attacks")
+# package -> folder, as pyproject's [tool.setuptools.package-dir] maps them
+FOLDERS = {"dpeval.defenses": ROOT / "defenses", "dpeval.attacks": ROOT / "attacks", "dpeval": ROOT / "harness"}
+# The layers in import order: each may import itself and those before it.
+LAYERS = (("core", "dpeval.core"), ("defenses", "dpeval.defenses"), ("engine", "dpeval.engine"),
+          ("attacks", "dpeval.attacks"), ("application", "dpeval"))
+ALLOWED = {layer: tuple(name for name, _ in LAYERS[:i + 1]) for i, (layer, _) in enumerate(LAYERS)}
+ALLOWED["attacks"] = tuple(n for n in ALLOWED["attacks"] if n != "defenses") + ("defenses-base",)
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+    for package, folder in FOLDERS.items():
+        if path.is_relative_to(folder):
+            parts = [*package.split("."), *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            return ".".join(parts)
+    raise AssertionError(f"{path} is in no package folder")
+
+
+def module_path(name: str) -> Path | None:
+    """The file of a module or package of the project, None if the name is none of its modules."""
+    for package, folder in FOLDERS.items():
+        if name == package or name.startswith(package + "."):
+            base = folder.joinpath(*name[len(package):].strip(".").split(".")) if name != package else folder
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+            return None
+    return None
 
 
 def layer_of(module: str) -> str:
-    if module == "harness":
+    if module == "dpeval":
         return "version"
-    for prefix, layer in (("harness.core", "core"), ("harness.engine", "engine"), ("defenses", "defenses"),
-                          ("attacks", "attacks"), ("harness", "application")):
+    for layer, prefix in sorted(LAYERS, key=lambda lp: -len(lp[1])):  # the longest package prefix first
         if module == prefix or module.startswith(prefix + "."):
             return layer
     return "external"
 
 
-# What each layer may import, as module-name predicates.
-ALLOWED = {
-    "core": ("core",),
-    "defenses": ("core", "defenses"),
-    "engine": ("core", "defenses", "engine"),
-    "attacks": ("core", "engine", "attacks", "defenses-base"),
-    "application": ("core", "defenses", "engine", "attacks", "application"),
-}
-
-
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in the file, including names imported from a package
-    (``from harness.core import streams`` yields ``harness.core.streams``)."""
+    (``from dpeval.core import streams`` yields ``dpeval.core.streams``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
@@ -71,21 +85,20 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
 
 
 def project_modules() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+    return sorted(p for folder in FOLDERS.values() for p in folder.rglob("*.py"))
 
 
 def kind_of(imported: str) -> str | None:
     """The layer an imported name belongs to (``defenses-base`` for the defenses' interfaces), or None for
     names that are not the project's (or a ``from package import name`` that is not a module)."""
-    if imported == "defenses.base" or imported.startswith("defenses.base."):
+    if imported == "dpeval.defenses.base" or imported.startswith("dpeval.defenses.base."):
         return "defenses-base"
     layer = layer_of(imported)
     return None if layer in ("external", "version") else layer
 
 
 def is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return module_path(name) is not None
 
 
 def violations() -> list[str]:
@@ -105,6 +118,28 @@ def violations() -> list[str]:
     return bad
 
 
+def test_no_module_imports_the_folder_names():
+    """Nothing imports ``harness``, ``defenses`` or ``attacks`` as top-level names: the folders exist only under
+    their ``dpeval`` names (an import of a folder name would work from the repository's root and nowhere else)."""
+    folders = ("harness", "defenses", "attacks")
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for folder in ("harness", "defenses", "attacks", "tests", "bench")
+           for path in sorted((ROOT / folder).rglob("*.py")) for line, name in imported_modules(path)
+           if name.split(".")[0] in folders]
+    assert not bad, bad
+
+
+def test_the_package_dir_matches_the_folders():
+    """pyproject maps exactly these folders and lists every package in them."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapped = {package: ROOT / folder for package, folder in tool["package-dir"].items()}
+    assert mapped == FOLDERS
+    packages = {module_name(init.parent / "__init__.py") for folder in FOLDERS.values()
+                for init in folder.rglob("__init__.py")}
+    assert set(tool["packages"]) == packages
+
+
 def test_every_project_module_is_in_a_layer():
     assert project_modules(), "no modules found"
     assert all(layer_of(module_name(p)) != "external" for p in project_modules())
@@ -118,23 +153,23 @@ def test_imports_go_one_way():
 def test_the_checker_catches_an_upward_import(tmp_path, monkeypatch):
     """The checker itself can fail: a core module importing the engine is reported."""
     fake = ROOT / "harness" / "core" / "_layer_probe_tmp.py"
-    fake.write_text("from harness.engine.training import train\nimport attacks.base\n")
+    fake.write_text("from dpeval.engine.training import train\nimport dpeval.attacks.base\n")
     try:
         bad = violations()
     finally:
         fake.unlink()
-    assert any("_layer_probe_tmp.py:1: core imports harness.engine.training" in b for b in bad)
-    assert any("_layer_probe_tmp.py:2: core imports attacks.base" in b for b in bad)
+    assert any("_layer_probe_tmp.py:1: core imports dpeval.engine.training" in b for b in bad)
+    assert any("_layer_probe_tmp.py:2: core imports dpeval.attacks.base" in b for b in bad)
 
 
 @pytest.mark.parametrize("path", ["harness/audit", "attacks"])
 def test_no_concrete_defense_module(path):
     """The audit and the attacks know defenses only through their declared interfaces."""
-    interfaces = {"defenses.base", "defenses.auditing", "defenses.registry"}
+    interfaces = {"dpeval.defenses.base", "dpeval.defenses.auditing", "dpeval.defenses.registry"}
     concrete = []
     for file in sorted((ROOT / path).rglob("*.py")):
         for line, imported in imported_modules(file):
-            if imported.startswith("defenses.") and is_module(imported) and imported not in interfaces:
+            if imported.startswith("dpeval.defenses.") and is_module(imported) and imported not in interfaces:
                 concrete.append(f"{file.relative_to(ROOT)}:{line}: {imported}")
     assert not concrete, concrete
 
@@ -166,10 +201,10 @@ def test_docs_links_resolve():
 
 FIXTURE_ATTACK = ROOT / "tests" / "fixtures" / "plugin_attack.py"
 # modules and objects that reach the private pool or the held-out split
-POOL_MODULES = ("harness.core.datasets", "harness.runner")
-POOL_OBJECTS = {"harness.core.splits.Task", "attacks.gradient_common.draw_targets",
-                "attacks.gradient_common.select_targets", "attacks.shadow_signals.population",
-                "attacks.membership_common.plan_game", "attacks.membership_common.shadow_pool"}
+POOL_MODULES = ("dpeval.core.datasets", "dpeval.runner")
+POOL_OBJECTS = {"dpeval.core.splits.Task", "dpeval.attacks.gradient_common.draw_targets",
+                "dpeval.attacks.gradient_common.select_targets", "dpeval.attacks.shadow_signals.population",
+                "dpeval.attacks.membership_common.plan_game", "dpeval.attacks.membership_common.shadow_pool"}
 POOL_ACCESSORS = {name.rsplit(".", 1)[1] for name in POOL_OBJECTS}  # also reached as ``module.name``
 
 
@@ -210,7 +245,7 @@ def test_every_registered_attack_is_checked_for_the_boundary():
     """The check covers the module of every registered attack (nothing escapes by where it is defined)."""
     import importlib
 
-    from attacks import ATTACKS
+    from dpeval.attacks import ATTACKS
 
     registered = "plugin-confidence" in ATTACKS
     module = importlib.import_module("tests.fixtures.plugin_attack")
@@ -235,11 +270,11 @@ def test_the_boundary_check_catches_an_attack_reading_the_pool():
     game accessor and draws the victim's noise is reported for each."""
     probe = ROOT / "attacks" / "_boundary_probe_tmp.py"
     probe.write_text(
-        "from harness.core.splits import Task\n"
-        "from attacks import gradient_common as gc\n"
-        "from attacks.gradient_common import ReconstructionAttack\n"
-        "from attacks.registry import ATTACKS\n"
-        "from harness.core.streams import Streams\n"
+        "from dpeval.core.splits import Task\n"
+        "from dpeval.attacks import gradient_common as gc\n"
+        "from dpeval.attacks.gradient_common import ReconstructionAttack\n"
+        "from dpeval.attacks.registry import ATTACKS\n"
+        "from dpeval.core.streams import Streams\n"
         "\n"
         "@ATTACKS.register('probe', 'reads the pool')\n"
         "class Probe(ReconstructionAttack):\n"
@@ -251,7 +286,7 @@ def test_the_boundary_check_catches_an_attack_reading_the_pool():
         bad = "\n".join(boundary_violations(probe))
     finally:
         probe.unlink()
-    for expected in ("imports harness.core.splits.Task", "line 9: overrides play", "line 9: takes task",
+    for expected in ("imports dpeval.core.splits.Task", "line 9: overrides play", "line 9: takes task",
                      "line 10: builds its own Streams", "line 10: names the victim's random streams",
                      "line 11: reads .draw_targets", "line 11: names task"):
         assert expected in bad, (expected, bad)

@@ -43,22 +43,22 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from defenses import DEFENSES
-from defenses.auditing import CanaryDesign
-from defenses.base import Defense
-from harness.config import RunSpec
-from harness.core.accounting import ACCOUNTED_SAMPLING, default_delta
-from harness.core.canaries import CANARY_NORM, Canaries
-from harness.core.datasets import load_task
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.ledger import PrivacyLedger
-from harness.core.models import build_model
-from harness.core.runtime import resolve_device, single_cpu_thread
-from harness.core.splits import Task
-from harness.core.statistics import separation, split_bound
-from harness.core.streams import Streams, seed_globals
-from harness.engine.release import step_on_release
-from harness.engine.training import make_optimizer
+from dpeval.config import RunSpec
+from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta
+from dpeval.core.canaries import CANARY_NORM, Canaries
+from dpeval.core.datasets import load_task
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.models import build_model
+from dpeval.core.runtime import resolve_device, single_cpu_thread
+from dpeval.core.splits import Task
+from dpeval.core.statistics import separation, split_bound
+from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.base import Defense
+from dpeval.engine.release import step_on_release
+from dpeval.engine.training import make_optimizer
 
 DEFAULT_NOISE_MULTIPLIER = 2.0   # accounted σ of each audited step: μ = 0.5 per step
 DEFAULT_TRIALS = 100_000         # trials per neighbour (with / without the canary)

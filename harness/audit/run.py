@@ -30,7 +30,7 @@ scores each canary with three statistics of its projections ⟨u_i, release_t⟩
 
 For each statistic and each guessing rule of ``GUESS_RULES`` (a fixed grid of (k+, k−) as fractions of m),
 the auditor guesses "in" for the k+ highest scores and "out" for the k− lowest, abstains on the rest, and
-counts the correct guesses; ``harness.core.statistics.one_run_epsilon_lower_bound`` turns (guesses,
+counts the correct guesses; ``dpeval.core.statistics.one_run_epsilon_lower_bound`` turns (guesses,
 correct) into an ε lower bound at δ = the run's δ with confidence 1 − β/K (K = statistics × rules,
 Bonferroni), so the maximum over the K tests is a (1 − β) lower bound. The run passes when that maximum is
 ≤ the run's accounted ε. Every score is a function of what the auditor sees, so the bound is sound for any
@@ -52,16 +52,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from defenses.auditing import CanaryDesign
-from defenses.base import Defense, SharedGradient
-from harness.config import RunSpec
-from harness.core.canaries import CANARY_NORM, Canaries, flatten
-from harness.core.errors import ConfigError
-from harness.core.per_sample import PerSampleGradients
-from harness.core.runtime import resolve_device, single_cpu_thread
-from harness.core.statistics import guess_and_count, one_run_epsilon_lower_bound
-from harness.core.streams import seed_globals
-from harness.engine.training import accuracy, train
+from dpeval.config import RunSpec
+from dpeval.core.canaries import CANARY_NORM, Canaries, flatten
+from dpeval.core.errors import ConfigError
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.runtime import resolve_device, single_cpu_thread
+from dpeval.core.statistics import guess_and_count, one_run_epsilon_lower_bound
+from dpeval.core.streams import seed_globals
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.engine.training import accuracy, train
 
 DEFAULT_RUN_CANARIES = 1000  # m: at δ = 1e-5 the δ term 2mδ stays small against β/K
 ALPHA = 0.05                 # 1 − confidence of the reported bound
@@ -257,7 +257,7 @@ def run_scope_audit(spec: RunSpec, options: RunAuditOptions | None = None, defen
 
 def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type | None,
                      plan: Callable | None) -> dict[str, Any]:
-    from harness.runner import base_metrics, prepare  # the run exactly as ``dpeval run`` prepares it
+    from dpeval.runner import base_metrics, prepare  # the run exactly as ``dpeval run`` prepares it
 
     start = time.perf_counter()
     options.validate()

@@ -19,7 +19,7 @@ import numpy as np
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from harness.core.errors import ConfigError
+from dpeval.core.errors import ConfigError
 
 ACCOUNTED_SAMPLING = "poisson"  # what the RDP / PRV analyses of the subsampled Gaussian assume
 # Calibration refuses ε targets that even this σ meets (RDP's ε at it): below it Opacus' search does not end

@@ -2,7 +2,7 @@
 
 A canary is a per-sample gradient of norm ``CANARY_NORM`` (far above any clipping norm) along a unit
 direction. ``Canaries`` holds ``k`` orthonormal directions of one audited step, dense or as sparse axis
-combinations; defenses' audit designs (``defenses.auditing``) choose them, the audit driver feeds them
+combinations; defenses' audit designs (``dpeval.defenses.auditing``) choose them, the audit driver feeds them
 through the defense's real release path.
 """
 

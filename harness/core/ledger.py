@@ -3,7 +3,7 @@ comes from.
 
 A ``PrivacyLedger`` holds the accounted facts of a sequence of releases — the σ the defense adds, the σ it
 is accounted at, the sample rate q, the number of steps T, δ, the accountant and the sampling — and derives
-ε from them with the configured accountant (``harness.core.accounting.epsilon_for``). Every ε a result
+ε from them with the configured accountant (``dpeval.core.accounting.epsilon_for``). Every ε a result
 reports is a ledger's: the run's ``privacy.epsilon``, the shadow game's ``target_epsilon`` (the same σ at
 the shadows' q and T: ``at``) and grad-MIA's ``accounted_epsilon`` (one release of a whole batch:
 ``at(1.0, 1)``). An accounted σ of 0 means no DP mechanism: ε = inf.
@@ -15,7 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from harness.core.accounting import ACCOUNTED_SAMPLING, epsilon_for
+from dpeval.core.accounting import ACCOUNTED_SAMPLING, epsilon_for
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Parameters declared once: default, allowed values and help text live in dataclass field metadata.
 
-Every knob of dpeval (the settings in ``harness.core.settings``, each defense's and each attack's
+Every knob of dpeval (the settings in ``dpeval.core.settings``, each defense's and each attack's
 ``Params``) is a dataclass field made with :func:`param`. From that one declaration come
 
 - type checking and coercion of user input (``from_dict``), with errors naming the dotted field;
@@ -18,7 +18,7 @@ import typing
 from dataclasses import field, fields, is_dataclass
 from typing import Any
 
-from harness.core.errors import ConfigError, brief
+from dpeval.core.errors import ConfigError, brief
 
 _MISSING = dataclasses.MISSING
 

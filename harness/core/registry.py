@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
-from harness.core.errors import ConfigError, brief
+from dpeval.core.errors import ConfigError, brief
 
 T = TypeVar("T")
 
@@ -134,8 +134,8 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]
     return found
 
 
-DATASETS: Registry = Registry("dataset", scan="harness.core.datasets", var="DATASETS")
-MODELS: Registry = Registry("model", scan="harness.core.models", var="MODELS")
+DATASETS: Registry = Registry("dataset", scan="dpeval.core.datasets", var="DATASETS")
+MODELS: Registry = Registry("model", scan="dpeval.core.models", var="MODELS")
 
 
 def default_model(dataset: str) -> str:

@@ -3,17 +3,17 @@
 An attack's name never contains a dot (``AttackKey`` refuses one) while a metric's may: a rate
 (``tpr_at_0.1pct_fpr``), a per-state metric ``<state>.<metric>`` (``epoch:3.psnr``), a grouped row's spread
 ``<metric>.sem``. So a key splits at its first two dots, and a metric is per-state exactly when its first
-part is a recorded model state (``init``, ``epoch:N``, ``final``; ``harness.core.states``).
+part is a recorded model state (``init``, ``epoch:N``, ``final``; ``dpeval.core.states``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.states import AttackState
+from dpeval.core.states import AttackState
 
 SECTIONS = ("leakage", "artefacts")
-VERDICT = "verdict"  # the metric an attack's verdict is stored under (``harness.core.verdicts``)
+VERDICT = "verdict"  # the metric an attack's verdict is stored under (``dpeval.core.verdicts``)
 
 
 @dataclass(frozen=True, order=True)

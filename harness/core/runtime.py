@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from harness.core.errors import ConfigError
+from dpeval.core.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:

@@ -9,7 +9,7 @@ transform (Oyallon & Mallat) computed by kymatio's PyTorch frontend.
   a defense or a per-sample gradient. ``FixedFeatures`` marks such a module.
 - Differentiable with respect to its input (kymatio's modulus has a stable backward), so an attacker can
   optimise pixels through it (``ig``). The per-sample engines never differentiate through it: they compute
-  the model's fixed front once per micro-batch, outside ``vmap`` (``harness.core.per_sample.fixed_front``).
+  the model's fixed front once per micro-batch, outside ``vmap`` (``dpeval.core.per_sample.fixed_front``).
   Inside ``vmap`` it cannot run: kymatio's modulus is an ``autograd.Function`` without a vmap rule.
 - On CPU it runs with one intra-op thread (``single_cpu_thread``): it is hundreds of small elementwise and
   FFT ops per call; measured on the loaded 2-core development machine, 50 CIFAR images took 0.5 s with one
@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.core.errors import ConfigError
-from harness.core.runtime import single_cpu_thread
+from dpeval.core.errors import ConfigError
+from dpeval.core.runtime import single_cpu_thread
 
 SCATTER_J = 2
 SCATTER_L = 8

@@ -1,15 +1,15 @@
 """The settings of a run other than the defense's and the attacks' own parameters, declared once.
 
-Each field carries its default, allowed values and help text (``harness.core.params.param``): validation,
+Each field carries its default, allowed values and help text (``dpeval.core.params.param``): validation,
 ``dpeval list`` and the tables of docs/configuration.md all read them from here. The run's assembly
-(``harness.config.RunSpec``) nests these dataclasses.
+(``dpeval.config.RunSpec``) nests these dataclasses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.params import Params, param
+from dpeval.core.params import Params, param
 
 DEFAULT_EPSILON = 3.0
 
@@ -87,7 +87,7 @@ class PrivacyConfig(Params):
 
     One of ``epsilon`` / ``noise_multiplier`` drives a DP run: with ``epsilon`` σ is calibrated, with
     ``noise_multiplier`` the ε of that σ is reported. Neither given: ε = 3. ``delta: null`` applies the
-    rule in ``harness.core.accounting``.
+    rule in ``dpeval.core.accounting``.
     """
 
     epsilon: float | None = param(None, "target ε: σ is calibrated so the accounted ε ≤ target (within "
@@ -99,7 +99,7 @@ class PrivacyConfig(Params):
     accountant: str = param("rdp", "Opacus accountant", choices=("rdp", "prv"))
 
     def validate(self) -> None:
-        from harness.core.errors import ConfigError
+        from dpeval.core.errors import ConfigError
 
         if self.epsilon is not None and self.noise_multiplier is not None:
             raise ConfigError("privacy.noise_multiplier: give either privacy.epsilon (σ is calibrated) or "

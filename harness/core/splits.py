@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.core.errors import ConfigError
-from harness.core.settings import DataConfig
+from dpeval.core.errors import ConfigError
+from dpeval.core.settings import DataConfig
 
 STD_FLOOR = 1e-3
 NO_PUBLIC_MEAN, NO_PUBLIC_STD = 0.5, 0.25  # normalisation when there is no public split

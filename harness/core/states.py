@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from harness.core.errors import ConfigError
+from dpeval.core.errors import ConfigError
 
 PATTERN = re.compile(r"^(init|final|epoch:(\d+)|trajectory(?::(\d+))?)$")
 DEFAULT_TRAJECTORY = 3  # states of a bare ``trajectory``

@@ -1,2 +1,2 @@
 """The engine layer: the training loop, the book-keeping per-sample engine, applying and observing releases,
-and shadow-model training. Imports harness.core and defenses."""
+and shadow-model training. Imports dpeval.core and defenses."""

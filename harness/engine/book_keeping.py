@@ -22,7 +22,7 @@ One forward and one backward pass per micro-batch, no per-sample gradient of the
 
 Parameters are passed to the forward pass detached, so autograd computes no parameter gradients at all
 (the engine forms the only weight-gradient products needed). The model's fixed front (``Normalize``, a fixed
-scattering transform, a parameter-free norm: ``harness.core.per_sample.fixed_front``) runs without autograd;
+scattering transform, a parameter-free norm: ``dpeval.core.per_sample.fixed_front``) runs without autograd;
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
 Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type, looked up by
@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from defenses.base import Defense
-from defenses.lean import LeanBatch, LeanPlan
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.per_sample import fixed_front
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.per_sample import fixed_front
+from dpeval.defenses.base import Defense
+from dpeval.defenses.lean import LeanBatch, LeanPlan
 
 WORKSPACE_BUDGET = 1 << 21  # elements (8 MiB in float32) of unfolded conv input per chunk of samples
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from defenses.base import Defense, SharedGradient
-from harness.core.per_sample import PerSampleGradients, micro_batches
-from harness.core.states import AttackState
-from harness.core.streams import Streams
+from dpeval.core.per_sample import PerSampleGradients, micro_batches
+from dpeval.core.states import AttackState
+from dpeval.core.streams import Streams
+from dpeval.defenses.base import Defense, SharedGradient
 
 
 def apply_release(params: dict[str, nn.Parameter], shared: SharedGradient) -> None:

@@ -11,12 +11,12 @@ size, epochs, optimizer, schedule and sampling.
   then each model's real rows go through that model's own defense instance (``clip_and_accumulate`` /
   ``release``), the releases are stacked, and one optimizer steps all K models (SGD and Adam act per
   element, so stacking does not couple them). The models' common fixed front (``Normalize``, a fixed
-  scattering transform: ``harness.core.per_sample.fixed_front``) is applied once to the whole population
+  scattering transform: ``dpeval.core.per_sample.fixed_front``) is applied once to the whole population
   (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same
   ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step.
-- **Progress** (``store``, a ``ShadowProgress`` such as ``harness.checkpoint.ShadowStore``): the shadows
+- **Progress** (``store``, a ``ShadowProgress`` such as ``dpeval.checkpoint.ShadowStore``): the shadows
   are trained in groups of ``group`` (all at once by default); each finished shadow is saved as its group
   ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
   draws only from its own scope (``scopes[i]``: init, sampler, its defense's noise and masks), so which
@@ -37,18 +37,18 @@ from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm import tqdm
 
-from defenses.base import Defense
-from harness.core.per_sample import fixed_front, front_features
-from harness.core.settings import TrainConfig
-from harness.core.streams import Streams
-from harness.engine.training import BatchSampler, make_optimizer, make_schedule, train
+from dpeval.core.per_sample import fixed_front, front_features
+from dpeval.core.settings import TrainConfig
+from dpeval.core.streams import Streams
+from dpeval.defenses.base import Defense
+from dpeval.engine.training import BatchSampler, make_optimizer, make_schedule, train
 
 # make_defense(i, model, steps_per_epoch): shadow i's defense, bound to its model, for epochs of its own pool
 MakeDefense = Callable[[int, nn.Module, int], Defense]
 
 
 class ShadowProgress(Protocol):
-    """Where finished shadows are kept (``harness.checkpoint.ShadowStore`` keeps them in the run's folder)."""
+    """Where finished shadows are kept (``dpeval.checkpoint.ShadowStore`` keeps them in the run's folder)."""
 
     def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
         """Shadow index → state dict of those of the K shadows already kept."""

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from defenses.base import Defense, SharedGradient
-from harness.core.per_sample import PerSampleGradients, fixed_front, front_features, micro_batches
-from harness.core.settings import TrainConfig
-from harness.core.splits import Split
-from harness.engine.book_keeping import BookKeeping, select_engine
-from harness.engine.release import apply_release
+from dpeval.core.per_sample import PerSampleGradients, fixed_front, front_features, micro_batches
+from dpeval.core.settings import TrainConfig
+from dpeval.core.splits import Split
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.engine.book_keeping import BookKeeping, select_engine
+from dpeval.engine.release import apply_release
 
 log = logging.getLogger("dpeval")
 

@@ -23,13 +23,13 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
-from harness.config import RunSpec
-from harness.core.errors import ConfigError, RunFailure
-from harness.headlines import attacks_in, read
-from harness.runner import log_hint
-from harness.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
-from harness.sweep.executors import Executor
-from harness.sweep.grid import describe, swept_fields
+from dpeval.config import RunSpec
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.headlines import attacks_in, read
+from dpeval.runner import log_hint
+from dpeval.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
+from dpeval.sweep.executors import Executor
+from dpeval.sweep.grid import describe, swept_fields
 
 log = logging.getLogger("dpeval")
 

@@ -14,18 +14,18 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.config import RunSpec, build_spec
-from harness.core.errors import ConfigError
-from harness.store import CHECKPOINT_FILE
+from dpeval.config import RunSpec, build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.store import CHECKPOINT_FILE
 
 
 def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int = 1) -> dict[str, Any]:
     """Execute one grid point in this process (also the body of worker processes), with the thread default
-    for one of ``workers`` concurrent processes (``harness.core.runtime.default_threads``) and a checkpoint
+    for one of ``workers`` concurrent processes (``dpeval.core.runtime.default_threads``) and a checkpoint
     after every epoch; a run folder that holds one (an interrupted point the driver resumes) goes on from it."""
-    from harness import checkpoint
-    from harness.core.runtime import apply_thread_default
-    from harness.runner import perform, prepare
+    from dpeval import checkpoint
+    from dpeval.core.runtime import apply_thread_default
+    from dpeval.runner import perform, prepare
 
     apply_thread_default(workers)
     spec = build_spec(canonical)
@@ -80,7 +80,7 @@ def _start_worker(debug: bool) -> None:
     semaphore, which Python's resource tracker reports at exit."""
     from tqdm import tqdm
 
-    from harness.logs import setup_logging
+    from dpeval.logs import setup_logging
 
     setup_logging(debug, terminal=debug)
     tqdm.set_lock(threading.RLock())

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.config import RunSpec, build_spec, load_yaml
-from harness.core.errors import ConfigError, brief
-from harness.core.params import Params, from_dict, param
+from dpeval.config import RunSpec, build_spec, load_yaml
+from dpeval.core.errors import ConfigError, brief
+from dpeval.core.params import Params, from_dict, param
 
 NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
 
@@ -83,8 +83,8 @@ def _is_list_typed(path: str, raw: dict[str, Any]) -> bool:
     section, _, name = path.partition(".")
     if section not in ("defense", "attack") or not name or "." in name:
         return False
-    from attacks import ATTACKS
-    from defenses import DEFENSES
+    from dpeval.attacks import ATTACKS
+    from dpeval.defenses import DEFENSES
 
     if section == "defense":
         names = raw.get("defense", {}).get("name", "dpsgd")
@@ -157,8 +157,8 @@ def settings_of(spec: RunSpec) -> dict[str, Any]:
     DP run the requested ε (``privacy.epsilon`` marks the point private, as in a result)."""
     import math
 
-    from defenses import DEFENSES
-    from harness.leaderboard import setting_columns
+    from dpeval.defenses import DEFENSES
+    from dpeval.leaderboard import setting_columns
 
     dp = DEFENSES.get(spec.defense_name).is_dp(spec.defense)
     canonical = spec.canonical()
@@ -174,7 +174,7 @@ def settings_of(spec: RunSpec) -> dict[str, Any]:
 
 def swept_fields(specs: list[RunSpec]) -> list[str]:
     """What differs between the grid points, among the points each setting applies to."""
-    from harness.leaderboard import varying_settings
+    from dpeval.leaderboard import varying_settings
 
     flats = [settings_of(s) for s in specs]
     names = [k for k in ("defense", "dataset", "model", "attacks") if len({repr(f[k]) for f in flats}) > 1]
@@ -184,7 +184,7 @@ def swept_fields(specs: list[RunSpec]) -> list[str]:
 
 def describe(spec: RunSpec, swept: list[str]) -> str:
     """``name=rs final_rate=0.5 epsilon=3 seed=0``: the swept settings that apply to this point only."""
-    from harness.leaderboard import applies
+    from dpeval.leaderboard import applies
 
     flat = settings_of(spec)
     names = {"privacy.target_epsilon": "epsilon"}

@@ -10,20 +10,20 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from defenses import DEFENSES
-from defenses.adaclip import AdaCliP
-from defenses.base import SharedGradient
-from defenses.dpsgd import DPSGD
-from defenses.gep import GEP
-from defenses.rs import RandomSparsification
-from harness.audit import driver as audit_mod
-from harness.audit.driver import AuditOptions, dp_defense_names, run_audit
-from harness.audit.format import format_audit
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.runtime import single_cpu_thread
-from harness.core.statistics import split_bound
-from harness.core.streams import Streams
+from dpeval.audit import driver as audit_mod
+from dpeval.audit.driver import AuditOptions, dp_defense_names, run_audit
+from dpeval.audit.format import format_audit
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.runtime import single_cpu_thread
+from dpeval.core.statistics import split_bound
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.adaclip import AdaCliP
+from dpeval.defenses.base import SharedGradient
+from dpeval.defenses.dpsgd import DPSGD
+from dpeval.defenses.gep import GEP
+from dpeval.defenses.rs import RandomSparsification
 from tests.helpers import noiseless
 
 MU = math.sqrt(audit_mod.DEFAULT_STEPS) / audit_mod.DEFAULT_NOISE_MULTIPLIER  # accountant's μ of the audit

@@ -14,18 +14,18 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from defenses import DEFENSES
-from defenses.base import SharedGradient
-from defenses.clipping import clip_factors
-from defenses.dpsgd import DPSGD
-from defenses.rs import RandomSparsification
-from harness.audit.driver import AuditOptions, dp_defense_names, run_audit
-from harness.audit.run import GUESS_RULES, STATISTICS, RunAuditOptions, canary_scores, run_scope_audit
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.accounting import default_delta, noise_for
-from harness.core.ledger import PrivacyLedger
-from harness.runner import plan_privacy
+from dpeval.audit.driver import AuditOptions, dp_defense_names, run_audit
+from dpeval.audit.run import GUESS_RULES, STATISTICS, RunAuditOptions, canary_scores, run_scope_audit
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.accounting import default_delta, noise_for
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import SharedGradient
+from dpeval.defenses.clipping import clip_factors
+from dpeval.defenses.dpsgd import DPSGD
+from dpeval.defenses.rs import RandomSparsification
+from dpeval.runner import plan_privacy
 from tests.helpers import noiseless
 
 
@@ -289,8 +289,8 @@ def test_canary_kind_belongs_to_the_run_scope():
 
 
 def test_noise_units_undo_the_release_scale_and_adaclip_shift():
-    from defenses.adaclip import AdaCliPDesign
-    from defenses.auditing import CanaryDesign
+    from dpeval.defenses.adaclip import AdaCliPDesign
+    from dpeval.defenses.auditing import CanaryDesign
 
     names = {"w": torch.Size([2, 2])}
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[2]
 UNWRITABLE = "/sys/dpeval-unwritable"  # mkdir / open for writing fail there, for root too (Linux sysfs)
@@ -289,7 +289,7 @@ def invoke(args, cwd, options):
     if options["process"]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, text=True,
+            proc = subprocess.run([sys.executable, "-m", "dpeval.cli", *args], cwd=cwd, env=env, text=True,
                                   capture_output=True, timeout=240)
         except subprocess.TimeoutExpired:
             pytest.fail(f"dpeval {' '.join(args)} hung")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.core.verdicts import Verdict
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.core.verdicts import Verdict
+from dpeval.store import ResultStore
 
 QUICK = ["--epochs", "2", "--set", "train.batch_size=64", "--quiet"]
 
@@ -149,7 +149,7 @@ def test_runtime_failure_exits_1_and_records_failed(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr("harness.runner.train", broken)
+    monkeypatch.setattr("dpeval.runner.train", broken)
     result = CliRunner().invoke(main, ["run", "--results", str(tmp_path), "--quiet"])
     assert result.exit_code == 1
     assert "simulated crash" in result.stderr and "log.txt" in result.stderr
@@ -161,7 +161,7 @@ def test_a_failed_run_is_one_line_its_traceback_in_the_log(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr("harness.runner.train", broken)
+    monkeypatch.setattr("dpeval.runner.train", broken)
     result = CliRunner().invoke(main, ["run", "--results", str(tmp_path)])
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     (line,) = result.stderr.splitlines()
@@ -187,7 +187,7 @@ def test_a_diverging_run_stops_and_names_the_learning_rate(tmp_path):
 @pytest.mark.parametrize("delta,shown", [(0.999999, "0.999999"), (1e-5, "1e-05"), (0.123456, "0.123"),
                                          (1 - 1e-12, "0.999999999999")])
 def test_delta_is_printed_with_the_digits_it_needs(delta, shown):
-    from harness.cli import format_delta
+    from dpeval.cli import format_delta
 
     assert format_delta(delta) == shown
     result = invoke("privacy", "--noise-multiplier", "1", "--delta", delta, "--sample-rate", "0.01", "--steps", "10")
@@ -200,7 +200,7 @@ def test_delta_is_printed_with_the_digits_it_needs(delta, shown):
 def test_stdout_on_a_full_device_is_one_line(args):
     root = Path(__file__).resolve().parents[2]
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], stdout=full, stderr=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, "-m", "dpeval.cli", *args], stdout=full, stderr=subprocess.PIPE,
                               text=True, cwd=root, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == ["dpeval: cannot write the output to stdout: No space left on device"]
@@ -210,7 +210,7 @@ def test_interrupt_leaves_failed_not_done(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("harness.runner.train", interrupted)
+    monkeypatch.setattr("dpeval.runner.train", interrupted)
     result = CliRunner().invoke(main, ["run", "--results", str(tmp_path), "--quiet"])
     assert result.exit_code == 130
     (row,) = ResultStore(tmp_path).rows()
@@ -253,7 +253,7 @@ def test_shuffle_sampling_warns_and_records_what_epsilon_assumes(tmp_path):
 
 def test_privacy_counts_the_steps_training_takes():
     """q = 32/2976: training takes ⌊2976/32⌋ = 93 steps an epoch; ⌊1/q⌋ in floats would give 92."""
-    from harness.core.accounting import epsilon_for
+    from dpeval.core.accounting import epsilon_for
 
     q = 32 / 2976
     result = invoke("privacy", "--noise-multiplier", 1.0, "--delta", 1e-5, "--sample-rate", repr(q), "--epochs", 10,
@@ -285,7 +285,7 @@ def test_show(tmp_path):
 def test_json_stdout_is_exactly_one_object(tmp_path):
     """In a real process: progress and logs on stderr, one JSON object on stdout."""
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--defense", "none", "--epochs", "1", "--results",
+        [sys.executable, "-m", "dpeval.cli", "run", "--defense", "none", "--epochs", "1", "--results",
          str(tmp_path), "--json"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert proc.returncode == 0, proc.stderr
     obj = json.loads(proc.stdout)
@@ -314,7 +314,7 @@ def test_acceptance_no_defense_accuracy(tmp_path):
 
 
 def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, monkeypatch):
-    from attacks.loss import LossAttack
+    from dpeval.attacks.loss import LossAttack
 
     def broken(self, view, x, y):
         raise RuntimeError("planted failure")
@@ -342,7 +342,7 @@ def test_run_help_points_to_the_parameter_list():
 
 
 def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densities():
-    from harness.cli import format_run
+    from dpeval.cli import format_run
 
     m = {"run_id": "r", "dataset": "digits", "model": "cnn3", "defense": "rs", "attack": "ig+lira", "seed": 0,
          "utility.test_accuracy": 0.9, "utility.train_accuracy": 0.92, "privacy.epsilon": 2.99,
@@ -367,8 +367,8 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
 def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
     """A metric name with a dot (``tpr_at_0.1pct_fpr``, ``ssim_at_0.9``) is neither a model state nor a
     per-state key, even beside an attack's per-state keys; an attack name with a dash is one attack."""
-    from harness.cli import format_attack
-    from harness.headlines import attacks_in, states_of
+    from dpeval.cli import format_attack
+    from dpeval.headlines import attacks_in, states_of
 
     m = {"leakage.lira.tpr_at_0.1pct_fpr": 0.01, "leakage.lira.auc": 0.6, "leakage.grad-mia.auc": 0.7,
          "leakage.ig.psnr": 9.0, "leakage.ig.epoch:3.psnr": 9.0, "leakage.ig.final.psnr": 8.0,

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from harness.config import build_spec, load_yaml, parse_set, set_dotted
-from harness.core.errors import ConfigError
-from harness.core.settings import DEFAULT_EPSILON
+from dpeval.config import build_spec, load_yaml, parse_set, set_dotted
+from dpeval.core.errors import ConfigError
+from dpeval.core.settings import DEFAULT_EPSILON
 
 
 def spec_from(**sets):
@@ -150,7 +150,7 @@ def test_every_shipped_config_loads_and_validates():
     plain SGD (docs/sparsification.md)."""
     from pathlib import Path
 
-    from harness.sweep.grid import load_sweep
+    from dpeval.sweep.grid import load_sweep
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     for path in sorted(configs.glob("*.yaml")):
@@ -185,7 +185,7 @@ def test_exponent_floats_from_yaml_and_set(tmp_path):
 def test_defense_that_needs_public_data_fails_before_the_run(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import main
+    from dpeval.cli import main
 
     results = tmp_path / "r"
     result = CliRunner().invoke(main, ["run", "--defense", "gep", "--set", "data.public_fraction=0",
@@ -196,7 +196,7 @@ def test_defense_that_needs_public_data_fails_before_the_run(tmp_path):
 
 def test_an_attack_parameter_may_drop_the_attack_prefix():
     """``attack.ig.iterations`` is ``attack.ig.ig_iterations`` (the same run key); both at once is refused."""
-    from harness.config import build_spec
+    from dpeval.config import build_spec
 
     short = build_spec({"attacks": ["ig", "lira"], "attack": {"ig": {"iterations": 7}, "restarts": 2}})
     assert short.attack["ig"].ig_iterations == 7 and short.attack["ig"].ig_restarts == 2
@@ -209,7 +209,7 @@ def test_an_attack_parameter_may_drop_the_attack_prefix():
 
 
 def test_the_doubled_spelling_is_accepted_with_a_note():
-    from harness.cli import spelling_notes
+    from dpeval.cli import spelling_notes
 
     notes = spelling_notes({"attack": {"ig": {"ig_iterations": 5, "targets": 2}, "ig_restarts": 2}})
     assert notes == ["dpeval: note: attack.ig.ig_iterations can be written attack.ig.iterations (the same setting; "

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.store import ResultStore
 from tests.helpers import FASHIONMNIST_INSTALLED
 
 ROOT = Path(__file__).resolve().parents[2]

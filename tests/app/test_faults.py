@@ -20,8 +20,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.store import STALE_ERROR, ResultStore
+from dpeval.cli import main
+from dpeval.store import STALE_ERROR, ResultStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 300
@@ -31,7 +31,7 @@ def start_run(results: Path, stderr_path: Path) -> subprocess.Popen:
     """A long ``dpeval run`` with its progress bar on (stderr to a file, as under Slurm or ``nohup``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(stderr_path, "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--defense", "dpsgd", "--attack", "none",
+        return subprocess.Popen([sys.executable, "-m", "dpeval.cli", "run", "--defense", "dpsgd", "--attack", "none",
                                  "--epochs", "2000", "--set", "train.batch_size=64", "--results", str(results)],
                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
@@ -128,9 +128,9 @@ def test_a_run_whose_result_cannot_be_recorded_says_so(tmp_path, monkeypatch):
     its result: one line with the run id, its metrics and log; model.pt whole."""
     import torch
 
-    from harness import runner
+    from dpeval import runner
 
-    monkeypatch.setattr("harness.store.LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr("dpeval.store.LOCK_WAIT_S", 0.5)
     real = runner.perform
     readers = []
 
@@ -156,7 +156,7 @@ def test_a_run_whose_result_cannot_be_recorded_says_so(tmp_path, monkeypatch):
     assert str(run_dir / "log.txt") in line and str(run_dir / "metrics.json") in line
     assert "stays `running` until the next dpeval" in line
     assert torch.load(run_dir / "model.pt", weights_only=True)  # whole: written then renamed
-    monkeypatch.setattr("harness.store._alive", lambda pid: False)  # as the next command sees it: process gone
+    monkeypatch.setattr("dpeval.store._alive", lambda pid: False)  # as the next command sees it: process gone
     assert ResultStore(tmp_path).fail_stale() == 1 and ResultStore(tmp_path).get(row["run_id"])["status"] == "failed"
 
 
@@ -196,7 +196,7 @@ def test_a_signal_stops_a_sweeps_workers_and_keeps_what_finished(tmp_path, sig):
     results = tmp_path / "r"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", str(sweep_file(tmp_path, [1, 3000])),
+        proc = subprocess.Popen([sys.executable, "-m", "dpeval.cli", "sweep", str(sweep_file(tmp_path, [1, 3000])),
                                  "--workers", "2", "--quiet", "--results", str(results)],
                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + DEADLINE_S
@@ -220,7 +220,7 @@ def test_sweep_workers_log_their_epochs_and_fail_in_one_line(tmp_path):
     that diverges) is one line on the terminal, its traceback in its log."""
     results = tmp_path / "r"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "sweep", str(sweep_file(tmp_path, [2], [0.1, 1e30])),
+    proc = subprocess.run([sys.executable, "-m", "dpeval.cli", "sweep", str(sweep_file(tmp_path, [2], [0.1, 1e30])),
                            "--workers", "2", "--quiet", "--results", str(results)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from attacks import ATTACKS
-from attacks.base import Attack
-from harness import leaderboard as lb
-from harness.core.errors import ConfigError
-from harness.core.verdicts import Verdict
+from dpeval import leaderboard as lb
+from dpeval.attacks import ATTACKS
+from dpeval.attacks.base import Attack
+from dpeval.core.errors import ConfigError
+from dpeval.core.verdicts import Verdict
 
 
 def row(run_id, seed, acc, psnr=None, auc=None, rate=0.0):
@@ -188,7 +188,7 @@ def dp_row(run_id, seed, clip, acc, eps=3.0, delta=1e-5, dataset="digits"):
 
 
 def test_a_grid_of_twelve_reports_the_selection_cost_in_a_column_and_a_sentence():
-    from harness.core.accounting import gaussian_rdp, random_stopping_cost
+    from dpeval.core.accounting import gaussian_rdp, random_stopping_cost
 
     rows = [dp_row(f"r{i}", 0, 0.1 * (i + 1), 0.80 + 0.01 * i) for i in range(12)]
     baseline = row("none", 0, 0.97)

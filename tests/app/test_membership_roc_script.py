@@ -11,7 +11,7 @@ import numpy as np
 from click.testing import CliRunner
 from sklearn.metrics import roc_curve
 
-from harness.cli import main
+from dpeval.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("membership_roc", ROOT / "bench/membership_roc.py")

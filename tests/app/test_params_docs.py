@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attacks import ATTACKS
-from defenses import DEFENSES
-from harness.params_docs import main, missing, render, sections, table
+from dpeval.attacks import ATTACKS
+from dpeval.defenses import DEFENSES
+from dpeval.params_docs import main, missing, render, sections, table
 from tests.fixtures import registered
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -14,8 +14,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 def test_configuration_tables_match_the_code():
     text = DOC.read_text()
-    assert missing(text) == [], "docs/configuration.md lacks sections: run python -m harness.params_docs"
-    assert render(text) == text, "docs/configuration.md is stale: run python -m harness.params_docs"
+    assert missing(text) == [], "docs/configuration.md lacks sections: run python -m dpeval.params_docs"
+    assert render(text) == text, "docs/configuration.md is stale: run python -m dpeval.params_docs"
 
 
 def test_every_section_has_a_table():

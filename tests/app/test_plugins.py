@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
+from dpeval.cli import main
 from tests.fixtures import PLUGINS, registered
 
 ROOT = Path(__file__).resolve().parents[2]

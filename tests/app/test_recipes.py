@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.sweep.grid import PaperNumbers, load_paper, load_sweep
+from dpeval.cli import main
+from dpeval.sweep.grid import PaperNumbers, load_paper, load_sweep
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,8 +114,8 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
     import csv
     import io
 
-    from harness import leaderboard as lb
-    from harness.report import table
+    from dpeval import leaderboard as lb
+    from dpeval.report import table
 
     def row(seed: int, acc: float) -> dict:
         metrics = {"dataset": "cifar10", "model": "hcnn", "defense": "rs", "attack": "none", "seed": seed,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from harness.cli import main
+from dpeval.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("reconstruction_figure", ROOT / "bench/reconstruction_figure.py")

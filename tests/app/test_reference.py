@@ -5,11 +5,11 @@ import json
 
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.verdicts import Verdict
-from harness.reference import find_reference
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.verdicts import Verdict
+from dpeval.reference import find_reference
+from dpeval.store import ResultStore
 
 QUICK = ["--epochs", "1", "--set", "train.batch_size=64", "--quiet",
          "--set", "data.name=synthetic", "--set", "data.synthetic.size=200"]
@@ -47,7 +47,7 @@ def test_a_reference_must_share_data_model_training_and_seed(tmp_path):
 
 
 def test_deltas_name_both_headlines_and_the_direction_of_leakage():
-    from harness.reference import deltas, format_deltas
+    from dpeval.reference import deltas, format_deltas
 
     mine = {"defense": "rs", "utility.test_accuracy": 0.85, "attack.ig.targets": 6, "leakage.ig.psnr": 7.6,
             "leakage.ig.baseline_psnr": 12.1, "leakage.ig.verdict": Verdict.NO_LEAK}

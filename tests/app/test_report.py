@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from harness.cli import main
-from harness.core.verdicts import Verdict
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.core.verdicts import Verdict
+from dpeval.store import ResultStore
 
 STATES = ["epoch:7", "epoch:13", "final"]
 
@@ -198,7 +198,7 @@ def test_report_renders_in_a_headless_browser(tmp_path):
 
 def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
     """No ROC curve resolves a rate below 1/n_nonmembers, so the report's axes stop there."""
-    from harness import report
+    from dpeval import report
 
     run = tmp_path / "runs" / "r1" / "lira"
     run.mkdir(parents=True)

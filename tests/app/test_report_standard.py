@@ -6,11 +6,11 @@ import json
 
 from click.testing import CliRunner
 
-from harness import leaderboard as lb
-from harness.cli import main
-from harness.core.verdicts import Verdict
-from harness.report import spread_note
-from harness.store import ResultStore
+from dpeval import leaderboard as lb
+from dpeval.cli import main
+from dpeval.core.verdicts import Verdict
+from dpeval.report import spread_note
+from dpeval.store import ResultStore
 
 
 def utility_store(root, points, seeds=(0, 1), extra=None):

@@ -16,9 +16,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from defenses import DEFENSES
-from harness.cli import main
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.defenses import DEFENSES
+from dpeval.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, BATCH = 3, 256  # digits: 1258 private examples, 4 steps per epoch
@@ -37,7 +37,7 @@ def comparable(metrics):
 
 def interrupt_at(monkeypatch, step):
     """The ``step``-th release of training raises KeyboardInterrupt (what Ctrl-C does), once."""
-    from harness.engine import training
+    from dpeval.engine import training
 
     real, calls = training.apply_release, []
 
@@ -99,7 +99,7 @@ def test_kill_9_then_the_same_command_resumes(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = ["run", "--defense", "dpsgd", "--attack", "none", "--epochs", "6", "--set", "train.batch_size=32",
             "--quiet", "--json"]
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args, "--results", str(tmp_path / "r")],
+    proc = subprocess.Popen([sys.executable, "-m", "dpeval.cli", *args, "--results", str(tmp_path / "r")],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not list((tmp_path / "r").glob("runs/*/checkpoint.pt")):
@@ -132,7 +132,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, dama
         data[len(data) // 2] ^= 0xFF
         path.write_bytes(bytes(data))
     else:
-        from harness import checkpoint
+        from dpeval import checkpoint
 
         checkpoint.save(path, "0" * 16, checkpoint.load(path, row["run_key"]))
     result = CliRunner().invoke(main, command("dpsgd", tmp_path))
@@ -225,7 +225,7 @@ def test_within_epoch_checkpoints_keep_attacked_states(tmp_path, monkeypatch):
 def test_checkpoint_every_n_steps_within_each_epoch(tmp_path, monkeypatch):
     """``train.checkpoint_every=3`` with 4 steps per epoch: after step 3 of each epoch and at each epoch's end,
     nothing else; the default writes at epoch ends only."""
-    from harness import checkpoint
+    from dpeval import checkpoint
 
     real, written = checkpoint.save, []
 
@@ -246,8 +246,8 @@ def test_checkpoint_every_n_steps_within_each_epoch(tmp_path, monkeypatch):
 def test_a_run_interrupted_while_it_trains_shadows_keeps_the_finished_ones(tmp_path, monkeypatch):
     """Ctrl-C after the first group of shadows: the same command trains only the shadows left, ends with the
     metrics of an uninterrupted run, and clears the saved shadows once done."""
-    from attacks import membership_common
-    from harness import checkpoint
+    from dpeval import checkpoint
+    from dpeval.attacks import membership_common
 
     monkeypatch.setattr(membership_common, "SHADOW_GROUP", 2)
     args = ["run", "--defense", "dpsgd", "--attack", "lira", "--epochs", str(EPOCHS), "--set",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.core.errors import ConfigError, RunFailure
-from harness.store import ResultStore
+from dpeval.cli import main
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.store import ResultStore
 
 
 def test_lifecycle(tmp_path):
@@ -50,7 +50,7 @@ def test_done_needs_its_metrics_in_the_same_transaction(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("harness.store.write_json_atomic", broken)
+    monkeypatch.setattr("dpeval.store.write_json_atomic", broken)
     with pytest.raises(RunFailure) as failure:
         store.finish(run_id, {"x": 1})
     message = str(failure.value)
@@ -156,7 +156,7 @@ def test_a_leftover_journal_on_a_read_only_folder_is_explained(tmp_path, monkeyp
     for i in range(40):
         store.finish(store.begin(f"{i:016x}", {"pad": "x" * 2000}), {"pad": "y" * 2000})
     leave_hot_journal(results)
-    monkeypatch.setattr("harness.store.os.access", lambda path, mode: False)  # as for a read-only mount
+    monkeypatch.setattr("dpeval.store.os.access", lambda path, mode: False)  # as for a read-only mount
     result = CliRunner().invoke(main, ["leaderboard", "--results", str(results)])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
     assert "leftover journal" in result.stderr and "results.sqlite-journal" in result.stderr
@@ -189,8 +189,8 @@ def test_a_taken_run_id_is_drawn_again(tmp_path, monkeypatch):
     """Runs whose keys share their 8-character prefix, begun in one second, may draw the same random suffix:
     the second draw of a taken id (as a row, or as a folder left by a crash) is replaced, not an error."""
     draws = iter(["abcd", "abcd", "abcd", "ef01", "2345", "2345", "6789"])
-    monkeypatch.setattr("harness.store.secrets.token_hex", lambda n: next(draws))
-    monkeypatch.setattr("harness.store.datetime", _FrozenClock)
+    monkeypatch.setattr("dpeval.store.secrets.token_hex", lambda n: next(draws))
+    monkeypatch.setattr("dpeval.store.datetime", _FrozenClock)
     store = ResultStore(tmp_path)
     first = store.begin("0" * 16, {"i": 0})
     second = store.begin("0" * 16, {"i": 1})  # draws abcd twice (taken), then ef01
@@ -247,7 +247,7 @@ def test_writers_wait_for_a_long_held_reader(tmp_path):
 def test_a_verdict_round_trips_through_the_store(tmp_path):
     """The stored text is the verdict's value; read back (SQLite row and metrics.json), it parses to the same
     Verdict."""
-    from harness.core.verdicts import Verdict
+    from dpeval.core.verdicts import Verdict
 
     store = ResultStore(tmp_path)
     for verdict in Verdict:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.store import ResultStore
-from harness.sweep import driver, executors
-from harness.sweep import grid as sw
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.store import ResultStore
+from dpeval.sweep import driver, executors
+from dpeval.sweep import grid as sw
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 QUICK_TRAIN = {"epochs": 1, "batch_size": 256}
@@ -174,7 +174,7 @@ def test_kill_minus_9_then_resume(tmp_path):
     row per point, and runs completed before the kill keep their metrics."""
     path = write(tmp_path, {"train": {"epochs": 3, "batch_size": 128}, "seeds": [0, 1, 2, 3]})
     results = tmp_path / "r"
-    cmd = [sys.executable, "-m", "harness.cli", "sweep", str(path), "--results", str(results), "--quiet"]
+    cmd = [sys.executable, "-m", "dpeval.cli", "sweep", str(path), "--results", str(results), "--quiet"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and len(_done_rows(results / "results.sqlite")) < 1:
@@ -226,8 +226,8 @@ def test_status_lines_name_headline_leakage_and_verdict(tmp_path):
 def test_status_lines_name_only_the_settings_that_apply_to_a_point():
     """A sweep over defenses lists each point's own swept settings: not another defense's parameters, not
     the ε of the non-private run, not SGD's momentum under Adam."""
-    from harness.config import build_spec
-    from harness.sweep.grid import describe, swept_fields
+    from dpeval.config import build_spec
+    from dpeval.sweep.grid import describe, swept_fields
 
     specs = [build_spec({"defense": {"name": "rs", "final_rate": rate}, "privacy": {"epsilon": eps}})
              for rate in (0.5, 0.9) for eps in (1.0, 3.0)]
@@ -244,8 +244,8 @@ def test_status_lines_name_only_the_settings_that_apply_to_a_point():
 
 
 def test_a_setting_shared_by_two_attacks_is_named_once():
-    from harness.config import build_spec
-    from harness.sweep.grid import describe, swept_fields
+    from dpeval.config import build_spec
+    from dpeval.sweep.grid import describe, swept_fields
 
     specs = [build_spec({"defense": "rs", "attacks": ["ig", "rgap"], "attack": {"mask_aware": aware}})
              for aware in (True, False)]
@@ -268,7 +268,7 @@ def test_dry_run_applies_the_checks_of_run_in_one_line(tmp_path):
 
 
 def test_a_failure_names_a_log_only_when_it_exists(tmp_path):
-    from harness.runner import log_hint
+    from dpeval.runner import log_hint
 
     assert log_hint(tmp_path) == ""
     (tmp_path / "log.txt").write_text("x")

@@ -7,9 +7,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from harness.cli import main
-from harness.core.datasets import load_task
-from harness.core.settings import DataConfig, TokensConfig
+from dpeval.cli import main
+from dpeval.core.datasets import load_task
+from dpeval.core.settings import DataConfig, TokensConfig
 
 
 def _run(tmp_path, *args):

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from attacks import ATTACKS
-from attacks.ig import GradientMatcher, IGParams, invert
-from defenses.base import Defense, SharedGradient
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.params import from_dict
-from harness.core.verdicts import Verdict
-from harness.runner import untrained_view
+from dpeval.attacks import ATTACKS
+from dpeval.attacks.ig import GradientMatcher, IGParams, invert
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import from_dict
+from dpeval.core.verdicts import Verdict
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.runner import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
@@ -201,8 +201,8 @@ def test_dlg_variant_l2_with_lbfgs(tmp_path):
 
 def test_restarts_keep_the_best_matching_loss_of_each_problem():
     torch.manual_seed(0)
-    from harness.core.models import build_model
-    from harness.core.per_sample import PerSampleGradients
+    from dpeval.core.models import build_model
+    from dpeval.core.per_sample import PerSampleGradients
 
     model = build_model("cnn3", (1, 8, 8), 10, (0.3,), (0.4,)).eval()
     x, y = torch.rand(2, 1, 8, 8), torch.tensor([3, 7])
@@ -222,8 +222,8 @@ def test_restarts_keep_the_best_matching_loss_of_each_problem():
 def test_problems_solved_together_equal_problems_solved_alone(optimizer):
     """Side by side (vmap), T problems give what each gives alone: nothing couples them."""
     torch.manual_seed(0)
-    from harness.core.models import build_model
-    from harness.core.per_sample import PerSampleGradients
+    from dpeval.core.models import build_model
+    from dpeval.core.per_sample import PerSampleGradients
 
     model = build_model("cnn3", (1, 8, 8), 10, (0.3,), (0.4,)).eval()
     x, y = torch.rand(3, 1, 8, 8), torch.tensor([1, 4, 9])
@@ -262,9 +262,9 @@ def natural_thumbnails(names=("astronaut", "chelsea", "coffee", "rocket")):
 
 @pytest.mark.slow
 def test_natural_rgb_images_against_dpcnn_at_init(tmp_path):
-    from attacks import image_metrics
-    from harness.core.models import build_model
-    from harness.core.per_sample import PerSampleGradients
+    from dpeval.attacks import image_metrics
+    from dpeval.core.models import build_model
+    from dpeval.core.per_sample import PerSampleGradients
 
     x = natural_thumbnails()
     mean, std = tuple(x.mean(dim=(0, 2, 3)).tolist()), tuple(x.std(dim=(0, 2, 3)).tolist())

@@ -8,19 +8,19 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from attacks import ATTACKS, image_metrics
-from attacks import gradient_common as gc
-from attacks.rgap import RGAPParams, check_model, reconstruct_one
-from defenses.base import Defense, SharedGradient
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.models import build_model
-from harness.core.params import from_dict
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams
-from harness.core.verdicts import Verdict
-from harness.runner import untrained_view
+from dpeval.attacks import ATTACKS, image_metrics
+from dpeval.attacks import gradient_common as gc
+from dpeval.attacks.rgap import RGAPParams, check_model, reconstruct_one
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import build_model
+from dpeval.core.params import from_dict
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.core.verdicts import Verdict
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.runner import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):
@@ -118,7 +118,7 @@ def test_unsupported_model_fails_the_attack_before_any_work(tmp_path):
         run_rgap(ctx, spec)
     from click.testing import CliRunner
 
-    from harness.cli import main
+    from dpeval.cli import main
 
     results = tmp_path / "results"
     cli = CliRunner().invoke(main, ["run", "--attack", "rgap", "--model", "dpcnn", "--dataset", "synthetic",

@@ -8,11 +8,11 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from attacks import verdict
-from harness.cli import main
-from harness.core.states import resolve as resolve_states
-from harness.core.states import trajectory_epochs
-from harness.core.verdicts import Verdict
+from dpeval.attacks import verdict
+from dpeval.cli import main
+from dpeval.core.states import resolve as resolve_states
+from dpeval.core.states import trajectory_epochs
+from dpeval.core.verdicts import Verdict
 
 # ------------------------------------------------------------------------------------------------------------
 # state names
@@ -108,7 +108,7 @@ def test_artefacts_are_relative_to_the_results_folder(trajectory_run, tmp_path):
 
 def test_the_printout_names_verdict_state_rate_and_picture(trajectory_run):
     results, m = trajectory_run
-    from harness.cli import format_run
+    from dpeval.cli import format_run
 
     text = format_run(m, results)
     (line,) = [entry for entry in text.splitlines() if entry.strip().startswith("ig ")]

@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from attacks import ATTACKS
-from attacks.base import AttackResult
-from harness.config import build_spec
-from harness.core.result_keys import AttackKey
-from harness.core.verdicts import Verdict
-from harness.runner import execute
-from harness.store import ResultStore
+from dpeval.attacks import ATTACKS
+from dpeval.attacks.base import AttackResult
+from dpeval.config import build_spec
+from dpeval.core.result_keys import AttackKey
+from dpeval.core.verdicts import Verdict
+from dpeval.runner import execute
+from dpeval.store import ResultStore
 
 NAMES = ATTACKS.names()
 SMALL = {"ig_iterations": 30, "shadows": 4, "batches": 2, "batch_size": 1}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from skimage.metrics import structural_similarity
 
-from attacks import image_metrics as im
+from dpeval.attacks import image_metrics as im
 
 
 def images(b=3, c=1, h=8, w=8, seed=0):

@@ -11,13 +11,13 @@ import pytest
 import torch
 from scipy import stats
 
-from attacks import shadow_signals as sh
-from attacks.lira import LiraParams, _fit, lira_scores
-from attacks.membership_common import View
-from attacks.membership_metrics import membership_metrics
-from attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
-from harness.core.models import build_model
-from harness.core.per_sample import fixed_front, front_features
+from dpeval.attacks import shadow_signals as sh
+from dpeval.attacks.lira import LiraParams, _fit, lira_scores
+from dpeval.attacks.membership_common import View
+from dpeval.attacks.membership_metrics import membership_metrics
+from dpeval.attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
+from dpeval.core.models import build_model
+from dpeval.core.per_sample import fixed_front, front_features
 
 
 def threshold_rng(seed=0):

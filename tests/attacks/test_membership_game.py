@@ -10,22 +10,22 @@ import torch
 from click.testing import CliRunner
 from sklearn.metrics import roc_auc_score
 
-from attacks import membership_common as mc
-from attacks import shadow_signals as sh
-from attacks.grad_mia import GradientMIA, GradMiaParams
-from attacks.lira import LiraParams, lira_scores
-from attacks.rmia import RmiaParams, rmia_scores
-from defenses import DEFENSES
-from defenses.dpsgd import DPSGD
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.params import from_dict
-from harness.core.verdicts import Verdict
-from harness.engine.shadow_training import fresh_models
-from harness.engine.training import BatchSampler
-from harness.runner import execute, prepare
-from harness.store import ResultStore
+from dpeval.attacks import membership_common as mc
+from dpeval.attacks import shadow_signals as sh
+from dpeval.attacks.grad_mia import GradientMIA, GradMiaParams
+from dpeval.attacks.lira import LiraParams, lira_scores
+from dpeval.attacks.rmia import RmiaParams, rmia_scores
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import from_dict
+from dpeval.core.verdicts import Verdict
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.dpsgd import DPSGD
+from dpeval.engine.shadow_training import fresh_models
+from dpeval.engine.training import BatchSampler
+from dpeval.runner import execute, prepare
+from dpeval.store import ResultStore
 from tests.helpers import needs_fashionmnist, noiseless
 
 OVERFIT = "configs/digits-mia-overfit.yaml"
@@ -329,7 +329,7 @@ def test_leave_one_model_out_references_do_not_reveal_the_targets_labels():
 def fake_task(n: int, m: int):
     from types import SimpleNamespace
 
-    from harness.core.splits import Split
+    from dpeval.core.splits import Split
 
     def split(k, offset):
         return Split(torch.arange(offset, offset + k).float().view(k, 1), torch.zeros(k, dtype=torch.long),

@@ -9,9 +9,9 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, save_roc
-from harness.core.statistics import auc_delong, clopper_pearson, epsilon_from_rates, epsilon_lower_bound
-from harness.core.verdicts import Verdict
+from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, save_roc
+from dpeval.core.statistics import auc_delong, clopper_pearson, epsilon_from_rates, epsilon_lower_bound
+from dpeval.core.verdicts import Verdict
 
 
 def gaussian_scores(n, shift, seed, members=0.5):

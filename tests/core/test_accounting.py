@@ -7,8 +7,8 @@ import pytest
 from opacus.accountants.utils import get_noise_multiplier
 from scipy import special, stats
 
-from harness.core.accounting import default_delta, epsilon_for, noise_for, steps_for
-from harness.core.errors import ConfigError
+from dpeval.core.accounting import default_delta, epsilon_for, noise_for, steps_for
+from dpeval.core.errors import ConfigError
 
 
 def independent_rdp_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.datasets import load_task, torchvision_sets
-from harness.core.datasets.torchvision_sets import read_idx
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.registry import DATASETS
-from harness.core.settings import DataConfig, SyntheticConfig
-from harness.core.splits import Split, Task
+from dpeval.core.datasets import load_task, torchvision_sets
+from dpeval.core.datasets.torchvision_sets import read_idx
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.registry import DATASETS
+from dpeval.core.settings import DataConfig, SyntheticConfig
+from dpeval.core.splits import Split, Task
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5, write_idx
 
 

@@ -12,22 +12,22 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
-from attacks.ig import GradientMatcher
-from attacks.rgap import RGAP
-from defenses import DEFENSES
-from defenses.clipping import GroupClipping
-from defenses.groupwise import resolve_groups
-from harness.cli import main
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.models import Normalize, build_model, num_params
-from harness.core.per_sample import PerSampleGradients, fixed_front, front_features
-from harness.core.runtime import single_cpu_thread
-from harness.core.scatternet import Scattering, coefficients_per_channel
-from harness.core.verdicts import Verdict
-from harness.engine.book_keeping import BookKeeping
-from harness.engine.shadow_training import train_shadows, train_shadows_sequential
-from harness.runner import perform, prepare
+from dpeval.attacks.ig import GradientMatcher
+from dpeval.attacks.rgap import RGAP
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import Normalize, build_model, num_params
+from dpeval.core.per_sample import PerSampleGradients, fixed_front, front_features
+from dpeval.core.runtime import single_cpu_thread
+from dpeval.core.scatternet import Scattering, coefficients_per_channel
+from dpeval.core.verdicts import Verdict
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.clipping import GroupClipping
+from dpeval.defenses.groupwise import resolve_groups
+from dpeval.engine.book_keeping import BookKeeping
+from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
+from dpeval.runner import perform, prepare
 
 
 def hcnn(shape: tuple[int, int, int] = (3, 32, 32), name: str = "hcnn") -> nn.Sequential:

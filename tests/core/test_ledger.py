@@ -9,11 +9,11 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from attacks.membership_common import target_privacy
-from harness.config import build_spec
-from harness.core.ledger import PrivacyLedger
-from harness.runner import execute
-from harness.store import ResultStore
+from dpeval.attacks.membership_common import target_privacy
+from dpeval.config import build_spec
+from dpeval.core.ledger import PrivacyLedger
+from dpeval.runner import execute
+from dpeval.store import ResultStore
 from tests.core.test_accounting import independent_rdp_epsilon
 
 ACCOUNTANTS = {"rdp": RDPAccountant, "prv": PRVAccountant}
@@ -86,7 +86,7 @@ def test_no_dp_mechanism_is_infinite_epsilon_everywhere():
 def test_the_runs_ledger_counts_the_releases_training_made(tmp_path, monkeypatch):
     """T is training's own count of releases, not the plan's: a training that released 5 steps fewer is
     accounted for 5 steps fewer."""
-    from harness import runner
+    from dpeval import runner
 
     real = runner.train
 

@@ -1,4 +1,4 @@
-"""Tests for harness.core.models: architectures, shape checks, Normalize, per-sample gradient support."""
+"""Tests for dpeval.core.models: architectures, shape checks, Normalize, per-sample gradient support."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from harness.config import build_spec
-from harness.core.datasets import load_task, torchvision_sets
-from harness.core.errors import ConfigError
-from harness.core.models import Normalize, build_model, num_params
-from harness.core.per_sample import PerSampleGradients
-from harness.core.registry import DATASETS, MODELS, default_model
-from harness.core.settings import DataConfig
+from dpeval.config import build_spec
+from dpeval.core.datasets import load_task, torchvision_sets
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import Normalize, build_model, num_params
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.registry import DATASETS, MODELS, default_model
+from dpeval.core.settings import DataConfig
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 ALL = MODELS.names()
@@ -326,14 +326,14 @@ def test_opacus_grad_samples_match_loop(name: str) -> None:
 
 # -- the transformers: settings, shape checks, sample independence --------------------------------------------
 def _gpt(settings=None, seq: int = 6, vocab: int = 7, classes: int = 5) -> nn.Module:
-    from harness.core.settings import ModelConfig
+    from dpeval.core.settings import ModelConfig
 
     return build_model("gpt", (1, 1, seq), classes, (0.0,), (1.0,), settings or ModelConfig(), vocab)
 
 
 def test_transformer_settings_reach_the_modules() -> None:
-    from harness.core.models.transformers import SelfAttention
-    from harness.core.settings import ModelConfig
+    from dpeval.core.models.transformers import SelfAttention
+    from dpeval.core.settings import ModelConfig
 
     vit = build_model("vit", (3, 32, 32), 10, *_stats(3), ModelConfig(depth=3, width=48, heads=6, patch=8))
     assert len(vit[1].blocks) == 3 and vit[1].patch.kernel_size == (8, 8) and vit[1].pos.num_embeddings == 16
@@ -359,7 +359,7 @@ def test_transformer_settings_reach_the_modules() -> None:
     (lambda M: _gpt(M(patch=2)), "model.patch"),
 ])
 def test_transformer_settings_are_checked(build, field) -> None:
-    from harness.core.settings import ModelConfig
+    from dpeval.core.settings import ModelConfig
 
     with pytest.raises(ConfigError, match=field):
         build(ModelConfig)

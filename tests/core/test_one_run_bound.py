@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.core.statistics import guess_and_count, one_run_epsilon_lower_bound, one_run_p_values
+from dpeval.core.statistics import guess_and_count, one_run_epsilon_lower_bound, one_run_p_values
 
 
 def pmf(r: int, p: float) -> list[float]:

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.core.datasets import load_task
-from harness.core.settings import DataConfig
+from dpeval.core.datasets import load_task
+from dpeval.core.settings import DataConfig
 from tests.helpers import needs_fashionmnist
 
 pytestmark = needs_fashionmnist
@@ -42,7 +42,7 @@ def test_real_fashionmnist_trains_a_step_with_no_data_flags(tmp_path) -> None:
 
     from click.testing import CliRunner
 
-    from harness.cli import main
+    from dpeval.cli import main
 
     result = CliRunner().invoke(main, ["run", "--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense",
                                        "rs", "--epochs", "1", "--set", "data.max_train=512", "--set",
@@ -61,7 +61,7 @@ def test_real_fashionmnist_victim_game_resolves_tpr_at_a_tenth_of_a_percent(tmp_
 
     from click.testing import CliRunner
 
-    from harness.cli import main
+    from dpeval.cli import main
 
     result = CliRunner().invoke(main, ["run", "--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense",
                                        "none", "--attack", "lira", "--epochs", "1", "--set", "data.max_train=1000",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.core.result_keys import AttackKey
+from dpeval.core.result_keys import AttackKey
 
 TRICKY = {  # stored keys (docs/results.md, tests) -> (attack, metric, state, metric without the state)
     "leakage.lira.tpr_at_0.1pct_fpr": ("lira", "tpr_at_0.1pct_fpr", None, "tpr_at_0.1pct_fpr"),

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from harness.core import runtime
+from dpeval.core import runtime
 
 
 @pytest.mark.parametrize("cores,load,workers,expected", [

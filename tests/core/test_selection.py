@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.core.accounting import (
+from dpeval.core.accounting import (
     RDP_ORDERS,
     composition,
     epsilon_for,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.core.errors import ConfigError
-from harness.core.states import AttackState, in_order, resolve
+from dpeval.core.errors import ConfigError
+from dpeval.core.states import AttackState, in_order, resolve
 
 
 @pytest.mark.parametrize("text", ["init", "final", "epoch:0", "epoch:12", "trajectory", "trajectory:1", "trajectory:5"])

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from harness.config import build_spec
-from harness.core.streams import STREAMS, Streams, stream_seed
-from harness.engine.shadow_training import fresh_models
-from harness.engine.training import BatchSampler, train
-from harness.runner import execute, prepare
-from harness.store import ResultStore
+from dpeval.config import build_spec
+from dpeval.core.streams import STREAMS, Streams, stream_seed
+from dpeval.engine.shadow_training import fresh_models
+from dpeval.engine.training import BatchSampler, train
+from dpeval.runner import execute, prepare
+from dpeval.store import ResultStore
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.core.verdicts import Mixed, Verdict
+from dpeval.core.verdicts import Mixed, Verdict
 
 
 def test_values_are_the_stored_text():

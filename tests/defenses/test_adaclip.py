@@ -8,16 +8,16 @@ import torch
 from opacus.accountants import RDPAccountant
 from scipy import stats
 
-from defenses import DEFENSES
-from defenses.adaclip import AdaCliP, AdaCliPParams, optimal_scale
-from defenses.dpsgd import DPSGD, ClipParams
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.models import build_model
-from harness.core.params import from_dict
-from harness.core.per_sample import PerSampleGradients, micro_batches
-from harness.core.streams import Streams
-from harness.runner import plan_privacy
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import build_model
+from dpeval.core.params import from_dict
+from dpeval.core.per_sample import PerSampleGradients, micro_batches
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.adaclip import AdaCliP, AdaCliPParams, optimal_scale
+from dpeval.defenses.dpsgd import DPSGD, ClipParams
+from dpeval.runner import plan_privacy
 
 
 def make(shapes, sigma=0.0, seed=0, **kw):
@@ -252,8 +252,8 @@ def test_accounting_is_dpsgd_accounting():
 
 
 def test_adaclip_trains_end_to_end_through_the_runner():
-    from harness.engine.training import train
-    from harness.runner import prepare
+    from dpeval.engine.training import train
+    from dpeval.runner import prepare
 
     spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}}, "defense": {"name": "adaclip"},
                        "train": {"epochs": 2, "batch_size": 50}, "privacy": {"epsilon": 8.0}, "device": "cpu"})

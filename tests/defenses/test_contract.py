@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from defenses import DEFENSES
-from defenses.auditing import CanaryDesign
-from defenses.base import Defense, SharedGradient
-from harness.config import build_spec
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams
-from harness.runner import prepare
+from dpeval.config import build_spec
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.auditing import CanaryDesign
+from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.runner import prepare
 
 NAMES = DEFENSES.names()
 

@@ -9,14 +9,14 @@ from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from scipy import stats
 
-from defenses import DEFENSES
-from defenses.dpsgd import ClipParams
-from harness.core.errors import ConfigError
-from harness.core.models import build_model
-from harness.core.params import from_dict
-from harness.core.per_sample import PerSampleGradients, micro_batches
-from harness.core.settings import ModelConfig
-from harness.core.streams import Streams
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import build_model
+from dpeval.core.params import from_dict
+from dpeval.core.per_sample import PerSampleGradients, micro_batches
+from dpeval.core.settings import ModelConfig
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.dpsgd import ClipParams
 
 
 def make(name, shapes, sigma=0.0, clip=1.0, seed=0):

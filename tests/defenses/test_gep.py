@@ -10,17 +10,17 @@ import torch.nn.functional as F
 from opacus.accountants import RDPAccountant
 from scipy import special, stats
 
-from defenses import DEFENSES
-from defenses.gep import GEP, GEPParams, allocate_bases, group_bounds
-from harness.config import build_spec
-from harness.core.accounting import epsilon_for
-from harness.core.errors import ConfigError
-from harness.core.models import build_model
-from harness.core.params import from_dict
-from harness.core.per_sample import PerSampleGradients, micro_batches
-from harness.core.splits import Split, Task
-from harness.core.streams import Streams
-from harness.runner import plan_privacy
+from dpeval.config import build_spec
+from dpeval.core.accounting import epsilon_for
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import build_model
+from dpeval.core.params import from_dict
+from dpeval.core.per_sample import PerSampleGradients, micro_batches
+from dpeval.core.splits import Split, Task
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.gep import GEP, GEPParams, allocate_bases, group_bounds
+from dpeval.runner import plan_privacy
 
 SHAPE = (1, 8, 8)
 
@@ -385,8 +385,8 @@ def test_without_subsampling_joint_accounting_equals_composing_the_two_releases(
 
 
 def test_gep_trains_end_to_end_through_the_runner():
-    from harness.engine.training import train
-    from harness.runner import prepare
+    from dpeval.engine.training import train
+    from dpeval.runner import prepare
 
     spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 300}},
                        "defense": {"name": "gep", "num_bases": 20},
@@ -405,7 +405,7 @@ def test_gep_trains_end_to_end_through_the_runner():
 def test_streamed_anchor_gradients_give_the_materialised_bases(monkeypatch, power_iter):
     """Beyond ANCHOR_BUDGET the anchor gradients are recomputed chunk by chunk at every pass instead of
     held as one m × d matrix; the bases are the same to float rounding."""
-    import defenses.gep as gep_module
+    import dpeval.defenses.gep as gep_module
 
     bases = {}
     for budget in (gep_module.ANCHOR_BUDGET, 1):

@@ -10,16 +10,16 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defenses.clipping import GroupClipping
-from defenses.dpsgd import DPSGD, ClipParams
-from defenses.groupwise import Groupwise, GroupwiseParams, resolve_groups
-from harness.cli import main
-from harness.core.errors import ConfigError
-from harness.core.models import build_model
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams
-from harness.runner import prepare
-from harness.sweep.grid import expand
+from dpeval.cli import main
+from dpeval.core.errors import ConfigError
+from dpeval.core.models import build_model
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.defenses.clipping import GroupClipping
+from dpeval.defenses.dpsgd import DPSGD, ClipParams
+from dpeval.defenses.groupwise import Groupwise, GroupwiseParams, resolve_groups
+from dpeval.runner import prepare
+from dpeval.sweep.grid import expand
 from tests.helpers import spec_for
 
 NAMES = ["1.0.weight", "1.2.weight", "1.4.weight", "1.7.weight", "1.7.bias"]  # cnn3's parameters

@@ -19,12 +19,12 @@ import importlib
 import pytest
 import torch
 
-from defenses import DEFENSES
-from harness import runner
-from harness.config import build_spec
-from harness.core.streams import Streams, seed_globals
-from harness.engine.training import train
-from harness.runner import prepare
+from dpeval import runner
+from dpeval.config import build_spec
+from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses import DEFENSES
+from dpeval.engine.training import train
+from dpeval.runner import prepare
 
 EPOCHS = 3
 PLUGIN = "plugin-dpsgd"

@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from defenses import DEFENSES
-from defenses.random_freeze import RandomFreezeParams
-from defenses.rs import RSParams
-from harness.config import build_spec
-from harness.core.errors import ConfigError
-from harness.core.params import from_dict
-from harness.core.streams import Streams, seed_globals
-from harness.engine.training import train
-from harness.runner import plan_privacy, prepare
+from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
+from dpeval.core.params import from_dict
+from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.random_freeze import RandomFreezeParams
+from dpeval.defenses.rs import RSParams
+from dpeval.engine.training import train
+from dpeval.runner import plan_privacy, prepare
 from tests.helpers import spec_for
 
 SHAPES = {"w": torch.Size([40, 25]), "b": torch.Size([37])}

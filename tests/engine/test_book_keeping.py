@@ -8,19 +8,19 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from defenses import DEFENSES
-from defenses.base import Defense
-from defenses.clipping import GroupClipping
-from defenses.dpsgd import DPSGD, ClipParams
-from defenses.groupwise import resolve_groups
-from harness.cli import main
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.models import build_model
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams, seed_globals
-from harness.engine.book_keeping import BookKeeping, select_engine, trainable_layers
-from harness.engine.training import train
-from harness.runner import prepare
+from dpeval.cli import main
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.models import build_model
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import Defense
+from dpeval.defenses.clipping import GroupClipping
+from dpeval.defenses.dpsgd import DPSGD, ClipParams
+from dpeval.defenses.groupwise import resolve_groups
+from dpeval.engine.book_keeping import BookKeeping, select_engine, trainable_layers
+from dpeval.engine.training import train
+from dpeval.runner import prepare
 from tests.helpers import spec_for
 
 
@@ -225,7 +225,7 @@ def test_book_keeping_matches_the_torch_func_path_on_cuda(monkeypatch):
 @pytest.mark.parametrize("shifted,scaled", [(True, True), (True, False), (False, True)])
 def test_one_token_linear_statistic_equals_the_instantiated_one(shifted, scaled):
     """‖(ds_i a_iᵀ − m) ⊙ s‖² in closed form (no per-sample gradient) equals the explicit computation."""
-    from harness.engine.book_keeping import _one_token_linear
+    from dpeval.engine.book_keeping import _one_token_linear
 
     gen = torch.Generator().manual_seed(0)
     a, ds = torch.randn(7, 5, generator=gen), torch.randn(7, 3, generator=gen)
@@ -265,7 +265,7 @@ def token_ids(x: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def test_every_kernel_of_the_table_has_an_exactness_case():
-    from harness.engine.book_keeping import KERNELS
+    from dpeval.engine.book_keeping import KERNELS
 
     assert set(KERNELS) == set(KERNEL_CASES)
 
@@ -287,7 +287,7 @@ BRANCH_CASES = {
 
 @pytest.mark.parametrize("case", list(BRANCH_CASES))
 def test_token_layers_are_exact_on_both_sides_of_the_ghost_norm_rule(case, monkeypatch):
-    from harness.engine import book_keeping
+    from dpeval.engine import book_keeping
 
     build, reshape, shape, ghost = BRANCH_CASES[case]
     decisions = []
@@ -298,7 +298,7 @@ def test_token_layers_are_exact_on_both_sides_of_the_ghost_norm_rule(case, monke
 
 
 def test_the_ghost_norm_rule_is_fastdps():
-    from harness.engine.book_keeping import ghost_norm_pays
+    from dpeval.engine.book_keeping import ghost_norm_pays
 
     assert ghost_norm_pays(3, 84) and not ghost_norm_pays(6, 72) and not ghost_norm_pays(1, 2)
     assert ghost_norm_pays(128, 768 * 768) and not ghost_norm_pays(512, 768 * 768 // 2)
@@ -334,7 +334,7 @@ def check_layer_against_torch_func(build, reshape, shape):
 # -- the transformers end to end: every layer type together, float64, clipping active --------------------------
 @pytest.mark.parametrize("name", ["vit", "gpt"])
 def test_transformers_match_torch_func_with_clipping_active(name):
-    from harness.core.settings import ModelConfig
+    from dpeval.core.settings import ModelConfig
 
     torch.manual_seed(0)
     settings = ModelConfig(width=16, heads=2)

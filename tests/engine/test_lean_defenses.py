@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from defenses import DEFENSES
-from harness.config import build_spec
-from harness.core.per_sample import PerSampleGradients
-from harness.core.streams import Streams
-from harness.engine.book_keeping import BookKeeping
-from harness.engine.training import train
-from harness.runner import prepare
+from dpeval.config import build_spec
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.engine.book_keeping import BookKeeping
+from dpeval.engine.training import train
+from dpeval.runner import prepare
 
 MODELS = {
     "cnn3": {},  # strided convs without bias, a Linear head

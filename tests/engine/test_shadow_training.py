@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from harness.config import build_spec
-from harness.engine.shadow_training import fresh_models, train_shadows, train_shadows_sequential
-from harness.runner import prepare
+from dpeval.config import build_spec
+from dpeval.engine.shadow_training import fresh_models, train_shadows, train_shadows_sequential
+from dpeval.runner import prepare
 
 
 def halves(k: int, n: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -96,7 +96,7 @@ class Stop(Exception):
 def test_interrupted_shadows_resume_from_the_saved_ones(defense, tmp_path):
     """Interrupted after the first group of 2 of 6 shadows, a call with the same store loads those two,
     trains only the 4 others, and returns exactly the states of an uninterrupted run."""
-    from harness.checkpoint import ShadowStore
+    from dpeval.checkpoint import ShadowStore
 
     spec = build_spec({"defense": {"name": defense, **DEFENSES[defense]},
                        "train": {"epochs": 2, "batch_size": 64}, "privacy": {"noise_multiplier": 1.0}})
@@ -140,8 +140,8 @@ def test_interrupted_shadows_resume_from_the_saved_ones(defense, tmp_path):
 
 @pytest.mark.parametrize("damage", ["flip", "other-key"])
 def test_a_damaged_saved_shadow_is_refused(damage, tmp_path):
-    from harness.checkpoint import ShadowStore
-    from harness.core.errors import ConfigError
+    from dpeval.checkpoint import ShadowStore
+    from dpeval.core.errors import ConfigError
 
     store = ShadowStore(tmp_path, "game-key")
     store.save(0, {"w": torch.arange(1000.0)})

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from harness.config import build_spec
-from harness.core.streams import Streams
-from harness.engine.training import BatchSampler, train
-from harness.runner import prepare
+from dpeval.config import build_spec
+from dpeval.core.streams import Streams
+from dpeval.engine.training import BatchSampler, train
+from dpeval.runner import prepare
 
 
 def test_poisson_batches_draw_each_example_with_probability_q():

@@ -3,7 +3,7 @@ images), ``tokens`` (synthetic token sequences and a local text file), ``torchvi
 CIFAR-10, SVHN read from ``data.root``) and ``imagefolder`` (the user's own images). A loader is a function
 ``DataConfig -> Task`` decorated with ``@DATASETS.register("name", "description", default_model="model")`` (the
 model a run builds when ``model.name`` is not given); it splits its examples with
-``harness.core.splits.assemble`` (see that module for the roles and the split rules).
+``dpeval.core.splits.assemble`` (see that module for the roles and the split rules).
 Adding a dataset is one new module here (docs/architecture.md, "How to add a dataset").
 
 Other choices
@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from harness.core.errors import ConfigError, brief
-from harness.core.registry import DATASETS
-from harness.core.settings import DataConfig
-from harness.core.splits import Task
+from dpeval.core.errors import ConfigError, brief
+from dpeval.core.registry import DATASETS
+from dpeval.core.settings import DataConfig
+from dpeval.core.splits import Task
 
 MIN_IMAGE_SIZE = 4
 

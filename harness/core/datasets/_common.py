@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from harness.core.settings import DataConfig
+from dpeval.core.settings import DataConfig
 
 
 def one_line(text: str) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.core.registry import DATASETS
-from harness.core.settings import DataConfig
-from harness.core.splits import Task, assemble
+from dpeval.core.registry import DATASETS
+from dpeval.core.settings import DataConfig
+from dpeval.core.splits import Task, assemble
 
 SYNTHETIC_NOISE_STD = 0.15
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from harness.core.datasets._common import abs_root, one_line
-from harness.core.errors import ConfigError
-from harness.core.registry import DATASETS
-from harness.core.settings import DataConfig
-from harness.core.splits import Task, assemble
+from dpeval.core.datasets._common import abs_root, one_line
+from dpeval.core.errors import ConfigError
+from dpeval.core.registry import DATASETS
+from dpeval.core.settings import DataConfig
+from dpeval.core.splits import Task, assemble
 
 
 @DATASETS.register(

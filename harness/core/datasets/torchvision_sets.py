@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from harness.core.datasets._common import abs_root, one_line
-from harness.core.errors import ConfigError, RunFailure
-from harness.core.registry import DATASETS
-from harness.core.settings import DataConfig
-from harness.core.splits import Task, assemble
+from dpeval.core.datasets._common import abs_root, one_line
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.registry import DATASETS
+from dpeval.core.settings import DataConfig
+from dpeval.core.splits import Task, assemble
 
 
 def _open_torchvision(

@@ -8,9 +8,9 @@ Every network takes images in pixel range [0, 1]; ``build_model`` prepends a ``N
 gradient-inversion attacks can optimise directly in pixel space. Networks use only Conv2d, Linear,
 GroupNorm, activations, pooling and Flatten (never BatchNorm, which mixes samples in a batch and so
 breaks per-sample gradients and DP-SGD), plus — in ``hcnn`` / ``hcnn-small`` — a fixed scattering
-transform in front (``harness.core.scatternet``), which has no parameters. That keeps them usable by both
+transform in front (``dpeval.core.scatternet``), which has no parameters. That keeps them usable by both
 ``torch.func`` (functional_call + vmap, with the fixed front applied outside vmap:
-``harness.core.per_sample.fixed_front``) and Opacus' per-layer hooks.
+``dpeval.core.per_sample.fixed_front``) and Opacus' per-layer hooks.
 
 Factories validate the input shape arithmetically so a shape that cannot work is reported as a
 ``ConfigError`` when the model is built, not as a torch shape error in the middle of training
@@ -24,10 +24,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from harness.core.errors import ConfigError
-from harness.core.models._shapes import check_in_shape
-from harness.core.registry import MODELS
-from harness.core.settings import ModelConfig
+from dpeval.core.errors import ConfigError
+from dpeval.core.models._shapes import check_in_shape
+from dpeval.core.registry import MODELS
+from dpeval.core.settings import ModelConfig
 
 
 class Normalize(nn.Module):

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from harness.core.errors import ConfigError
+from dpeval.core.errors import ConfigError
 
 Shape = tuple[int, int, int]
 ModelFactory = Callable[[Shape, int], nn.Module]

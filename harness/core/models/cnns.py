@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.core.models._shapes import Shape, check_in_shape, features_out, numel
-from harness.core.registry import MODELS
+from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel
+from dpeval.core.registry import MODELS
 
 
 @MODELS.register("dpcnn", "Tanh CNN of Papernot et al. (550K params at 3x32x32); needs H, W >= 8")

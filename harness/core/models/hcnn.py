@@ -6,10 +6,10 @@ from typing import Callable
 
 from torch import nn
 
-from harness.core.errors import ConfigError
-from harness.core.models._shapes import Shape, check_in_shape, features_out, numel, walk
-from harness.core.registry import MODELS
-from harness.core.scatternet import SCATTER_J, Scattering, coefficients_per_channel
+from dpeval.core.errors import ConfigError
+from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel, walk
+from dpeval.core.registry import MODELS
+from dpeval.core.scatternet import SCATTER_J, Scattering, coefficients_per_channel
 
 # ScatterNet + CNN (Tramèr & Boneh 2021, "H-CNN"): the fixed scattering transform (harness/core/scatternet.py),
 # a parameter-free GroupNorm, then a small tanh CNN. Normalisation choice: Tramèr & Boneh normalise the

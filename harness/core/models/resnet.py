@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.core.models._shapes import Shape, check_in_shape, require_min_side
-from harness.core.registry import MODELS
+from dpeval.core.models._shapes import Shape, check_in_shape, require_min_side
+from dpeval.core.registry import MODELS
 
 # ResNet-20 with GroupNorm. 4 groups everywhere: the widths 16/32/64 are all divisible by 4, giving
 # 4/8/16 channels per group, so early layers still normalise over several channels.

@@ -3,7 +3,7 @@
 four ``nn.Linear`` projections (q, k, v, out), never ``nn.MultiheadAttention`` (whose bare ``in_proj_weight``
 no per-layer engine knows), positions from an ``nn.Embedding`` over position indices, no class token (mean
 pooling) — so the book-keeping engine covers them and torch.func traces them. Attention mixes the tokens of
-one sample only. They take shape settings (``model.depth`` …, ``harness.core.settings.ModelConfig``); their
+one sample only. They take shape settings (``model.depth`` …, ``dpeval.core.settings.ModelConfig``); their
 blocks are ``blocks.<i>`` so block-wise clipping styles (``defenses/groupwise.py``) can find them.
 """
 
@@ -15,10 +15,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from harness.core.errors import ConfigError
-from harness.core.models._shapes import Shape, check_in_shape
-from harness.core.registry import MODELS
-from harness.core.settings import ModelConfig
+from dpeval.core.errors import ConfigError
+from dpeval.core.models._shapes import Shape, check_in_shape
+from dpeval.core.registry import MODELS
+from dpeval.core.settings import ModelConfig
 
 TRANSFORMER_DEFAULTS = {"depth": 2, "width": 64, "heads": 4, "patch": 4}
 MLP_RATIO = 4
