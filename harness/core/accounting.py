@@ -17,7 +17,6 @@ import warnings
 
 import numpy as np
 from opacus.accountants import create_accountant
-from opacus.accountants.utils import get_noise_multiplier
 
 from dpeval.core.errors import ConfigError
 
@@ -31,52 +30,85 @@ def default_delta(n_private: int) -> float:
     return min(1e-5, 1.0 / (2 * n_private))
 
 
+# RDP orders λ the RDP accountant minimises over: Opacus' defaults (1.1 … 10.9, 12 … 63) and larger ones, without
+# which ε = min_λ [RDP(λ) + conversion(λ)] cannot go below about 0.19 at δ = 1e-5 (the conversion term alone is
+# ≈ log(1/δ)/(λ − 1)); ε = 0.1 needs λ ≈ 116. More orders only tighten the minimum (each is a valid bound).
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+                   + [64, 72, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024])
+MAX_SIGMA = 1e6  # calibration gives up above this σ (a target ε no sensible mechanism reaches)
+
+Release = tuple[float, float, int]  # (σ, q, T): T subsampled Gaussian releases with multiplier σ at rate q
+
+
 def _accountant(name: str):
     if name not in ("rdp", "prv"):
         raise ConfigError(f"privacy.accountant: must be one of rdp, prv, got {name!r}")
     return create_accountant(mechanism=name)
 
 
-def epsilon_for(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-                accountant: str = "rdp") -> float:
-    """ε spent by ``steps`` subsampled Gaussian steps with σ = ``noise_multiplier`` at rate q."""
-    if not math.isfinite(noise_multiplier):  # Opacus would search forever for nan / inf
-        raise ConfigError(f"privacy.noise_multiplier: must be a finite number, got {noise_multiplier}")
-    if noise_multiplier <= 0:
+def epsilon_of(releases: list[Release], delta: float, accountant: str = "rdp") -> float:
+    """ε of the composition of ``releases`` by the accountant (RDP over ``RDP_ORDERS``, or PRV); inf when one of
+    them adds no noise."""
+    for sigma, _, _ in releases:
+        if not math.isfinite(sigma):  # Opacus would search forever for nan / inf
+            raise ConfigError(f"privacy.noise_multiplier: must be a finite number, got {sigma}")
+    if any(sigma <= 0 for sigma, _, _ in releases):
         return math.inf
     acc = _accountant(accountant)
-    acc.history = [(noise_multiplier, sample_rate, steps)]
+    acc.history = list(releases)
+    orders = {"alphas": list(RDP_ORDERS)} if accountant == "rdp" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about α ranges for very small / large ε
         try:
-            return float(acc.get_epsilon(delta=delta))
+            return float(acc.get_epsilon(delta=delta, **orders))
         except (ArithmeticError, MemoryError) as exc:  # σ² under- / overflows, PRV grids explode
-            raise ConfigError(f"privacy.noise_multiplier: the {accountant} accountant cannot evaluate σ = "
-                              f"{noise_multiplier:g} at q = {sample_rate:g}, T = {steps} "
+            what = ", ".join(f"σ = {s:g} at q = {q:g}, T = {n}" for s, q, n in releases)
+            raise ConfigError(f"privacy.noise_multiplier: the {accountant} accountant cannot evaluate {what} "
                               f"({type(exc).__name__}); choose a σ of a sensible size") from None
 
 
-def noise_for(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp") -> float:
-    """The smallest σ (to a relative tolerance of 0.5% in ε) whose accounted ε is ≤ ``epsilon``.
+def epsilon_for(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+                accountant: str = "rdp") -> float:
+    """ε spent by ``steps`` subsampled Gaussian steps with σ = ``noise_multiplier`` at rate q."""
+    return epsilon_of([(noise_multiplier, sample_rate, steps)], delta, accountant)
 
-    Opacus' binary search keeps the upper end of its bracket, so the returned σ never under-noises.
+
+def noise_for(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp",
+              before: tuple[Release, ...] = ()) -> float:
+    """The smallest σ (to a relative tolerance of 0.5% in ε) whose accounted ε is ≤ ``epsilon``, for ``steps``
+    releases at rate q composed after the releases ``before`` (e.g. a DP-PCA of the inputs).
+
+    The bisection keeps the upper end of its bracket (as Opacus' does), so the returned σ never under-noises.
     """
     _check(epsilon, delta, sample_rate, steps)
     sigma_floor = SIGMA_FLOOR.get(accountant, 0.01)
-    floor = epsilon_for(sigma_floor, sample_rate, steps, delta, "rdp")
+    floor = epsilon_of([*before, (sigma_floor, sample_rate, steps)], delta, "rdp")
     if epsilon >= floor:
         raise ConfigError(f"privacy.epsilon: ε = {epsilon:g} is met even by σ = {sigma_floor} (ε = {floor:.4g} at "
                           f"δ = {delta:g}, q = {sample_rate:g}, T = {steps}): effectively no noise; give a smaller "
                           "ε, or σ itself (privacy.noise_multiplier / --noise-multiplier)")
     tolerance = min(0.01, 0.005 * epsilon)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                              steps=steps, accountant=accountant, epsilon_tolerance=tolerance))
-        except ValueError as exc:
-            raise ConfigError(f"privacy.epsilon: cannot reach ε={epsilon} at δ={delta}, q={sample_rate}, "
-                              f"T={steps} ({exc})") from None
+
+    def eps(sigma: float) -> float:
+        return epsilon_of([*before, (sigma, sample_rate, steps)], delta, accountant)
+
+    low, high = 0.0, 10.0
+    eps_high = eps(high)
+    while eps_high > epsilon:
+        low, high = high, 2 * high
+        if high > MAX_SIGMA:
+            spent = f"; {epsilon_of(list(before), delta, accountant):.4g} is spent before training" if before else ""
+            raise ConfigError(f"privacy.epsilon: cannot reach ε = {epsilon:g} at δ = {delta:g}, q = {sample_rate:g}, "
+                              f"T = {steps}{spent}: not even σ = {MAX_SIGMA:g} gets there")
+        eps_high = eps(high)
+    while epsilon - eps_high > tolerance:
+        mid = (low + high) / 2
+        eps_mid = eps(mid)
+        if eps_mid < epsilon:
+            high, eps_high = mid, eps_mid
+        else:
+            low = mid
+    return high
 
 
 def _check(epsilon: float, delta: float, sample_rate: float, steps: int) -> None:
@@ -123,7 +155,6 @@ def steps_for(epochs: int, sample_rate: float) -> int:
 # grid's configurations, λ̂ the best order on the grid, γ chosen so that E[K] = k (as many trials on average
 # as the grid has configurations), and ε'(λ) is converted to (ε, δ) at the run's δ as the RDP accountant does.
 
-RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256])
 STOPPING_ETAS = (0.0, 1.0)  # the random-stopping distributions tried (the better one is reported)
 
 

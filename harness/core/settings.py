@@ -57,26 +57,34 @@ class DataConfig(Params):
     tokens: TokensConfig = param(factory=TokensConfig, help="the synthetic token-sequence dataset", added=True)
 
 
+ACTIVATIONS = ("tanh", "relu")  # what `mlp` may put between its layers
+
+
 @dataclass
 class ModelConfig(Params):
-    """Model registry name (``None``: the dataset's default model) and the transformers' shape settings.
+    """Model registry name (``None``: the dataset's default model) and the shape settings of the models that take
+    them.
 
-    The shape settings are read by the models that declare them (``vit``, ``gpt``); ``None`` means the model's
-    default, and a setting given to a model that takes none is refused."""
+    The shape settings are read by the models that declare them (``vit`` and ``gpt``: depth, width, heads, patch,
+    seq_len, vocab; ``mlp``: width, activation); ``None`` means the model's default, and a setting given to a
+    model that does not take it is refused."""
 
     name: str | None = param(None, "model (flag `--model`); null = the dataset's default model")
     depth: int | None = param(None, "`vit`, `gpt`: transformer blocks; null = 2", low=1, added=True)
-    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64", low=1, added=True)
+    width: int | None = param(None, "`vit`, `gpt`: token width, divisible by `heads`; null = 64. `mlp`: hidden "
+                                    "units; null = 128", low=1, added=True)
     heads: int | None = param(None, "`vit`, `gpt`: attention heads; null = 4", low=1, added=True)
     patch: int | None = param(None, "`vit`: patch side, dividing the image's height and width; null = 4", low=1,
                               added=True)
     seq_len: int | None = param(None, "`gpt`: positions, at least the data's sequence length; null = that "
                                       "length", low=1, added=True)
     vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1, added=True)
+    activation: str | None = param(None, "`mlp`: the hidden layer's activation; null = tanh", choices=ACTIVATIONS,
+                                   added=True)
 
-    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab")
+    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")
 
-    def given(self) -> dict[str, int]:
+    def given(self) -> dict[str, int | str]:
         """The shape settings that are set (not ``None``)."""
         return {k: getattr(self, k) for k in self.SHAPE if getattr(self, k) is not None}
 

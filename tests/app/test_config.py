@@ -227,7 +227,8 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     content = {k: v for k, v in spec.canonical().items() if k != "device"}
     assert content["data"].pop("normalize") == "auto" and content["train"].pop("checkpoint_every") == 0
     assert content["data"].pop("tokens")["length"] == 16
-    assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab")] == [None] * 6
+    assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")] \
+        == [None] * 7
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
                              .encode()).hexdigest()[:16]
     assert spec.run_key == earlier

@@ -21,7 +21,8 @@ from dpeval.core.settings import DataConfig
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 ALL = MODELS.names()
-EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small", "vit", "gpt"}
+EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small", "vit", "gpt",
+            "logreg", "cnn2-mnist"}
 # Models of token sequences (tested below with token inputs); the rest take images.
 TOKEN_MODELS = {"gpt"}
 IMAGE = [n for n in ALL if n not in TOKEN_MODELS]
@@ -34,6 +35,8 @@ SMALL_SHAPE = {
     "cnn3": (1, 8, 8),
     "fcn3": (1, 8, 8),
     "mlp": (1, 8, 8),
+    "logreg": (1, 8, 8),
+    "cnn2-mnist": (1, 16, 16),
     "resnet20-gn": (3, 4, 4),
     "hcnn": (1, 8, 8),
     "hcnn-small": (1, 4, 4),
@@ -42,8 +45,9 @@ SMALL_SHAPE = {
 }
 
 SHAPES = [(1, 8, 8), (3, 32, 32), (1, 28, 28), (2, 17, 13)]
-# dpcnn-small needs H, W >= 16; everything else takes all the shapes above.
-INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13)), ("vit", (2, 17, 13))}
+# dpcnn-small and cnn2-mnist need H, W >= 16; everything else takes all the shapes above.
+INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13)), ("vit", (2, 17, 13)), ("cnn2-mnist", (1, 8, 8)),
+           ("cnn2-mnist", (2, 17, 13))}
 # Models whose fixed scattering front cannot run inside vmap (the engines apply it outside: fixed_front).
 FIXED_FRONT = {"hcnn", "hcnn-small"}
 
@@ -398,3 +402,26 @@ def test_transformer_per_sample_grads_match_loop(name: str) -> None:
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         for k, p in model.named_parameters():
             torch.testing.assert_close(batched[k][i], p.grad, atol=1e-5, rtol=1e-4, msg=f"{name}:{k}")
+
+
+def test_the_papers_small_models_have_their_parameter_counts() -> None:
+    """AdaCliP's logistic regression (784·10 + 10), Abadi et al.'s network after DP-PCA to 60 (60·1000 + 1000 +
+    1000·10 + 10), GEP's MNIST CNN (dpcnn-small's convolutions, then one linear layer of 32·4·4 → 10)."""
+    mnist = ((1, 28, 28), 10, (0.5,), (0.25,))
+    assert num_params(build_model("logreg", *mnist)) == 7_850
+    assert num_params(build_model("cnn2-mnist", *mnist)) == 1_040 + 8_224 + 5_130
+    wide = dataclasses.replace(build_spec({}).model, width=1000, activation="relu")
+    pca_mlp = build_model("mlp", (60, 1, 1), 10, (0.0,) * 60, (1.0,) * 60, wide)
+    assert num_params(pca_mlp) == 71_010 and any(isinstance(m, nn.ReLU) for m in pca_mlp.modules())
+    assert any(isinstance(m, nn.Tanh) for m in build_model("mlp", *mnist).modules())  # the default stays tanh, 128
+    assert num_params(build_model("mlp", *mnist)) == 784 * 128 + 128 + 1290
+
+
+def test_a_setting_a_model_does_not_read_is_refused_naming_what_it_reads() -> None:
+    spec = build_spec({})
+    with pytest.raises(ConfigError, match=r"model.depth: model 'mlp' takes only model.width, model.activation"):
+        build_model("mlp", (1, 28, 28), 10, (0.5,), (0.25,), dataclasses.replace(spec.model, depth=2))
+    with pytest.raises(ConfigError, match=r"model.activation: model 'vit' takes only model.depth"):
+        build_model("vit", (1, 8, 8), 10, (0.5,), (0.25,), dataclasses.replace(spec.model, activation="relu"))
+    with pytest.raises(ConfigError, match=r"model.width: model 'logreg' takes no shape settings"):
+        build_model("logreg", (1, 8, 8), 10, (0.5,), (0.25,), dataclasses.replace(spec.model, width=3))

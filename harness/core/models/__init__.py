@@ -69,7 +69,8 @@ def build_model(
 ) -> nn.Sequential:
     """Build registered model ``name`` as ``Sequential(Normalize(mean, std), net)``.
 
-    ``settings`` carries the shape settings of the models that take them (``takes_settings``); ``vocab`` is the
+    ``settings`` carries the shape settings of the models that take them (``takes_settings``: a factory's
+    ``settings`` names the ones it reads, and any other that is set is refused); ``vocab`` is the
     token data's vocabulary (None for images). Raises ConfigError for an unknown name, an unusable input
     shape, settings given to a model that takes none, or mean/std whose length does not match the number of
     input channels.
@@ -77,9 +78,11 @@ def build_model(
     factory = MODELS.get(name, field="model.name")
     settings = settings if settings is not None else ModelConfig()
     given = settings.given()
-    if given and not getattr(factory, "takes_settings", False):
-        raise ConfigError(f"model.{next(iter(given))}: model {name!r} takes no shape settings (only the "
-                          f"transformers `vit` and `gpt` do); leave model.{', model.'.join(given)} unset")
+    accepted = getattr(factory, "settings", ())
+    refused = [key for key in given if key not in accepted]
+    if refused:
+        takes = f"takes only model.{', model.'.join(accepted)}" if accepted else "takes no shape settings"
+        raise ConfigError(f"model.{refused[0]}: model {name!r} {takes}; leave model.{', model.'.join(refused)} unset")
     shape = check_in_shape(name, in_shape, num_classes)
     if len(mean) != shape[0] or len(std) != shape[0]:
         raise ConfigError(
@@ -87,7 +90,7 @@ def build_model(
             f"{len(mean)}/{len(std)} values; give one per channel"
         )
     norm = Normalize(mean, std)
-    if getattr(factory, "takes_settings", False):
+    if accepted:
         return nn.Sequential(norm, factory(shape, num_classes, settings=settings, vocab=vocab))
     return nn.Sequential(norm, factory(shape, num_classes))
 

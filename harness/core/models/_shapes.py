@@ -14,6 +14,15 @@ Shape = tuple[int, int, int]
 ModelFactory = Callable[[Shape, int], nn.Module]
 
 
+def takes_settings(*names: str) -> Callable[[Callable], Callable]:
+    """Mark a factory as reading the shape settings ``names`` of ``model``:
+    ``factory(in_shape, num_classes, settings=, vocab=)``; ``build_model`` refuses any other setting given."""
+    def mark(factory: Callable) -> Callable:
+        factory.settings = names  # type: ignore[attr-defined]
+        return factory
+    return mark
+
+
 def check_in_shape(name: str, in_shape: Sequence[int], num_classes: int) -> Shape:
     if (
         len(tuple(in_shape)) != 3

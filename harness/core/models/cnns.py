@@ -1,4 +1,4 @@
-"""The plain networks: Tanh CNNs of the DP literature, the R-GAP CNNs / FCN and a small MLP.
+"""The plain networks: Tanh CNNs of the DP literature, the R-GAP CNNs / FCN, an MLP and logistic regression.
 
 Each factory: (in_shape, num_classes) -> nn.Module taking (B, C, H, W)."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel
+from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel, takes_settings
 from dpeval.core.registry import MODELS
+from dpeval.core.settings import ModelConfig
 
 
 @MODELS.register("dpcnn", "Tanh CNN of Papernot et al. (550K params at 3x32x32); needs H, W >= 8")
@@ -92,10 +93,39 @@ def fcn3(in_shape: Shape, num_classes: int) -> nn.Module:
     )  # fmt: skip
 
 
-@MODELS.register("mlp", "One-hidden-layer tanh MLP (128 units); small and fast, used by tests")
-def mlp(in_shape: Shape, num_classes: int) -> nn.Module:
+@MODELS.register("mlp", "One-hidden-layer MLP; settings width (hidden units, 128) and activation (tanh | relu); "
+                        "Abadi et al.'s MNIST network with width 1000, relu after DP-PCA")
+@takes_settings("width", "activation")
+def mlp(in_shape: Shape, num_classes: int, settings: ModelConfig | None = None, vocab: int | None = None) -> nn.Module:
     in_shape = check_in_shape("mlp", in_shape, num_classes)
+    settings = settings if settings is not None else ModelConfig()
+    width = settings.width or 128
+    activation = {"tanh": nn.Tanh, "relu": nn.ReLU}[settings.activation or "tanh"]
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(numel(in_shape), 128), nn.Tanh(), nn.Linear(128, num_classes)
+        nn.Flatten(), nn.Linear(numel(in_shape), width), activation(), nn.Linear(width, num_classes)
     )
 
+
+@MODELS.register("logreg", "Multinomial logistic regression: one Linear(C·H·W -> classes), softmax in the loss "
+                           "(AdaCliP's MNIST model: 7,850 parameters)")
+def logreg(in_shape: Shape, num_classes: int) -> nn.Module:
+    in_shape = check_in_shape("logreg", in_shape, num_classes)
+    return nn.Sequential(nn.Flatten(), nn.Linear(numel(in_shape), num_classes))
+
+
+@MODELS.register("cnn2-mnist", "GEP's MNIST CNN: two tanh convs with max-pooling and one linear layer (14K params "
+                               "at 1x28x28; dpcnn-small without its hidden linear layer); needs H, W >= 16")
+def cnn2_mnist(in_shape: Shape, num_classes: int) -> nn.Module:
+    """The GEP paper's MNIST model is "two convolutional layers with max-pooling and one fully connected layer",
+    widths not given (nor in its code, which has only the CIFAR-10 ResNet). Chosen: the convolutions and pooling of
+    Tramèr & Boneh's / Papernot et al.'s 28×28 CNN (``dpcnn-small``: 16 filters 8×8 stride 2, 32 filters 4×4
+    stride 2, 2×2 max-pooling of stride 1 after each, tanh), then the one linear layer to the classes."""
+    in_shape = check_in_shape("cnn2-mnist", in_shape, num_classes)
+    features = nn.Sequential(
+        nn.Conv2d(in_shape[0], 16, 8, stride=2, padding=2), nn.Tanh(),
+        nn.MaxPool2d(2, stride=1),
+        nn.Conv2d(16, 32, 4, stride=2, padding=0), nn.Tanh(),
+        nn.MaxPool2d(2, stride=1),
+    )  # fmt: skip
+    flat = numel(features_out("cnn2-mnist", features, in_shape))
+    return nn.Sequential(*features, nn.Flatten(), nn.Linear(flat, num_classes))

@@ -10,24 +10,17 @@ blocks are ``blocks.<i>`` so block-wise clipping styles (``defenses/groupwise.py
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch import nn
 
 from dpeval.core.errors import ConfigError
-from dpeval.core.models._shapes import Shape, check_in_shape
+from dpeval.core.models._shapes import Shape, check_in_shape, takes_settings
 from dpeval.core.registry import MODELS
 from dpeval.core.settings import ModelConfig
 
 TRANSFORMER_DEFAULTS = {"depth": 2, "width": 64, "heads": 4, "patch": 4}
 MLP_RATIO = 4
-
-
-def takes_settings(factory: Callable) -> Callable:
-    """Mark a factory as taking the shape settings: ``factory(in_shape, num_classes, settings=, vocab=)``."""
-    factory.takes_settings = True
-    return factory
 
 
 class SelfAttention(nn.Module):
@@ -132,13 +125,10 @@ def _transformer_shape(name: str, settings: ModelConfig) -> tuple[int, int, int]
 
 @MODELS.register("vit", "small ViT: Conv2d patches, learned positions, pre-norm blocks, mean pooling; "
                         "settings depth/width/heads/patch (patch divides H and W)")
-@takes_settings
+@takes_settings("depth", "width", "heads", "patch")
 def vit(in_shape: Shape, num_classes: int, settings: ModelConfig | None = None, vocab: int | None = None) -> nn.Module:
     in_shape = check_in_shape("vit", in_shape, num_classes)
     settings = settings if settings is not None else ModelConfig()
-    for key in ("seq_len", "vocab"):
-        if getattr(settings, key) is not None:
-            raise ConfigError(f"model.{key}: 'vit' has no {key} setting (its tokens are the image's patches)")
     depth, width, heads = _transformer_shape("vit", settings)
     patch = settings.patch or TRANSFORMER_DEFAULTS["patch"]
     if in_shape[1] % patch or in_shape[2] % patch:
@@ -149,12 +139,10 @@ def vit(in_shape: Shape, num_classes: int, settings: ModelConfig | None = None, 
 
 @MODELS.register("gpt", "GPT-style causal decoder classifying token sequences from the last token (token "
                         "data); settings depth/width/heads/seq_len/vocab, GPT-2 small = 12/768/12")
-@takes_settings
+@takes_settings("depth", "width", "heads", "seq_len", "vocab")
 def gpt(in_shape: Shape, num_classes: int, settings: ModelConfig | None = None, vocab: int | None = None) -> nn.Module:
     in_shape = check_in_shape("gpt", in_shape, num_classes)
     settings = settings if settings is not None else ModelConfig()
-    if settings.patch is not None:
-        raise ConfigError("model.patch: 'gpt' has no patch setting (it reads token ids)")
     if in_shape[0] != 1 or in_shape[1] != 1:
         raise ConfigError(f"model.name: 'gpt' reads token sequences of shape (1, 1, T) (data `tokens` or "
                           f"`textfile`), got input shape {in_shape}")
