@@ -45,8 +45,12 @@ class DataConfig(Params):
                                "fixed across training seeds", low=0, high=2**63, high_open=True)
     test_fraction: float = param(0.2, "held-out test share, for datasets without an official test split",
                                  low=0, high=1, high_open=True)
-    public_fraction: float = param(0.1, "public/auxiliary share carved from the training source",
-                                   low=0, high=1, high_open=True)
+    public_fraction: float = param(0.1, "public/auxiliary share carved from the training source (of "
+                                        "`public_source` when that is set)", low=0, high=1, high_open=True)
+    public_source: str | None = param(None, "another dataset whose training images form the public split (its "
+                                            "`public_fraction` share, converted to this dataset's channels and "
+                                            "size); null = a share of this dataset's own training source",
+                                      added=True)
     max_train: int = param(0, "cap on the private pool (0 = all); smaller caps are prefixes of larger ones",
                            low=0)
     normalize: str = param("auto", "inputs as the model sees them: `auto` = (x − mean) / std per channel with the "
@@ -129,7 +133,8 @@ class TrainConfig(Params):
     momentum: float = param(0.0, "SGD momentum (SGD only)", low=0, high=1, high_open=True)
     weight_decay: float = param(0.0, "L2 weight decay", low=0)
     lr_schedule: str = param("constant", "`cosine`: anneal to 0 over all steps; `step`: ×0.1 at 50% and "
-                                         "75% of the steps", choices=("constant", "cosine", "step"))
+                                         "75% of the steps; `half`: ×0.1 at 50% only",
+                             choices=("constant", "cosine", "step", "half"))
     sampling: str = param("poisson", "`poisson`: each example joins each batch with probability q (what "
                                      "the accountant assumes); `shuffle`: a permutation per epoch cut into "
                                      "⌊N/B⌋ batches of exactly B (the papers' convention)",

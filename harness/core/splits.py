@@ -45,6 +45,7 @@ synthetic, the torchvision ``.data`` order, and for ``imagefolder`` the order of
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -168,3 +169,36 @@ def assemble(
         mean=mean,
         std=std,
     )
+
+
+LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601: RGB -> grey, as PIL's convert("L")
+
+
+def converted(x: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Images in [0, 1] (N × C' × H' × W') as ``shape``'s channels and size: RGB to grey by luma, grey to RGB by
+    repetition, then a bilinear, antialiased resize."""
+    import torch.nn.functional as F
+
+    channels, height, width = shape
+    if x.shape[1] != channels:
+        if x.shape[1] == 3 and channels == 1:
+            x = torch.einsum("nchw,c->nhw", x, torch.tensor(LUMA, dtype=x.dtype)).unsqueeze(1)
+        elif x.shape[1] == 1:
+            x = x.expand(-1, channels, -1, -1)
+        else:
+            raise ConfigError(f"data.public_source: cannot turn {x.shape[1]}-channel images into {channels}-channel "
+                              "ones")
+    if tuple(x.shape[2:]) != (height, width):
+        x = F.interpolate(x, size=(height, width), mode="bilinear", antialias=True, align_corners=False)
+    return x.clamp(0.0, 1.0).contiguous()
+
+
+def with_public(task: Task, public: Split, cfg: DataConfig) -> Task:
+    """``task`` with ``public`` (another dataset's images, its labels and provenance) as its public split, converted
+    to the task's channels and size; the normalisation statistics follow the new public split."""
+    split = Split(converted(public.x, task.shape), public.y, public.source_index)
+    if cfg.normalize == "none" or len(split) == 0:
+        mean, std = task.mean, task.std
+    else:
+        mean, std = _channel_stats(split.x)
+    return dataclasses.replace(task, public=split, mean=mean, std=std)

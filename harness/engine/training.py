@@ -112,12 +112,14 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    """``constant``; ``cosine`` annealing to 0 over all steps; ``step``: ×0.1 at 50% and 75% of training."""
+    """``constant``; ``cosine`` annealing to 0 over all steps; ``step``: ×0.1 at 50% and 75% of training; ``half``:
+    ×0.1 at 50% only."""
     if cfg.lr_schedule == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1))
-    if cfg.lr_schedule == "step":
-        marks = [int(total_steps * 0.5), int(total_steps * 0.75)]
-        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=marks, gamma=0.1)
+    marks = {"step": [0.5, 0.75], "half": [0.5]}.get(cfg.lr_schedule)
+    if marks is not None:
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[int(total_steps * m) for m in marks],
+                                                    gamma=0.1)
     return None
 
 

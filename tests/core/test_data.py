@@ -522,3 +522,33 @@ def test_normalize_none_feeds_the_pixels_unchanged() -> None:
     auto, raw = load_task(cfg_with(name="digits")), load_task(cfg_with(name="digits", normalize="none"))
     assert raw.mean == (0.0,) and raw.std == (1.0,)
     assert auto.mean != raw.mean and torch.equal(auto.train.x, raw.train.x)  # the data, not the model input
+
+
+def test_another_dataset_stands_in_as_the_public_split() -> None:
+    """digits with a 3-channel 16×16 synthetic public source: the public split is the synthetic set's own public
+    share, turned grey by luma and resized to 8×8 (as computed here by hand); the private pool and test split are
+    those of digits without a public share; the normalisation follows the new public split."""
+    import torch.nn.functional as F
+
+    syn = SyntheticConfig(shape=[3, 16, 16], classes=4, size=400)
+    task = load_task(cfg_with(name="digits", public_source="synthetic", public_fraction=0.25, synthetic=syn))
+    own = load_task(cfg_with(name="digits", public_fraction=0.0))
+    source = load_task(cfg_with(name="synthetic", public_fraction=0.25, synthetic=syn, max_train=1))
+    assert torch.equal(task.train.x, own.train.x) and torch.equal(task.test.x, own.test.x)
+    grey = (0.299 * source.public.x[:, 0] + 0.587 * source.public.x[:, 1] + 0.114 * source.public.x[:, 2])
+    expected = F.interpolate(grey.unsqueeze(1), size=(8, 8), mode="bilinear", antialias=True, align_corners=False)
+    assert task.public.x.shape == (100, 1, 8, 8)
+    assert torch.allclose(task.public.x, expected.clamp(0, 1), atol=1e-6)
+    assert torch.equal(task.public.source_index, source.public.source_index)
+    assert task.mean == pytest.approx((float(task.public.x.mean()),), rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"public_source": "digits"}, "names the dataset itself"),
+    ({"public_source": "nope"}, "unknown dataset 'nope'"),
+    ({"public_source": "synthetic", "public_fraction": 0.0}, "data.public_fraction: must be > 0"),
+    ({"public_source": "tokens"}, "only image datasets"),
+])
+def test_a_public_source_that_cannot_serve_is_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_task(cfg_with(name="digits", **overrides))

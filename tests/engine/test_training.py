@@ -135,3 +135,25 @@ def test_history_records_the_mean_training_loss_and_density_of_each_epoch(engine
     assert len(losses) == 2 and losses[1] != losses[0]
     assert densities[0] == pytest.approx(1.0) and densities[1] < 0.5
     assert sum(densities) / 2 == pytest.approx(result.density)
+
+
+@pytest.mark.parametrize("schedule,factors", [("constant", [1, 1, 1, 1]), ("step", [1, 1, 0.1, 0.01]),
+                                              ("half", [1, 1, 0.1, 0.1])])
+def test_the_step_schedules_divide_the_learning_rate_where_they_say(schedule, factors):
+    """Over 100 steps, the lr in effect at steps 0, 49, 50 and 99 (`step`: ÷10 at 50% and 75%; `half`: at 50%)."""
+    import dataclasses
+
+    from dpeval.config import build_spec
+    from dpeval.engine.training import make_optimizer, make_schedule
+
+    cfg = dataclasses.replace(build_spec({}).train, optimizer="sgd", lr=0.1, lr_schedule=schedule)
+    optimizer = make_optimizer(torch.nn.Linear(1, 1), cfg)
+    scheduler = make_schedule(optimizer, cfg, 100)
+    seen = []
+    for step in range(100):
+        if step in (0, 49, 50, 99):
+            seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    assert seen == pytest.approx([0.1 * f for f in factors])

@@ -18,13 +18,14 @@ Other choices
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable
 
 from dpeval.core.errors import ConfigError, brief
 from dpeval.core.registry import DATASETS
 from dpeval.core.settings import DataConfig
-from dpeval.core.splits import Task
+from dpeval.core.splits import Task, with_public
 
 MIN_IMAGE_SIZE = 4
 
@@ -73,6 +74,16 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ConfigError(f"data.max_train: must be an integer >= 0 (0 = no cap), got {brief(cfg.max_train)}")
     if not _is_int(cfg.image_size) or cfg.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"data.image_size: must be an integer >= {MIN_IMAGE_SIZE}, got {brief(cfg.image_size)}")
+    if cfg.public_source is not None:
+        if not isinstance(cfg.public_source, str):
+            raise ConfigError(f"data.public_source: must be a dataset name or null, got {brief(cfg.public_source)}")
+        DATASETS.get(cfg.public_source, field="data.public_source")
+        if cfg.public_source == cfg.name:
+            raise ConfigError(f"data.public_source: names the dataset itself ({cfg.name!r}); leave it null for a "
+                              f"share of its own training source")
+        if not cfg.public_fraction > 0:
+            raise ConfigError("data.public_fraction: must be > 0 with data.public_source (the share of that "
+                              "dataset's training source that forms the public split)")
     if cfg.name == "tokens" and cfg.tokens.size < cfg.tokens.classes:
         raise ConfigError(f"data.tokens.size: must be >= data.tokens.classes ({cfg.tokens.classes}), got "
                           f"{brief(cfg.tokens.size)}")
@@ -95,9 +106,19 @@ def validate_data_config(cfg: DataConfig) -> None:
 
 
 def load_task(cfg: DataConfig) -> Task:
-    """Validate ``cfg`` and load the dataset it names, split into train / test / public."""
+    """Validate ``cfg`` and load the dataset it names, split into train / test / public; with
+    ``data.public_source`` the public split is that dataset's public share, converted (``with_public``)."""
     validate_data_config(cfg)
-    return DATASETS.get(cfg.name, field="data.name")(cfg)
+    if cfg.public_source is None:
+        return DATASETS.get(cfg.name, field="data.name")(cfg)
+    task = DATASETS.get(cfg.name, field="data.name")(dataclasses.replace(cfg, public_fraction=0.0, public_source=None))
+    # The other dataset's own split gives its public share (a random subset, the only rows turned into floats);
+    # its private pool is capped at one example, never used.
+    source = DATASETS.get(cfg.public_source, field="data.public_source")(
+        dataclasses.replace(cfg, name=cfg.public_source, public_source=None, max_train=1))
+    if source.vocab is not None or task.vocab is not None:
+        raise ConfigError("data.public_source: only image datasets can stand in as another one's public data")
+    return with_public(task, source.public, cfg)
 
 
 __all__ = ["DATASETS", "Loader", "load_task", "validate_data_config"]
