@@ -61,7 +61,9 @@ def test_each_sample_contributes_at_most_clip():
         defense.clip_and_accumulate(g)
         released = flat(defense.release(batch_size=1).grads)
         original = flat({k: v[0] for k, v in g.items()})
-        assert released.norm() <= 0.7
+        # C·g/(‖g‖ + 1e-6) in float32: its norm is C up to rounding, which lands on either side of C by a few
+        # ulps depending on the reduction order (the thread count); more than that would be a clipping bug
+        assert released.norm() <= 0.7 * (1 + 1e-6)
         if original.norm() < 0.7:  # below the bound: untouched (up to the 1e-6 guard)
             torch.testing.assert_close(released, original, rtol=1e-5, atol=1e-7)
         else:  # above: same direction, norm C
