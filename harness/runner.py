@@ -66,20 +66,46 @@ class Prepared:
 
 
 def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyLedger:
-    """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon``."""
-    p, t = spec.privacy, spec.train
+    """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon`` — after the
+    DP-PCA of the inputs, when the model has one (``model.pca``: its σ_p given, or set by its ε share)."""
+    p, t, pca = spec.privacy, spec.train, spec.model.pca
     sample_rate = t.batch_size / n_private
     steps = t.epochs * (n_private // t.batch_size)
     delta = p.delta if p.delta is not None else default_delta(n_private)
     if not defense_cls.is_dp(spec.defense):
-        return PrivacyLedger(0.0, 0.0, sample_rate, steps, delta, p.accountant, t.sampling)
+        return PrivacyLedger(0.0, 0.0, sample_rate, steps, delta, p.accountant, t.sampling)  # an exact PCA, if any
+    pca_sigma = 0.0
+    if pca.dims > 0:
+        if pca.noise_multiplier is not None:
+            pca_sigma = pca.noise_multiplier
+        elif p.noise_multiplier is not None:
+            raise ConfigError("model.pca.noise_multiplier: give the PCA's σ_p too when privacy.noise_multiplier "
+                              "gives training's (an ε share needs a target ε)")
+        else:
+            pca_sigma = noise_for(pca.epsilon_share * p.epsilon, delta, 1.0, 1, p.accountant)
+    before = ((pca_sigma, 1.0, 1),) if pca_sigma > 0 else ()
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
         accounted = sigma / defense_cls.noise_for_accounted(1.0)
     else:
-        accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant)
+        accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant, before=before)
         sigma = defense_cls.noise_for_accounted(accounted)
-    return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling)
+    return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling, pca_sigma)
+
+
+def input_pca(spec: RunSpec, task: Task, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
+    """The DP-PCA projection of the private pool's inputs as the model sees them (normalised), σ_p from the ledger
+    (0 for a non-private run: the exact PCA)."""
+    from dpeval.core.models import Normalize
+    from dpeval.core.pca import dp_pca
+
+    dims, d = spec.model.pca.dims, math.prod(task.shape)
+    if task.vocab is not None or dims > d:
+        raise ConfigError(f"model.pca.dims: must be at most the {d} input values of image data, got {dims}"
+                          if task.vocab is None else "model.pca.dims: token data has no PCA; leave it 0")
+    with torch.no_grad():
+        inputs = Normalize(task.mean, task.std)(task.train.x)
+    return dp_pca(inputs, dims, noise_multiplier, generator)
 
 
 def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
@@ -109,19 +135,23 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     model_name = spec.model.name or default_model(spec.data.name)
     streams = Streams(spec.seed)
     victim = streams.scope("victim")
+    defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
+    privacy = (plan or plan_privacy)(spec, defense_cls, n)
+    projection = None
+    if spec.model.pca.dims > 0:  # released before training, so the attacker (and every shadow model) has it too
+        projection = input_pca(spec, task, privacy.pca_noise_multiplier, victim.generator("pca"))
 
     def build() -> nn.Module:
-        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std, spec.model, task.vocab)
+        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std, spec.model, task.vocab,
+                           projection)
 
     with victim.torch_global("init"):
         model = build()
     check_attacks(spec, model, task)
-    defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
         check_lean(defense_cls, model)
-    privacy = (plan or plan_privacy)(spec, defense_cls, n)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))

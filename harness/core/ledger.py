@@ -6,7 +6,9 @@ is accounted at, the sample rate q, the number of steps T, δ, the accountant an
 ε from them with the configured accountant (``dpeval.core.accounting.epsilon_for``). Every ε a result
 reports is a ledger's: the run's ``privacy.epsilon``, the shadow game's ``target_epsilon`` (the same σ at
 the shadows' q and T: ``at``) and grad-MIA's ``accounted_epsilon`` (one release of a whole batch:
-``at(1.0, 1)``). An accounted σ of 0 means no DP mechanism: ε = inf.
+``at(1.0, 1)``). An accounted σ of 0 means no DP mechanism: ε = inf. A DP-PCA of the inputs before training
+(``dpeval.core.pca``: one Gaussian release of multiplier ``pca_noise_multiplier`` on the whole pool) is composed
+into every ε the ledger gives.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from dpeval.core.accounting import ACCOUNTED_SAMPLING, epsilon_for
+from dpeval.core.accounting import ACCOUNTED_SAMPLING, Release, epsilon_of
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class PrivacyLedger:
     delta: float
     accountant: str                     # ``rdp`` or ``prv``
     sampling: str                       # how batches were drawn (``poisson`` or ``shuffle``)
+    pca_noise_multiplier: float = 0.0   # σ_p of a DP-PCA released before training (0: none)
 
     epsilon: float = field(init=False)  # derived: the accountant's ε of the above
 
@@ -34,9 +37,14 @@ class PrivacyLedger:
         """ε by the configured accountant, on construction: a σ it cannot evaluate is a ConfigError here."""
         eps = math.inf
         if self.accounted_noise_multiplier > 0:
-            eps = epsilon_for(self.accounted_noise_multiplier, self.sample_rate, self.steps, self.delta,
-                              self.accountant)
+            eps = epsilon_of([*self.before, (self.accounted_noise_multiplier, self.sample_rate, self.steps)],
+                             self.delta, self.accountant)
         object.__setattr__(self, "epsilon", eps)
+
+    @property
+    def before(self) -> tuple[Release, ...]:
+        """The releases made before training, as the accountant is told them: the DP-PCA, if any."""
+        return ((self.pca_noise_multiplier, 1.0, 1),) if self.pca_noise_multiplier > 0 else ()
 
     def at(self, sample_rate: float, steps: int) -> PrivacyLedger:
         """The same mechanism (σ, δ, accountant) released ``steps`` times at rate ``sample_rate``."""
@@ -56,4 +64,5 @@ class PrivacyLedger:
             "privacy.accountant": self.accountant,
             "privacy.sampling": self.sampling,
             "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
-        }
+        } | ({"privacy.pca_noise_multiplier": self.pca_noise_multiplier,
+              "privacy.pca_epsilon": epsilon_of(list(self.before), self.delta, self.accountant)} if self.before else {})

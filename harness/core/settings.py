@@ -65,6 +65,19 @@ ACTIVATIONS = ("tanh", "relu")  # what `mlp` may put between its layers
 
 
 @dataclass
+class PCAConfig(Params):
+    """DP-PCA of the inputs in front of the network (``dpeval.core.pca``)."""
+
+    dims: int = param(0, "project the (normalised, flattened) inputs onto this many principal directions of the "
+                         "private pool, computed with the Gaussian mechanism and accounted; 0 = no PCA", low=0)
+    epsilon_share: float = param(0.1, "the share f of `privacy.epsilon` for the PCA: its noise makes the PCA "
+                                      "alone (f·ε, δ)-DP, and training's σ makes both together (ε, δ)-DP",
+                                 low=0, high=1, low_open=True, high_open=True)
+    noise_multiplier: float | None = param(None, "σ_p of the PCA itself instead of a share (needed with "
+                                                 "`privacy.noise_multiplier`)", low=0, low_open=True)
+
+
+@dataclass
 class ModelConfig(Params):
     """Model registry name (``None``: the dataset's default model) and the shape settings of the models that take
     them.
@@ -85,6 +98,8 @@ class ModelConfig(Params):
     vocab: int | None = param(None, "`gpt`: vocabulary size, at least the data's; null = the data's", low=1, added=True)
     activation: str | None = param(None, "`mlp`: the hidden layer's activation; null = tanh", choices=ACTIVATIONS,
                                    added=True)
+    pca: PCAConfig = param(factory=PCAConfig, help="DP-PCA of the inputs before the network (any model)",
+                           added=True)
 
     SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")
 

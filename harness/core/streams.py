@@ -30,6 +30,7 @@ STREAMS: dict[str, str] = {
     "init": "model initialisation (torch's global generator, forked for the build)",
     "sampler": "batch sampling (Poisson draws or the per-epoch shuffle)",
     "noise": "the defense's Gaussian noise",
+    "pca": "the Gaussian noise of a DP-PCA of the inputs (model.pca), released before training",
     "mask": "RS / random-freeze coordinate masks",
     "anchors": "GEP anchor labels and power-iteration starts (indexed by the refresh step)",
     "membership": "which shadow model trains on which half of the population",

@@ -19,6 +19,7 @@ Factories validate the input shape arithmetically so a shape that cannot work is
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 
 from dpeval.core.errors import ConfigError
 from dpeval.core.models._shapes import check_in_shape
+from dpeval.core.pca import Projection
 from dpeval.core.registry import MODELS
 from dpeval.core.settings import ModelConfig
 
@@ -66,8 +68,11 @@ def build_model(
     std: tuple[float, ...],
     settings: ModelConfig | None = None,
     vocab: int | None = None,
+    projection: torch.Tensor | None = None,
 ) -> nn.Sequential:
-    """Build registered model ``name`` as ``Sequential(Normalize(mean, std), net)``.
+    """Build registered model ``name`` as ``Sequential(Normalize(mean, std), net)``, or with a DP-PCA
+    ``projection`` (d × k, ``dpeval.core.pca``) as ``Sequential(Normalize, Projection, net)`` where the net takes
+    the k projected values as a (k, 1, 1) input.
 
     ``settings`` carries the shape settings of the models that take them (``takes_settings``: a factory's
     ``settings`` names the ones it reads, and any other that is set is refused); ``vocab`` is the
@@ -90,9 +95,16 @@ def build_model(
             f"{len(mean)}/{len(std)} values; give one per channel"
         )
     norm = Normalize(mean, std)
+    front: list[nn.Module] = [norm]
+    if projection is not None:
+        if projection.shape[0] != math.prod(shape):
+            raise ConfigError(f"model.pca.dims: the projection takes {projection.shape[0]} input values, the data "
+                              f"has {math.prod(shape)}")
+        front.append(Projection(projection))
+        shape = check_in_shape(name, (int(projection.shape[1]), 1, 1), num_classes)
     if accepted:
-        return nn.Sequential(norm, factory(shape, num_classes, settings=settings, vocab=vocab))
-    return nn.Sequential(norm, factory(shape, num_classes))
+        return nn.Sequential(*front, factory(shape, num_classes, settings=settings, vocab=vocab))
+    return nn.Sequential(*front, factory(shape, num_classes))
 
 
 def num_params(model: nn.Module, trainable_only: bool = True) -> int:
