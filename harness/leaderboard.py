@@ -307,14 +307,22 @@ def _finite(value: Any) -> bool:
     return is_number(value) and math.isfinite(value)
 
 
+def selection_group(record: dict[str, Any]) -> str:
+    """What a best configuration is chosen among: the runs of one dataset — of one paper recipe's cell when the
+    runs come from a recipe (its ``paper.table`` and ``paper.row``: a tuned cell's grid), so that several tuned
+    cells in one results folder are priced each on its own grid."""
+    cell = [str(record[k]) for k in ("paper.table", "paper.row") if record.get(k)]
+    return f"{record.get('dataset')} ({', '.join(cell)})" if cell else str(record.get("dataset"))
+
+
 def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per dataset with ≥ 2 DP configurations among the finished runs: the privacy cost of selecting one of
-    them on the private data (module docstring)."""
+    """Per dataset (per recipe cell: ``selection_group``) with ≥ 2 DP configurations among the finished runs: the
+    privacy cost of selecting one of them on the private data (module docstring)."""
     configs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for row in latest_per_key([r for r in rows if r["status"] == "done"]):
         m = row["metrics"]
         if _finite(m.get("privacy.epsilon")):
-            configs.setdefault(str(m.get("dataset")), {}).setdefault(group_key(row), []).append(m)
+            configs.setdefault(selection_group(m), {}).setdefault(group_key(row), []).append(m)
     out = {}
     for dataset, groups in configs.items():
         if len(groups) < 2:
@@ -367,7 +375,7 @@ def selection_sentences(costs: dict[str, dict[str, Any]]) -> list[str]:
 
 def mark_selection(records: list[dict[str, Any]], costs: dict[str, dict[str, Any]]) -> None:
     for r in records:
-        c = costs.get(str(r.get("dataset")))
+        c = costs.get(selection_group(r))
         if c is None or not _finite(r.get("privacy.epsilon")):
             continue
         r["privacy.selection_configs"] = c["configs"]

@@ -232,3 +232,22 @@ def test_without_sigma_only_composition_is_reported():
     assert cost["epsilon"] == pytest.approx(6.0) and "random_stopping" not in cost
     (sentence,) = lb.selection_sentences({"digits": cost})
     assert "by composition." in sentence and "random" not in sentence
+
+
+def test_each_recipe_cell_is_priced_on_its_own_grid():
+    """Two tuned cells of one paper table in one results folder (as the AdaCliP tables run): each cell's best is
+    chosen among its own configurations, so each is priced on its own grid, not on both."""
+    cells = {"Abadi et al; ε = 1": [1.0, 2.0], "AdaCliP; ε = 1": [1.0, 2.0, 3.0]}
+    rows = []
+    for cell, clips in cells.items():
+        for clip in clips:
+            r = dp_row(f"{cell}-{clip}", 0, clip, 0.9)
+            r["metrics"].update({"paper.table": "Table 1", "paper.row": cell})
+            r["run_key"] = f"{cell}-{clip}"
+            rows.append(r)
+    costs = lb.selection_costs(rows)
+    assert sorted(c["configs"] for c in costs.values()) == [2, 3]
+    assert any("Table 1, AdaCliP; ε = 1" in line and "best of 3" in line for line in lb.selection_sentences(costs))
+    records = {r["run_id"]: r for r in lb.leaderboard(rows)}
+    assert records["AdaCliP; ε = 1-1.0"]["privacy.selection_configs"] == 3
+    assert records["Abadi et al; ε = 1-2.0"]["privacy.selection_epsilon"] == pytest.approx(6.0)
