@@ -96,14 +96,19 @@ NOT_SETTINGS = {"data.name", "data.root", "data.download"}  # the dataset column
 
 
 def setting_columns(config: dict[str, Any], dp: bool) -> dict[str, Any]:
-    """A run's ``train.*`` and ``data.*`` settings that apply to it, flat (lists as comma-joined text), and
-    ``privacy.target_epsilon``, the ε it asked for (DP runs calibrated to a target ε only). Settings that do
+    """A run's ``train.*``, ``data.*`` and ``model.*`` settings that apply to it, flat (lists as comma-joined text),
+    and ``privacy.target_epsilon``, the ε it asked for (DP runs calibrated to a target ε only). Settings that do
     not apply are left out: SGD momentum under Adam, the synthetic data's shape for another dataset, the
-    image size outside ``imagefolder``."""
+    image size outside ``imagefolder``, a model setting left at null (the model's default), the DP-PCA's settings
+    of a model without one."""
     flat = {}
-    for section in ("train", "data"):
+    for section in ("train", "data", "model"):
         for key, value in _flatten(config.get(section) or {}, section):
             flat[key] = ", ".join(map(str, value)) if isinstance(value, list) else value
+    flat.pop("model.name", None)  # the `model` column
+    if not flat.get("model.pca.dims"):
+        flat = {k: v for k, v in flat.items() if not k.startswith("model.pca.")}
+    flat = {k: v for k, v in flat.items() if not (k.startswith("model.") and v is None)}
     dataset = (config.get("data") or {}).get("name")
     if flat.get("train.optimizer") != "sgd":
         flat.pop("train.momentum", None)
@@ -220,7 +225,7 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
     return ordered + missing  # rows without the column go last either way
 
 
-SETTING_PREFIXES = ("defense.", "attack.", "train.", "data.", "privacy.target_epsilon", "privacy.delta",
+SETTING_PREFIXES = ("defense.", "attack.", "train.", "data.", "model.", "privacy.target_epsilon", "privacy.delta",
                     "privacy.accountant")
 NOT_VARYING = {"data.train_size", "data.test_size", "data.public_size", "train.engine_used"}  # results, not settings
 DP_ONLY = ("privacy.",)  # settings that mean nothing for a non-private run
@@ -236,8 +241,8 @@ def applies(record: dict[str, Any], column: str) -> bool:
 
 
 def varying_settings(records: list[dict[str, Any]]) -> list[str]:
-    """The settings (``defense.*``, ``attack.*``, ``train.*``, ``data.*``, requested ε, δ, accountant) whose
-    value differs between the records they apply to: what was swept, or what differs in the recipe. A
+    """The settings (``defense.*``, ``attack.*``, ``train.*``, ``data.*``, ``model.*``, requested ε, δ, accountant)
+    whose value differs between the records they apply to: what was swept, or what differs in the recipe. A
     setting that only some records carry (another defense's or attack's) is not a sweep, and two defenses'
     parameters of the same name (GEP's and groupwise's ``groups``) are not one setting."""
     keys = {c for r in records for c in r if c.startswith(SETTING_PREFIXES) and not c.endswith(".sem")

@@ -251,3 +251,18 @@ def test_each_recipe_cell_is_priced_on_its_own_grid():
     records = {r["run_id"]: r for r in lb.leaderboard(rows)}
     assert records["AdaCliP; ε = 1-1.0"]["privacy.selection_configs"] == 3
     assert records["Abadi et al; ε = 1-2.0"]["privacy.selection_epsilon"] == pytest.approx(6.0)
+
+
+def test_model_settings_are_columns_and_a_swept_one_is_named():
+    """A grid over a model setting (the DP-PCA's share) shows it as a column and names it among the swept settings;
+    settings left at null and a PCA that is off are no columns."""
+    from dpeval.config import build_spec
+
+    with_pca = build_spec({"model": {"name": "mlp", "width": 1000, "pca": {"dims": 60, "epsilon_share": 0.5}}})
+    flat = lb.setting_columns(with_pca.canonical(), dp=True)
+    assert flat["model.width"] == 1000 and flat["model.pca.epsilon_share"] == 0.5 and "model.name" not in flat
+    assert "model.depth" not in flat
+    plain = lb.setting_columns(build_spec({"model": {"name": "mlp"}}).canonical(), dp=True)
+    assert not any(k.startswith("model.") for k in plain)
+    other = dict(flat, **{"model.pca.epsilon_share": 0.1})
+    assert "model.pca.epsilon_share" in lb.varying_settings([flat, other])
