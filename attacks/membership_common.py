@@ -233,6 +233,29 @@ def target_privacy(privacy: PrivacyLedger, game: Game) -> dict[str, float]:
     return {"target_sample_rate": q, "target_steps": steps, "target_epsilon": privacy.at(q, steps).epsilon}
 
 
+SCORES_FILE = "scores.csv"
+SCORE_COLUMNS = ("target", "split", "index", "label", "member", "score")
+
+
+def save_scores(folder: Path, task: Task, rows: np.ndarray, scores: np.ndarray, members: np.ndarray,
+                targets: np.ndarray) -> dict[str, str]:
+    """Which records leak: one line per scored (target, example) with the example's split (``train``: the victim's
+    private pool, ``test``: held out), its index in its data source (``source_index``: the same image in every run
+    on that data), its label, whether the target trained on it and the attack's score (higher: more likely a
+    member); ``target`` is -1 for the victim, i for shadow i in the leave-one-model-out game. ``rows`` index the
+    game's population: the victim's pool, then the held-out split. Written by the game (it holds the task); the
+    attack never sees it."""
+    n = len(task.train)
+    source = torch.cat([task.train.source_index, task.test.source_index]).numpy()
+    label = torch.cat([task.train.y, task.test.y]).numpy()
+    path = folder / SCORES_FILE
+    with path.open("w") as f:
+        f.write(",".join(SCORE_COLUMNS) + "\n")
+        for t, r, s, m in zip(targets, rows, scores, members):
+            f.write(f"{int(t)},{'train' if r < n else 'test'},{int(source[r])},{int(label[r])},{int(m)},{float(s)!r}\n")
+    return {"scores": str(path)}
+
+
 def out_dir(view: AttackerView) -> Path:
     view.out_dir.mkdir(parents=True, exist_ok=True)
     return view.out_dir
@@ -270,6 +293,7 @@ class ShadowAttack(Attack):
             unshuffled[order] = self.score(target.columns(order))
             scores.append(unshuffled)
             labels.append(membership)
+        targets = len(scores)
         scores, labels = np.concatenate(scores), np.concatenate(labels)
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
         verdict = membership_verdict(metrics)
@@ -277,7 +301,13 @@ class ShadowAttack(Attack):
             metrics.update(target_privacy(view.privacy, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
         metrics.update(self.extra_metrics())
-        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()), verdict)
+        game = pool.game
+        rows = game.index.numpy()
+        target_of = (np.full(len(rows), -1) if p.mia_target == "victim"
+                     else np.repeat(np.arange(targets), len(rows)))
+        artefacts = save_roc(scores, labels, out_dir(view), self.title())
+        artefacts |= save_scores(out_dir(view), task, np.tile(rows, targets), scores, labels, target_of)
+        return AttackResult(metrics, artefacts, verdict)
 
 
 class VictimMembershipAttack(Attack):
@@ -316,4 +346,6 @@ class VictimMembershipAttack(Attack):
             threshold = scores[labels].mean()
             metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
                                               + (scores[~labels] <= threshold).mean()) / 2)
-        return AttackResult(metrics, save_roc(scores, labels, out_dir(view), self.title()), verdict)
+        artefacts = save_roc(scores, labels, out_dir(view), self.title())
+        artefacts |= save_scores(out_dir(view), task, np.arange(len(y)), scores, labels, np.full(len(y), -1))
+        return AttackResult(metrics, artefacts, verdict)
