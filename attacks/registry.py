@@ -3,4 +3,4 @@ any attack; ``dpeval.core.registry`` explains the discovery)."""
 
 from dpeval.core.registry import Registry
 
-ATTACKS: Registry = Registry("attack", scan="dpeval.attacks", var="ATTACKS")
+ATTACKS: Registry = Registry("attack", scan="dpeval.attacks", var="ATTACKS", group="dpeval.attacks")

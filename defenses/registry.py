@@ -3,4 +3,4 @@ any defense; ``dpeval.core.registry`` explains the discovery)."""
 
 from dpeval.core.registry import Registry
 
-DEFENSES: Registry = Registry("defense", scan="dpeval.defenses", var="DEFENSES")
+DEFENSES: Registry = Registry("defense", scan="dpeval.defenses", var="DEFENSES", group="dpeval.defenses")

@@ -606,6 +606,30 @@ def data_status(as_json: bool) -> None:
         sys.exit(1)
 
 
+@main.command(name="check-attack")
+@click.argument("targets", nargs=-1, required=True, metavar="FILE_OR_MODULE...")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def check_attack(targets: tuple[str, ...], as_json: bool) -> None:
+    """Check attack modules (a plug-in's too) against the attacker's boundary, from their source: an attack sees
+    only the AttackerView and what its game hands it, never the private pool (docs/architecture.md). Exit 1 when
+    a module crosses it, each crossing on its own line."""
+    from dpeval.boundary import boundary_violations, source_of
+
+    found: dict[str, list[str]] = {}
+    for target in targets:
+        try:
+            path = source_of(target)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"check-attack: {exc}") from None
+        found[target] = boundary_violations(path)
+    lines = [f"{t}: {'ok' if not bad else f'{len(bad)} crossing(s)'}" + "".join(f"\n  {b}" for b in bad)
+             for t, bad in found.items()]
+    emit(found, as_json, "\n".join(lines))
+    if any(found.values()):
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------------------------------------------
 # list / show / leaderboard
 

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from dpeval import boundary
+from dpeval.boundary import registers_attack
+
 ROOT = Path(__file__).resolve().parents[1]
 # package -> folder, as pyproject's [tool.setuptools.package-dir] maps them
 FOLDERS = {"dpeval.defenses": ROOT / "defenses", "dpeval.attacks": ROOT / "attacks", "dpeval": ROOT / "harness"}
@@ -196,24 +199,10 @@ def test_docs_links_resolve():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The threat-model boundary: a module that registers an attack sees only the AttackerView (attacks/view.py)
-# and what its family's game hands it; the private pool stays with the game.
+# The threat-model boundary (dpeval.boundary): a module that registers an attack sees only the AttackerView
+# (attacks/view.py) and what its family's game hands it; the private pool stays with the game.
 
 FIXTURE_ATTACK = ROOT / "tests" / "fixtures" / "plugin_attack.py"
-# modules and objects that reach the private pool or the held-out split
-POOL_MODULES = ("dpeval.core.datasets", "dpeval.runner")
-POOL_OBJECTS = {"dpeval.core.splits.Task", "dpeval.attacks.gradient_common.draw_targets",
-                "dpeval.attacks.gradient_common.select_targets", "dpeval.attacks.shadow_signals.population",
-                "dpeval.attacks.membership_common.plan_game", "dpeval.attacks.membership_common.shadow_pool"}
-POOL_ACCESSORS = {name.rsplit(".", 1)[1] for name in POOL_OBJECTS}  # also reached as ``module.name``
-
-
-def registers_attack(path: Path) -> bool:
-    """Whether a class of the module is decorated with ``ATTACKS.register(...)``."""
-    return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
-               and isinstance(d.func.value, ast.Name) and d.func.value.id == "ATTACKS"
-               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
-               for d in node.decorator_list)
 
 
 def attack_modules() -> list[Path]:
@@ -222,23 +211,7 @@ def attack_modules() -> list[Path]:
 
 
 def boundary_violations(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    bad = [f"imports {name}" for _, name in imported_modules(path)
-           if name in POOL_OBJECTS or any(name == m or name.startswith(m + ".") for m in POOL_MODULES)]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in ("task", "Task"):
-            bad.append(f"line {node.lineno}: names {node.id}")
-        elif isinstance(node, ast.arg) and node.arg == "task":
-            bad.append(f"line {node.lineno}: takes task")
-        elif isinstance(node, ast.Attribute) and node.attr in POOL_ACCESSORS | {"task"}:
-            bad.append(f"line {node.lineno}: reads .{node.attr}")
-        elif isinstance(node, ast.FunctionDef) and node.name == "play":
-            bad.append(f"line {node.lineno}: overrides play (the game's)")
-        elif isinstance(node, ast.Constant) and node.value == "victim":
-            bad.append(f"line {node.lineno}: names the victim's random streams")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Streams":
-            bad.append(f"line {node.lineno}: builds its own Streams")
-    return [f"{path.relative_to(ROOT)}: {b}" for b in bad]
+    return [f"{path.relative_to(ROOT)}: {b}" for b in boundary.boundary_violations(path)]
 
 
 def test_every_registered_attack_is_checked_for_the_boundary():

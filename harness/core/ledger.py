@@ -54,7 +54,7 @@ class PrivacyLedger:
 
     def metrics(self) -> dict[str, float | int | str]:
         """The ``privacy.*`` result keys."""
-        return {
+        keys: dict[str, float | int | str] = {
             "privacy.epsilon": self.epsilon,
             "privacy.delta": self.delta,
             "privacy.noise_multiplier": self.noise_multiplier,
@@ -64,5 +64,8 @@ class PrivacyLedger:
             "privacy.accountant": self.accountant,
             "privacy.sampling": self.sampling,
             "privacy.accounted_sampling": ACCOUNTED_SAMPLING,
-        } | ({"privacy.pca_noise_multiplier": self.pca_noise_multiplier,
-              "privacy.pca_epsilon": epsilon_of(list(self.before), self.delta, self.accountant)} if self.before else {})
+        }
+        if self.before:  # the DP-PCA: its σ_p and what it would spend alone
+            keys["privacy.pca_noise_multiplier"] = self.pca_noise_multiplier
+            keys["privacy.pca_epsilon"] = epsilon_of(list(self.before), self.delta, self.accountant)
+        return keys

@@ -7,6 +7,13 @@ adding a defense, an attack, a dataset or a model is one new module, and checkin
 (``--defense nope``, ``--epochs 0``) imports neither the plug-ins nor torch: a bad flag answers at once.
 Further facts about an entry are literal keywords of the same decorator, read the same way: a dataset names
 the model a run uses when none is given, ``@DATASETS.register("digits", "…", default_model="cnn3")``.
+
+Plug-ins from outside the package: another installed distribution declares entry points in the groups
+``dpeval.defenses``, ``dpeval.attacks``, ``dpeval.datasets`` and ``dpeval.models``, each ``name = "module"``
+(the module whose decorator registers ``name``). They are found through the installed distributions' metadata
+and their modules' source is read from the distribution's files, so listing and checking still import nothing;
+the module is imported when its name is asked for. A built-in name wins over an entry point of the same name
+(with a warning), and an entry point whose module does not register its name is reported when it is used.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
@@ -21,6 +29,7 @@ from typing import Any, Callable, Generic, TypeVar, cast
 from dpeval.core.errors import ConfigError, brief
 
 T = TypeVar("T")
+log = logging.getLogger("dpeval")
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,11 @@ class Registry(Generic[T]):
     ``scan`` names the package (every module in it) or the module whose ``@<var>.register(...)``
     decorators declare this registry's entries."""
 
-    def __init__(self, kind: str, scan: str, var: str) -> None:
+    def __init__(self, kind: str, scan: str, var: str, group: str | None = None) -> None:
         self.kind = kind
         self.scan = scan
         self.var = var
+        self.group = group  # the entry-point group of outside plug-ins (None: built-ins only)
         self._items: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
         self._details: dict[str, dict[str, Any]] = {}
@@ -61,12 +71,19 @@ class Registry(Generic[T]):
         return decorator
 
     def declared(self) -> dict[str, Declaration]:
-        """The entries declared in the source (read once, never imported)."""
+        """The entries declared in the source of the package and of the entry points' modules (read once, never
+        imported)."""
         if self._declared is None:
             self._declared = {}
             for module, path in _source_files(self.scan):
                 for name, description, details in _declarations(path, self.var):
                     self._declared[name] = Declaration(module, description, details)
+            for name, declaration in _entry_point_declarations(self.group, self.var).items():
+                if name in self._declared:
+                    log.warning("warning: the %s %r of the plug-in module %s is ignored: a built-in %s has that "
+                                "name", self.kind, name, declaration.module, self.kind)
+                    continue
+                self._declared[name] = declaration
         return self._declared
 
     def check(self, name: str, field: str | None = None) -> None:
@@ -79,7 +96,16 @@ class Registry(Generic[T]):
     def get(self, name: str, field: str | None = None) -> T:
         self.check(name, field)
         if name not in self._items:
-            importlib.import_module(self.declared()[name].module)  # its decorator registers it
+            module = self.declared()[name].module
+            try:
+                importlib.import_module(module)  # its decorator registers it
+            except ImportError as exc:
+                raise ConfigError(f"{field or self.kind}: the {self.kind} {name!r} cannot be loaded: its module "
+                                  f"{module} fails to import ({type(exc).__name__}: {exc})") from None
+            if name not in self._items:
+                raise ConfigError(f"{field or self.kind}: the module {module} declares no {self.kind} {name!r} "
+                                  f"(its entry point names it; the module must register it with "
+                                  f"@{self.var}.register({name!r}, ...))")
         return self._items[name]
 
     def detail(self, name: str, key: str, field: str | None = None) -> Any:
@@ -116,6 +142,40 @@ def _source_files(target: str) -> list[tuple[str, Path]]:
     return [(f"{target}.{p.stem}", p) for p in sorted(folder.glob("*.py")) if not p.stem.startswith("_")]
 
 
+def _module_source(dist: Any, module: str) -> Path | None:
+    """The source file of ``module`` among a distribution's installed files, without importing anything (None when
+    the distribution does not list it, e.g. an editable install: the module's spec is then looked up)."""
+    stem = module.replace(".", "/")
+    for file in dist.files or ():
+        if str(file) in (f"{stem}.py", f"{stem}/__init__.py"):
+            return Path(dist.locate_file(file))
+    try:
+        spec = importlib.util.find_spec(module)  # imports the module's parent packages, not the module
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declaration]:
+    """The plug-ins that installed distributions declare in entry-point ``group``: name -> declaration, with the
+    description (and literal details) read from the module's source when it declares the name there."""
+    if group is None:
+        return {}
+    from importlib.metadata import entry_points
+
+    found = {}
+    for ep in entry_points(group=group):
+        module = ep.value.split(":", 1)[0].strip()
+        path = _module_source(ep.dist, module) if ep.dist is not None else None
+        description, details = f"(plug-in from {ep.dist.name if ep.dist else module})", {}
+        if path is not None and path.is_file():
+            for name, text, keywords in _declarations(path, var):
+                if name == ep.name:
+                    description, details = text, keywords
+        found[ep.name] = Declaration(module, description, details)
+    return found
+
+
 def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, description, literal keywords) of every ``@<var>.register("name", "description", key=literal)``
     decorator in a file (a keyword whose value is not a literal is left out: :meth:`Registry.detail` of an
@@ -134,8 +194,8 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]
     return found
 
 
-DATASETS: Registry = Registry("dataset", scan="dpeval.core.datasets", var="DATASETS")
-MODELS: Registry = Registry("model", scan="dpeval.core.models", var="MODELS")
+DATASETS: Registry = Registry("dataset", scan="dpeval.core.datasets", var="DATASETS", group="dpeval.datasets")
+MODELS: Registry = Registry("model", scan="dpeval.core.models", var="MODELS", group="dpeval.models")
 
 
 def default_model(dataset: str) -> str:
