@@ -27,6 +27,7 @@ from torch import nn
 
 from dpeval.core.errors import ConfigError
 from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split
 from dpeval.core.streams import Streams
 from dpeval.defenses.base import Defense
@@ -46,7 +47,7 @@ class AttackerView:
     mean: tuple[float, ...]                            # the normalisation (from the public split)
     std: tuple[float, ...]
     privacy: PrivacyLedger                             # what training released: σ, q, steps, ε, δ
-    spec: Any                                          # dpeval.config.RunSpec: the public hyperparameters
+    spec: RunSpec                                      # the public hyperparameters
     build_model: Callable[[], nn.Module]               # a fresh model of the victim's architecture
     make_defense: Callable[..., Defense]               # make_defense(streams, bound_to, steps_per_epoch): fresh
     streams: Streams                                   # the run's streams (attacks draw from attack/…, shadow…)

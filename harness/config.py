@@ -1,4 +1,4 @@
-"""Run configuration assembly: the validated, canonical RunSpec and its run key.
+"""Run configuration assembly: the validated, canonical RunSpec (``dpeval.core.spec``) from raw settings.
 
 A run is described by nested plain data (YAML file ← CLI flags ← ``--set dotted.key=value``). ``build_spec``
 validates it against the declared settings (``dpeval.core.settings``) and the chosen defense's and attacks'
@@ -11,69 +11,17 @@ where a run executes does not change what it is).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dpeval.core.errors import ConfigError, brief
-from dpeval.core.params import coerce, field_names, from_dict, param, unkeyed
-from dpeval.core.settings import DEFAULT_EPSILON, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
-
-DEVICES = ("auto", "cpu", "cuda")
-
-
-@dataclass
-class RunSpec:
-    """Everything that defines one run. ``defense`` holds the defense's validated Params; ``attack`` maps
-    each selected attack's name to its validated Params."""
-
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    defense_name: str = "dpsgd"
-    defense: Any = None
-    attacks: list[str] = field(default_factory=list)
-    attack: dict[str, Any] = field(default_factory=dict)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    seed: int = param(0, "run seed: every random stream of the run derives from it (docs/architecture.md)",
-                      low=0)
-    device: str = param("auto", "`auto` uses CUDA when present; not part of the run key", choices=DEVICES)
-
-    def canonical(self) -> dict[str, Any]:
-        """The fully-defaulted nested form: what is hashed, stored and shown."""
-        return {
-            "data": dataclasses.asdict(self.data),
-            "model": dataclasses.asdict(self.model),
-            "defense": {"name": self.defense_name, **dataclasses.asdict(self.defense)},
-            "attacks": list(self.attacks),
-            "attack": {name: dataclasses.asdict(params) for name, params in sorted(self.attack.items())},
-            "privacy": dataclasses.asdict(self.privacy),
-            "train": dataclasses.asdict(self.train),
-            "seed": self.seed,
-            "device": self.device,
-        }
-
-    @property
-    def run_key(self) -> str:
-        content = {k: v for k, v in self.canonical().items() if k != "device"}
-        owners = [(content[s], getattr(self, s)) for s in ("data", "model", "defense", "privacy", "train")]
-        owners += [(content["attack"][name], params) for name, params in self.attack.items()]
-        for section, params in owners:  # see param(added=, keyed=)
-            for *parents, leaf in unkeyed(params):
-                where = section
-                for step in parents:
-                    where = where[step]
-                del where[leaf]
-        blob = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
+from dpeval.core.params import coerce, field_names, from_dict
+from dpeval.core.settings import DEFAULT_EPSILON
+from dpeval.core.spec import RunSpec
 
 # ---------------------------------------------------------------------------------------------------
 # Loading and merging raw config data

@@ -23,7 +23,7 @@ SETTINGS = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig, 
 
 def table(section: str) -> str:
     """The markdown table of one section (see the module docstring)."""
-    from dpeval.config import RunSpec
+    from dpeval.core.spec import RunSpec
 
     if section in SETTINGS:
         return params_table(SETTINGS[section], section)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpeval.config import RunSpec, build_spec
+from dpeval.config import build_spec
+from dpeval.core.spec import RunSpec
 from dpeval.headlines import attacks_in, fmt, read, unit_of
 
 REFERENCES = ("none", "dpsgd")

@@ -27,7 +27,6 @@ from torch import nn
 from dpeval import __version__, checkpoint
 from dpeval.attacks import ATTACKS
 from dpeval.attacks.view import AttackerView
-from dpeval.config import RunSpec
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
@@ -36,6 +35,7 @@ from dpeval.core.models import build_model
 from dpeval.core.registry import default_model
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.runtime import apply_thread_default, resolve_device
+from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.states import resolve
 from dpeval.core.streams import Streams, seed_globals

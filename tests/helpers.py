@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from dpeval.config import RunSpec, build_spec, set_dotted
+from dpeval.config import build_spec, set_dotted
 from dpeval.core.datasets import packaged
 from dpeval.core.datasets.torchvision_sets import SYSTEM_FOLDERS
+from dpeval.core.spec import RunSpec
 from dpeval.defenses.base import Defense
 from tests.conftest import REAL_DATA_HOME
 

@@ -43,7 +43,6 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from dpeval.config import RunSpec
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta
 from dpeval.core.canaries import CANARY_NORM, Canaries
 from dpeval.core.datasets import load_task
@@ -51,6 +50,7 @@ from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
 from dpeval.core.runtime import resolve_device, single_cpu_thread
+from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.statistics import separation, split_bound
 from dpeval.core.streams import Streams, seed_globals

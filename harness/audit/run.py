@@ -52,11 +52,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dpeval.config import RunSpec
 from dpeval.core.canaries import CANARY_NORM, Canaries, flatten
 from dpeval.core.errors import ConfigError
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import resolve_device, single_cpu_thread
+from dpeval.core.spec import RunSpec
 from dpeval.core.statistics import guess_and_count, one_run_epsilon_lower_bound
 from dpeval.core.streams import seed_globals
 from dpeval.defenses.auditing import CanaryDesign

@@ -2,7 +2,7 @@
 
 Each field carries its default, allowed values and help text (``dpeval.core.params.param``): validation,
 ``dpeval list`` and the tables of docs/configuration.md all read them from here. The run's assembly
-(``dpeval.config.RunSpec``) nests these dataclasses.
+(``dpeval.core.spec.RunSpec``) nests these dataclasses.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
-from dpeval.config import RunSpec
 from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.spec import RunSpec
 from dpeval.headlines import attacks_in, read
 from dpeval.runner import log_hint
 from dpeval.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from dpeval.config import RunSpec, build_spec, load_yaml
+from dpeval.config import build_spec, load_yaml
 from dpeval.core.errors import ConfigError, brief
 from dpeval.core.params import Params, from_dict, param
+from dpeval.core.spec import RunSpec
 
 NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
 
