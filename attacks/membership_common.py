@@ -50,7 +50,8 @@ from dpeval.core.params import param
 from dpeval.core.per_sample import fixed_front, front_features
 from dpeval.core.settings import TrainConfig
 from dpeval.core.splits import Task
-from dpeval.engine.shadow_training import train_shadows
+from dpeval.core.streams import Streams
+from dpeval.engine.shadow_training import fresh_models, train_shadows
 
 TARGETS = ("victim", "shadows")
 log = logging.getLogger("dpeval")
@@ -159,8 +160,9 @@ _POOLS: dict[str, ShadowPool] = {}
 def pool_key(view: AttackerView, k: int, target: str) -> str:
     """Everything that determines a game's shadows (not the attacks' own parameters)."""
     spec = {key: v for key, v in view.spec.canonical().items() if key not in ("attacks", "attack")}
-    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(view.device)}, sort_keys=True,
-                      default=str)
+    trainer = None if view.train_shadow is None else f"{view.train_shadow.__module__}.{view.train_shadow.__qualname__}"
+    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(view.device), "trainer": trainer},
+                      sort_keys=True, default=str)
 
 
 # Shadows train in groups of this many, each group saved as it ends, so an interrupted run resumes with the
@@ -178,15 +180,35 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
     scopes = [view.streams.scope("shadow", i) for i in range(k)]
     model = fresh_model(view)
     game.features = front_features(fixed_front(model).front, game.x)
-    store = view.shadow_progress(key) if view.shadow_progress is not None else None
-    states = train_shadows(view.build_model, game.x, game.y, pools,
-                           lambda i, model, s: view.make_defense(scopes[i], model, s), game.train, scopes, view.device,
-                           features=game.features, store=store, group=SHADOW_GROUP if store is not None else 0)
+    if view.train_shadow is not None:
+        states = own_shadows(view, game, pools, scopes)
+    else:
+        store = view.shadow_progress(key) if view.shadow_progress is not None else None
+        states = train_shadows(view.build_model, game.x, game.y, pools,
+                               lambda i, model, s: view.make_defense(scopes[i], model, s), game.train, scopes,
+                               view.device, features=game.features, store=store,
+                               group=SHADOW_GROUP if store is not None else 0)
     outputs = [outputs_of(model, view, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
     _POOLS.clear()  # keep one game's pool in memory at a time
     _POOLS[key] = pool
     return pool
+
+
+def own_shadows(view: AttackerView, game: Game, pools: list[torch.Tensor],
+                scopes: list[Streams]) -> list[dict[str, torch.Tensor]]:
+    """The shadows trained by the researcher's own function (``view.train_shadow``), one after another: model i is
+    the architecture initialised in shadow i's ``init`` stream, given its pool and the seed of that stream."""
+    assert view.train_shadow is not None
+    states = []
+    for i, (pool, scope) in enumerate(zip(pools, scopes)):
+        (model,) = fresh_models(view.build_model, [scope])
+        seed = int(scope.generator("sampler").initial_seed())
+        log.info("shadow %d/%d: the given training function on %d examples", i + 1, len(pools), len(pool))
+        trained = view.train_shadow(model, game.x[pool], game.y[pool], seed)
+        model = trained if trained is not None else model
+        states.append({n: t.detach().cpu().clone() for n, t in model.state_dict().items()})
+    return states
 
 
 def fresh_model(view: AttackerView) -> torch.nn.Module:

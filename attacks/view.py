@@ -54,6 +54,9 @@ class AttackerView:
     out_dir: Path
     device: torch.device
     shadow_progress: Callable[[str], ShadowProgress] | None = None  # game key -> where its finished shadows keep
+    # the researcher's own training function for shadow models (train_shadow(model, x, y, seed) trains the fresh
+    # model in place or returns the trained one); None: dpeval's trainer with the victim's recipe
+    train_shadow: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], nn.Module | None] | None = None
 
     def model_at(self, state: str) -> nn.Module:
         """A private copy of the architecture with the weights of ``state``, on the device, eval mode."""

@@ -45,6 +45,7 @@ from dpeval.engine.book_keeping import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
 from dpeval.logs import LOG_ONLY
+from dpeval.results import AttackOutcome
 from dpeval.store import ResultStore, write_atomic
 
 log = logging.getLogger("dpeval")
@@ -255,15 +256,18 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
             out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{spec.run_key}:{key}"))
 
 
-def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                out_dir: Path, run_id: str = "") -> dict[str, Any]:
-    """Run every attack; artefact paths are stored with ``artefact_path`` (given the run's id) and each
-    attack's wall-clock time as ``time.<attack>_s``. An attack that raises does not stop the others: its
-    error is ``leakage.<attack>.error`` (the traceback goes to the log) and ``failed_attacks`` names it."""
-    metrics: dict[str, Any] = {}
-    failed: list[str] = []
+def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
+                 out_dir: Path, run_id: str = "", view_of: Callable[[Path], AttackerView] | None = None,
+                 progress: bool = False) -> tuple[dict[str, AttackOutcome], dict[str, float]]:
+    """Play every attack of the run: its outcome (artefact paths as stored: ``artefact_path``, given the run's id)
+    and its wall-clock seconds. An attack that raises does not stop the others: its outcome holds the error (the
+    traceback goes to the log). ``view_of(folder)`` builds the attacker's view instead of ``attacker_view`` (the
+    Python API's outside victims)."""
+    outcomes: dict[str, AttackOutcome] = {}
+    seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
-        view = attacker_view(prep, states, defense_states, out_dir / name)
+        folder = out_dir / name
+        view = view_of(folder) if view_of is not None else attacker_view(prep, states, defense_states, folder)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
@@ -271,16 +275,25 @@ def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defe
             result = attack.play(view, prep.task)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
-            metrics[str(AttackKey(name, "error"))] = f"{type(exc).__name__}: {exc}"
-            failed.append(name)
+            outcomes[name] = AttackOutcome(name, error=f"{type(exc).__name__}: {exc}")
             continue
         finally:
-            metrics[f"time.{name}_s"] = time.perf_counter() - start
-        metrics.update({str(AttackKey(name, k)): v for k, v in result.metrics.items()})
-        if result.verdict is not None:
-            metrics[str(AttackKey.verdict(name))] = result.verdict.value  # the stored text
-        metrics.update({str(AttackKey(name, k, "artefacts")): artefact_path(v, run_id, out_dir) if run_id else str(v)
-                        for k, v in result.artefacts.items()})
+            seconds[name] = time.perf_counter() - start
+        artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in result.artefacts.items()}
+        outcomes[name] = AttackOutcome.of(name, result.metrics, result.verdict, artefacts)
+    return outcomes, seconds
+
+
+def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
+                out_dir: Path, run_id: str = "") -> dict[str, Any]:
+    """``play_attacks`` as result keys, with each attack's time as ``time.<attack>_s`` and ``failed_attacks``
+    naming the attacks that raised."""
+    outcomes, seconds = play_attacks(prep, states, defense_states, out_dir, run_id)
+    metrics: dict[str, Any] = {}
+    for name, outcome in outcomes.items():
+        metrics.update(outcome.flat())
+        metrics[f"time.{name}_s"] = seconds[name]
+    failed = [name for name, outcome in outcomes.items() if outcome.error is not None]
     if failed:
         metrics["failed_attacks"] = failed
     return metrics
