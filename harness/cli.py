@@ -217,7 +217,9 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
         f"  communication   density {m['comm.density']:.3f} (mean fraction of the model's trainable coordinates "
         f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / "
-        f"{m['comm.bytes_dense']:.0f} B dense per step",
+        f"{m['comm.bytes_dense']:.0f} B dense per step" if m.get("comm.density") is not None else
+        f"  weights         {m.get('model.weights_sha256', '')[:16]}… trained elsewhere (model.weights): nothing "
+        f"trained or released here; ε is the recipe's as given",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
     from dpeval.headlines import attacks_in
@@ -282,6 +284,9 @@ NAMES = {  # an attack's metrics whose bare name says too little
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--seed", type=int, help="run seed (default 0)")
 @click.option("--device", help="auto | cpu | cuda (default auto)")
+@click.option("--weights", type=click.Path(dir_okay=False),
+              help="attack this model state dict (trained elsewhere) instead of training; --set privacy.* and train.* "
+                   "say how it was trained")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="any setting, e.g. train.lr=0.5 (the list: `dpeval list --params`)")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
@@ -296,7 +301,7 @@ NAMES = {  # an attack's metrics whose bare name says too little
 @handle_errors
 def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
         epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
-        sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool,
+        weights: str | None, sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool,
         reference: str | None, debug: bool) -> None:
     """Train a victim with a defense, run attacks on it, store and print the result.
 
@@ -308,6 +313,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     flags = {
         "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
         "privacy.delta": delta, "train.epochs": epochs, "seed": seed, "device": device,
+        "model.weights": str(Path(weights).resolve()) if weights else None,
         "attacks": list(attacks) if attacks else None,
     }
     raw = raw_config(config, flags, sets)

@@ -148,7 +148,10 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
 
     with victim.torch_global("init"):
         model = build()
-    check_attacks(spec, model, task)
+    if spec.model.weights is not None:
+        check_weights(spec, model)
+    else:
+        check_attacks(spec, model, task)
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
@@ -339,6 +342,9 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
                 "loop": loop.state(epochs_done), "states": states, "defense_states": defense_states})
 
         defense = prep.make_defense(prep.streams.scope("victim"))
+        if spec.model.weights is not None:  # trained elsewhere: attacked as given, nothing trained here
+            metrics.update(given_weights(prep, defense, states, defense_states))
+            return finish(prep, metrics, states, defense_states, run_dir, run_id)
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
                        prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
                        on_epoch_end=save_checkpoint if checkpoints else None,
@@ -362,23 +368,71 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         released = prep.privacy.at(prep.sampler.sample_rate, result.steps)  # the releases training made
         metrics.update(released.metrics())
         prep = dataclasses.replace(prep, privacy=released)
-        attack_start = time.perf_counter()
-        metrics.update(run_attacks(prep, states, defense_states, run_dir, run_id))
-        metrics["time.attack_s"] = time.perf_counter() - attack_start
-        failed = metrics.pop("failed_attacks", [])
-        metrics["status"] = "failed" if failed else "done"
-        if failed:
-            errors = "; ".join(f"{a}: {metrics[str(AttackKey(a, 'error'))]}" for a in failed)
-            kept = [a for a in spec.attacks if a not in failed]
-            raise AttacksFailed(f"attack(s) failed after training ({errors}); recorded with the results that "
-                                f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", metrics)
-        return metrics
+        return finish(prep, metrics, states, defense_states, run_dir, run_id)
     except Exception:
         log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
         raise
     finally:
         log.removeHandler(handler)
         handler.close()
+
+
+def finish(prep: Prepared, metrics: dict[str, Any], states: dict[str, dict[str, torch.Tensor]],
+           defense_states: dict[str, Any], run_dir: Path, run_id: str) -> dict[str, Any]:
+    """Play the attacks on the trained (or given) victim and complete its result; ``AttacksFailed`` when some
+    attack raised (with everything that finished)."""
+    attack_start = time.perf_counter()
+    metrics.update(run_attacks(prep, states, defense_states, run_dir, run_id))
+    metrics["time.attack_s"] = time.perf_counter() - attack_start
+    failed = metrics.pop("failed_attacks", [])
+    metrics["status"] = "failed" if failed else "done"
+    if failed:
+        errors = "; ".join(f"{a}: {metrics[str(AttackKey(a, 'error'))]}" for a in failed)
+        kept = [a for a in prep.spec.attacks if a not in failed]
+        raise AttacksFailed(f"attack(s) failed after training ({errors}); recorded with the results that "
+                            f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", metrics)
+    return metrics
+
+
+def given_weights(prep: Prepared, defense: Defense, states: dict[str, dict[str, torch.Tensor]],
+                  defense_states: dict[str, Any]) -> dict[str, Any]:
+    """A victim trained elsewhere (``model.weights``): its weights become the ``final`` state (``init`` stays the
+    run's own initialisation), its utility is measured, and the ledger of the recipe the user says it was trained
+    with is reported as planned (nothing was released here: no communication, no training time)."""
+    path = Path(str(prep.spec.model.weights))
+    prep.model.load_state_dict(load_checkpoint(path))
+    defense.begin_epoch(0, prep.spec.train.epochs)
+    defense_states["init"] = defense_states["final"] = copy.deepcopy(defense.state_dict())
+    states["final"] = copy.deepcopy(prep.model.state_dict())
+    test = accuracy(prep.model, prep.task.test, prep.device) if len(prep.task.test) else float("nan")
+    train = accuracy(prep.model, prep.task.train, prep.device)
+    return {"utility.test_accuracy": test, "utility.train_accuracy": train, "comm.density": None,
+            "comm.bytes_sparse": None, "comm.bytes_dense": None, "time.train_s": 0.0,
+            "time.threads": torch.get_num_threads(),
+            "model.weights_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def check_weights(spec: RunSpec, model: nn.Module) -> None:
+    """A ``model.weights`` file must hold this model's state dict (names and shapes); only the states ``init``
+    and ``final`` exist without training. ConfigError naming the field otherwise (before anything is written)."""
+    path = Path(str(spec.model.weights))
+    if not path.is_file():
+        raise ConfigError(f"model.weights: {path} is not a file")
+    try:
+        state = load_checkpoint(path)
+    except Exception as exc:  # torch raises pickle, zip and runtime errors alike
+        raise ConfigError(f"model.weights: {path} is not a tensors-only state dict ({type(exc).__name__})") from None
+    expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    given = {n: tuple(t.shape) for n, t in state.items()} if isinstance(state, dict) else {}
+    if given != expected:
+        differ = sorted(set(expected) ^ set(given)) or [n for n in expected if expected[n] != given[n]]
+        raise ConfigError(f"model.weights: {path} is not a state dict of {spec.model.name or 'the model'} "
+                          f"({len(given)} tensors, {len(expected)} expected; first difference: {differ[0]})")
+    for _, attack in attacks_of(spec):
+        for state_name in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
+            if str(state_name) not in ("init", "final"):
+                raise ConfigError(f"attack.at: {state_name} was not recorded: a run from model.weights has only "
+                                  f"the states init and final")
 
 
 def warn_sampling(plan: PrivacyLedger) -> None:

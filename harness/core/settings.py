@@ -100,8 +100,11 @@ class ModelConfig(Params):
                                    added=True)
     pca: PCAConfig = param(factory=PCAConfig, help="DP-PCA of the inputs before the network (any model)",
                            added=True)
+    weights: str | None = param(None, "a state-dict file (`torch.save(model.state_dict())`) of this model trained "
+                                      "elsewhere: the run attacks it instead of training (flag `--weights`); the "
+                                      "privacy settings and `train` then describe how it was trained", added=True)
 
-    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")
+    SHAPE = ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")  # read by the model factories
 
     def given(self) -> dict[str, int | str]:
         """The shape settings that are set (not ``None``)."""
