@@ -230,6 +230,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")] \
         == [None] * 7
     assert content["model"].pop("pca")["dims"] == 0 and content["data"].pop("public_source") is None
+    assert content["model"].pop("weights") is None
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
                              .encode()).hexdigest()[:16]
     assert spec.run_key == earlier
