@@ -1,0 +1,191 @@
+"""dpeval on a CUDA device: what a GPU run releases, trains and resumes is what the CPU path does.
+
+Run with ``pytest -m cuda`` on a machine with a GPU; everywhere else these tests are skipped with a reason.
+``DPEVAL_TEST_DEVICE=cpu pytest -m cuda`` runs them with the CPU in the GPU's place (every comparison then
+compares the CPU with itself): a check of the tests' own code on a machine without a GPU.
+
+- **Release.** Every registered defense (with the variants that change its plan), on both engines, given the
+  same weights, examples, masks and public statistics: the noise-free release on the device equals the CPU's
+  to float32 rounding (TF32 off). GEP's power-iteration start is drawn on the device, so the device defense is
+  handed the CPU's anchors (its ``state_dict``) — the rest of its release is compared as computed.
+- **Noise.** The noise a device release adds (noisy release − noise-free release, same streams) has the
+  standard deviation the CPU's has, and for DP-SGD the one the mechanism states: σ·C/B per coordinate.
+  Noise on the device is drawn from a device generator, so the draws differ from the CPU's; their scale may not.
+- **Training.** A short ``dpeval run --device cuda`` of every defense trains on the device, records it, spends
+  the ε the CPU run spends and learns.
+- **Resume.** A CUDA run interrupted mid-training and run again resumes from its checkpoint (the device's
+  noise generator state included) and ends where an uninterrupted CUDA run ends, to float tolerance (cuDNN's
+  weight-gradient kernels may sum in another order between runs, so not bit for bit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dpeval.cli import main
+from dpeval.config import build_spec
+from dpeval.core.models import build_model
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.streams import Streams
+from dpeval.defenses import DEFENSES
+from dpeval.defenses.clipping import GroupClipping
+from dpeval.defenses.groupwise import resolve_groups
+from dpeval.engine.book_keeping import BookKeeping
+from dpeval.runner import prepare
+from tests.app.test_resume import comparable, interrupt_at, model_of
+
+DEVICE = os.environ.get("DPEVAL_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
+                       reason="needs a CUDA device (run `pytest -m cuda` on a GPU machine)"),
+]
+
+MODELS = {
+    "cnn3": {},  # digits: strided convs without bias, a Linear head
+    "resnet20-gn": {"name": "synthetic", "synthetic": {"shape": [3, 8, 8], "size": 200}},  # GroupNorm
+}
+VARIANTS = {  # as tests/engine/test_lean_defenses.py: the parameters that change a defense's plan
+    "rs": [{"final_rate": 0.7, "schedule": "constant"}],
+    "random-freeze": [{"final_rate": 0.6, "ramp_epochs": 1}],
+    "gep": [{"num_bases": 20}, {"num_bases": 20, "biased": True}],
+    "groupwise": [{"groups": "layer"}, {"groups": "uniform:2", "clip_fn": "abadi"}],
+    "adaclip": [{"clip": 0.1}],
+}
+CASES = [(name, params) for name in DEFENSES.names() for params in VARIANTS.get(name, [{}])]
+
+
+@pytest.fixture(autouse=True)
+def _float32():
+    """Compare float32 with float32: TF32 matrix units would round to 10 bits on the device only."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def prepared(name: str, params: dict, model: str, device: str):
+    spec = build_spec({"defense": {"name": name, **params}, "model": {"name": model}, "data": MODELS[model],
+                       "train": {"epochs": 2, "batch_size": 32}, "privacy": {"noise_multiplier": 1.0},
+                       "device": device})
+    prep = prepare(spec)
+    prep.model.to(device)
+    return prep
+
+
+def release(prep, name: str, engine: str, sigma: float, state: dict | None = None):
+    """One logical batch of 20 examples in micro-batches of 8, released at noise multiplier ``sigma``: the
+    flat release (float64, on the CPU) and the defense (its ``state_dict`` after ``begin_epoch``)."""
+    device = prep.device
+    defense = prep.make_defense(Streams(1).scope("victim"))
+    defense.noise_multiplier = sigma
+    defense.begin_epoch(1, prep.spec.train.epochs)
+    if name == "adaclip":  # non-trivial public statistics: a ≠ 0, b ≠ 1
+        gen, shapes = torch.Generator().manual_seed(0), defense.param_shapes.items()
+        defense.load_state_dict({"m": {n: 1e-2 * torch.randn(s, generator=gen) for n, s in shapes},
+                                 "b": {n: torch.rand(s, generator=gen) + 0.5 for n, s in shapes}})
+    if state is not None:
+        defense.load_state_dict(state)
+    started = defense.state_dict()
+    x, y = prep.task.train.x[:20].to(device), prep.task.train.y[:20].to(device)
+    psg, bk = PerSampleGradients(prep.model), BookKeeping(prep.model)
+    for lo in range(0, len(y), 8):
+        xb, yb = x[lo:lo + 8], y[lo:lo + 8]
+        if engine == "func":
+            defense.clip_and_accumulate(psg(xb, yb))
+        else:
+            defense.accumulate_lean(bk(xb, yb, defense.lean_plan()))
+    grads = defense.release(32).grads
+    assert all(g.device.type == torch.device(device).type for g in grads.values())
+    return torch.cat([g.detach().reshape(-1).double().cpu() for g in grads.values()]), started
+
+
+def on_cpu_and_device(name: str, params: dict, model: str, engine: str, sigma: float):
+    """The release on the CPU and on the device, from the same weights (and for GEP the same anchors)."""
+    cpu = prepared(name, params, model, "cpu")
+    dev = prepared(name, params, model, DEVICE)
+    dev.model.load_state_dict(cpu.model.state_dict())
+    on_cpu, state = release(cpu, name, engine, sigma)
+    on_dev, _ = release(dev, name, engine, sigma, state if name == "gep" else None)
+    return on_cpu, on_dev
+
+
+@pytest.mark.parametrize("engine", ["lean", "func"])
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("name,params", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_the_release_on_the_device_equals_the_cpus(name, params, model, engine):
+    on_cpu, on_dev = on_cpu_and_device(name, params, model, engine, sigma=0.0)
+    assert on_cpu.abs().max() > 0
+    assert float((on_cpu - on_dev).abs().max() / on_cpu.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_the_noise_on_the_device_has_the_cpus_scale(name, params):
+    if name == "none":
+        pytest.skip("none adds no noise")
+    sigma = 2.0
+    noisy_cpu, noisy_dev = on_cpu_and_device(name, params, "resnet20-gn", "lean", sigma)
+    clean_cpu, clean_dev = on_cpu_and_device(name, params, "resnet20-gn", "lean", 0.0)
+    noise_cpu, noise_dev = noisy_cpu - clean_cpu, noisy_dev - clean_dev
+    assert noise_dev.std() > 0
+    assert DEVICE == "cpu" or not torch.equal(noise_cpu, noise_dev)  # drawn on the device, not copied
+    # ~270k coordinates (or the released share of them): the two estimates agree to well under 2 %
+    assert abs(float(noise_dev.std() / noise_cpu.std()) - 1) < 0.02
+    assert abs(float(noise_dev.mean())) < 4 * float(noise_dev.std()) / noise_dev.numel() ** 0.5 + 1e-12
+    if name == "dpsgd":  # the mechanism itself: N(0, (σC)²) on the sum, divided by B = 32
+        assert abs(float(noise_dev.std()) / (sigma * 1.0 / 32) - 1) < 0.02
+
+
+@pytest.mark.parametrize("name", DEFENSES.names())
+def test_a_short_run_of_every_defense_trains_on_the_device(name, tmp_path):
+    results = {}
+    for device in ("cpu", DEVICE):
+        out = CliRunner().invoke(main, ["run", "--defense", name, "--attack", "none", "--epochs", "2", "--device",
+                                        device, "--quiet", "--json", "--results", str(tmp_path / device)])
+        assert out.exit_code == 0, out.output
+        results[device] = json.loads(out.stdout)
+    got, cpu = results[DEVICE], results["cpu"]
+    assert got["device"].startswith(DEVICE)
+    assert got["privacy.epsilon"] == cpu["privacy.epsilon"] and got["privacy.noise_multiplier"] == \
+        cpu["privacy.noise_multiplier"]
+    assert got["utility.test_accuracy"] > 0.3  # digits: chance is 0.1
+    assert abs(got["utility.test_accuracy"] - cpu["utility.test_accuracy"]) < 0.15  # other noise draws, same recipe
+
+
+def test_an_interrupted_cuda_run_resumes_where_an_uninterrupted_one_ends(tmp_path, monkeypatch):
+    def command(results):
+        return ["run", "--defense", "rs", "--attack", "none", "--epochs", "3", "--device", DEVICE, "--set",
+                "train.batch_size=256", "--quiet", "--json", "--results", str(results)]
+
+    reference = CliRunner().invoke(main, command(tmp_path / "ref"))
+    assert reference.exit_code == 0, reference.output
+    interrupt_at(monkeypatch, 7)  # digits: 4 steps an epoch, so in the second epoch
+    assert CliRunner().invoke(main, command(tmp_path / "r")).exit_code == 130
+    resumed = CliRunner().invoke(main, command(tmp_path / "r"))
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming run" in resumed.stderr and "after epoch 1" in resumed.stderr
+    got, expected = json.loads(resumed.stdout), json.loads(reference.stdout)
+    assert got["privacy.epsilon"] == expected["privacy.epsilon"]
+    assert abs(got["utility.test_accuracy"] - expected["utility.test_accuracy"]) <= 0.01
+    assert comparable(got).keys() == comparable(expected).keys()
+    a, b = model_of(tmp_path / "r", got["run_id"]), model_of(tmp_path / "ref", expected["run_id"])
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
+
+
+def test_book_keeping_matches_the_torch_func_path_on_the_device():
+    model = build_model("resnet20-gn", (3, 8, 8), 10, (0.5,) * 3, (0.25,) * 3).to(DEVICE)
+    x, y = torch.randn(5, 3, 8, 8, device=DEVICE), torch.randint(0, 10, (5,), device=DEVICE)
+    names = [n for n, p in model.named_parameters()]
+    grads = PerSampleGradients(model)(x, y)
+    for spec in ("all", "layer"):
+        clipping = GroupClipping.of(resolve_groups(spec, names), 1.0, "auto")
+        ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan()).sums
+        for n in names:
+            assert got[n].device.type == torch.device(DEVICE).type
+            assert float((ref[n] - got[n]).abs().max() / ref[n].abs().max().clamp(min=1e-12)) < 1e-4, (spec, n)
