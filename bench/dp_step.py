@@ -17,14 +17,23 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
 - ``gep-anchors-reused``: ``gep`` with its anchors computed once and reused (``anchor_every`` huge): the
   lean GEP step without the per-step anchor refresh
 
-Each (model, path, batch) is measured in fresh Python processes, one for time and one for memory, so
-nothing mixes. Peak memory, on CPU: the process's peak resident set during one step minus its resident set
+Models: ``dpcnn``, ``resnet20-gn`` and ``vit`` (its defaults) on 3×32×32 images; ``gpt`` (4 blocks, width 256,
+4 heads) on sequences of 64 tokens from a vocabulary of 4,096.
+
+On CPU each (model, path, batch) is measured in fresh Python processes, one for time and one for memory, so
+nothing mixes. On CUDA one process per model measures every path in turn (the caching allocator's counters are
+exact per allocation, so the paths' peaks do not mix; the CUDA context is made once). A path that fails (out of
+memory, an unsupported layer) is reported as failed with its error and the others go on (``--in-process``
+does the same on CPU, for a quick look). Peak memory, on CPU: the process's peak resident set during one step
+minus its resident set
 before it (Linux ``/proc/self/clear_refs`` resets the peak; glibc's mmap threshold is pinned so freed
 tensors leave the resident set); on CUDA: ``torch.cuda.max_memory_allocated`` over the step minus what was
 allocated before. Time: the median over ``--steps`` steps after one warm-up step (CUDA: synchronised).
 
     .venv/bin/python bench/dp_step.py                                  # DP-CNN + ResNet-20-GN, batch 256
     .venv/bin/python bench/dp_step.py --models dpcnn --batch 1024 --micro 256 --paths lean-M1 non-private
+    python bench/dp_step.py --device cuda --models dpcnn resnet20-gn vit gpt --batch 1024 --micro 512 --steps 10 \
+        --json dp_step_cuda.json
 """
 
 from __future__ import annotations
@@ -52,8 +61,30 @@ GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
 PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example task's 10% public split)
 
 
+GPT = {"depth": 4, "width": 256, "heads": 4, "seq_len": 64, "vocab": 4096}
+
+
+def build(name: str) -> torch.nn.Module:
+    """The benchmarked model: images 3×32×32, 10 classes; ``gpt`` on token sequences (``GPT``)."""
+    from dpeval.core.models import build_model
+    from dpeval.core.settings import ModelConfig
+
+    if name == "gpt":
+        return build_model("gpt", (1, 1, GPT["seq_len"]), 10, [0.0], [1.0], settings=ModelConfig(**GPT))
+    return build_model(name, (3, 32, 32), 10, [0.5] * 3, [0.25] * 3)
+
+
+def inputs(name: str, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` random examples for model ``name`` (token ids stored as floats, as the token datasets store them)."""
+    if name == "gpt":
+        x = torch.randint(0, GPT["vocab"], (n, 1, 1, GPT["seq_len"]), generator=generator).float()
+    else:
+        x = torch.rand(n, 3, 32, 32, generator=generator)
+    return x, torch.randint(0, 10, (n,), generator=generator)
+
+
 # -- one measurement (runs in a child process) ---------------------------------------------------------
-def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
+def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
     from dpeval.core.per_sample import micro_batches
     from dpeval.core.streams import Streams
     from dpeval.defenses.dpsgd import DPSGD, ClipParams
@@ -92,9 +123,9 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
     streams = Streams(0).scope("bench")
     name = path.removeprefix("func-")
     if name in DEFENSE_PARAMS:
-        defense = defense_for(name, DEFENSE_PARAMS[name], model, shapes, streams, x.device)
+        defense = defense_for(name, DEFENSE_PARAMS[name], model_name, model, shapes, streams, x.device)
     elif name in VARIANTS:
-        defense = defense_for(*VARIANTS[name], model, shapes, streams, x.device)
+        defense = defense_for(*VARIANTS[name], model_name, model, shapes, streams, x.device)
     elif path in GROUPS:
         defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, streams,
                             x.device)
@@ -113,7 +144,8 @@ def step_function(path: str, model: torch.nn.Module, x: torch.Tensor, y: torch.T
     return step
 
 
-def defense_for(name: str, params: dict, model: torch.nn.Module, shapes: dict, streams, device: torch.device):
+def defense_for(name: str, params: dict, model_name: str, model: torch.nn.Module, shapes: dict, streams,
+                device: torch.device):
     """A registered defense at σ = 1 as training uses it, in its last epoch (rates at their final value),
     bound to the model and a public split of random images."""
     from types import SimpleNamespace
@@ -123,9 +155,7 @@ def defense_for(name: str, params: dict, model: torch.nn.Module, shapes: dict, s
 
     cls = DEFENSES.get(name)
     defense = cls(cls.Params(**params), shapes, 1.0, streams, device)
-    gen = torch.Generator().manual_seed(1)
-    public = Split(torch.rand(PUBLIC, 3, 32, 32, generator=gen), torch.randint(0, 10, (PUBLIC,), generator=gen),
-                   torch.arange(PUBLIC))
+    public = Split(*inputs(model_name, PUBLIC, torch.Generator().manual_seed(1)), torch.arange(PUBLIC))
     defense.bind(model, SimpleNamespace(public=public, num_classes=10))
     defense.begin_epoch(1, 2)
     return defense
@@ -140,41 +170,70 @@ def _status_kb(field: str) -> int:
 
 
 def measure(cfg: dict) -> dict:
-    from dpeval.core.models import build_model
-
+    """One (model, path) in this process: ``cfg["mode"]`` time, memory, or (CUDA) both."""
     torch.manual_seed(0)
     device = torch.device(cfg["device"])
-    model = build_model(cfg["model"], (3, 32, 32), 10, [0.5] * 3, [0.25] * 3).to(device).eval()
-    x = torch.rand(cfg["batch"], 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (cfg["batch"],), device=device)
-    step = step_function(cfg["path"], model, x, y, cfg["micro"])
+    model = build(cfg["model"]).to(device).eval()
+    x, y = (t.to(device) for t in inputs(cfg["model"], cfg["batch"]))
+    step = step_function(cfg["path"], cfg["model"], model, x, y, cfg["micro"])
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step()  # warm-up
     sync()
-    if cfg["mode"] == "memory":
+    out = {}
+    if cfg["mode"] in ("memory", "both"):
         if cuda:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             step()
             sync()
-            return {"peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
-        before = _status_kb("VmRSS") * 1024
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak resident set
-        step()
-        return {"peak_mb": (_status_kb("VmHWM") * 1024 - before) / 2**20}
-    times = []
-    for _ in range(cfg["steps"]):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return {"time_s": statistics.median(times)}
+            out["peak_mb"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+        else:
+            before = _status_kb("VmRSS") * 1024
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak resident set
+            step()
+            out["peak_mb"] = (_status_kb("VmHWM") * 1024 - before) / 2**20
+    if cfg["mode"] in ("time", "both"):
+        times = []
+        for _ in range(cfg["steps"]):
+            sync()
+            start = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - start)
+        out["time_s"] = statistics.median(times)
+    return out
+
+
+def measure_all(cfg: dict) -> list[dict]:
+    """Every path of ``cfg["paths"]`` for one model in this process (CUDA): time and memory of each, a failed
+    path recorded with its error."""
+    import gc
+
+    rows = []
+    for path in cfg["paths"]:
+        row = {k: v for k, v in cfg.items() if k != "paths"} | {"path": path}
+        try:
+            row.update(measure({**row, "mode": "both"}))
+        except Exception as exc:  # noqa: BLE001 - one path's failure (OOM, unsupported layer) is a result
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
 
 
 # -- the driver ------------------------------------------------------------------------------------------
+def child(cfg: dict, env: dict | None = None) -> object:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{cfg['model']} {cfg.get('path', '')} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_child(cfg: dict) -> dict:
     """Time and memory in separate processes: the memory run pins glibc's mmap threshold so freed tensors
     leave the resident set, which would also slow allocation-heavy paths down if timed that way."""
@@ -183,41 +242,56 @@ def run_child(cfg: dict) -> dict:
         env = dict(os.environ)
         if mode == "memory":
             env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        out = subprocess.run([sys.executable, __file__, "--child", json.dumps({**cfg, "mode": mode})], env=env,
-                             capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            raise SystemExit(f"{cfg['model']} {cfg['path']} failed:\n{out.stderr[-3000:]}")
-        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        result.update(child({**cfg, "mode": mode}, env))
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["dpcnn", "resnet20-gn"])
+    parser.add_argument("--models", nargs="+", default=["dpcnn", "resnet20-gn"],
+                        choices=["dpcnn", "resnet20-gn", "vit", "gpt"])
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--batch", type=int, default=256, help="logical batch size")
     parser.add_argument("--micro", type=int, default=None, help="micro-batch (default: the logical batch)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--in-process", action="store_true", help="one process per model (always on CUDA)")
+    parser.add_argument("--json", help="also write every row (with failures' errors) to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
+        cfg = json.loads(args.child)
+        print(json.dumps(measure_all(cfg) if "paths" in cfg else measure(cfg)))
         return
     micro = args.micro or args.batch
     device = args.device
-    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
+    cuda = device.startswith("cuda")
+    name = torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine()
     print(f"# {name}, {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}; "
-          f"logical batch {args.batch}, micro-batch {micro}, {args.steps} timed steps")
-    print(f"{'model':<12} {'path':<12} {'s/step':>8} {'×time':>6} {'peak MiB':>9} {'×mem':>6}")
+          f"logical batch {args.batch}, micro-batch {micro}, {args.steps} timed steps", flush=True)
+    print(f"{'model':<12} {'path':<20} {'s/step':>8} {'×time':>6} {'×opacus':>7} {'peak MiB':>9} {'×mem':>6}")
+    every = []
     for model in args.models:
-        rows = [run_child({"model": model, "path": p, "batch": args.batch, "micro": micro, "steps": args.steps,
-                           "device": device}) for p in args.paths]
-        ref = next((r for r in rows if r["path"] == "non-private"), None)
+        base = {"model": model, "batch": args.batch, "micro": micro, "steps": args.steps, "device": device}
+        if cuda or args.in_process:
+            rows = child({**base, "paths": args.paths})
+        else:
+            rows = [run_child({**base, "path": p}) for p in args.paths]
+        every += rows
+        ref = next((r for r in rows if r["path"] == "non-private" and "error" not in r), None)
+        opacus = next((r for r in rows if r["path"] == "opacus" and "error" not in r), None)
         for r in rows:
+            if "error" in r:
+                print(f"{model:<12} {r['path']:<20} failed: {r['error']}", flush=True)
+                continue
             t = f"{r['time_s'] / ref['time_s']:.2f}" if ref else "-"
+            o = f"{r['time_s'] / opacus['time_s']:.2f}" if opacus else "-"
             m = f"{r['peak_mb'] / ref['peak_mb']:.2f}" if ref else "-"
-            print(f"{model:<12} {r['path']:<12} {r['time_s']:8.3f} {t:>6} {r['peak_mb']:9.1f} {m:>6}", flush=True)
+            print(f"{model:<12} {r['path']:<20} {r['time_s']:8.4f} {t:>6} {o:>7} {r['peak_mb']:9.1f} {m:>6}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "torch": torch.__version__, "rows": every}, f, indent=1)
 
 
 if __name__ == "__main__":

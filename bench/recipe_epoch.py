@@ -12,7 +12,7 @@ private pool's per-sample gradients, releases and optimizer steps plus one test-
 scales with the number of examples; the estimate for the real data set is the measured time × (real size /
 synthetic size). Reported: wall time and the process's CPU time (with ``--threads 1`` on a shared machine,
 CPU time is what an idle core would take; wall time also counts waiting for the core). On a GPU only the
-wall time means anything. Printed as a Markdown row.
+wall time means anything, and the estimates extrapolate it. Printed as a Markdown row.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ def main() -> None:
     wall, cpu = result.train_s / args.epochs, cpu / args.epochs
     scale = real / args.size
     epochs = load_sweep(args.recipe)[0].train.epochs
-    print("| recipe | device | threads | engine | examples | wall s / epoch | CPU s / epoch | est. CPU s / epoch "
-          "at real size | est. CPU h, all epochs |")
+    per = wall if prep.device.type == "cuda" else cpu  # on a GPU the process's CPU time is not the cost
+    print("| recipe | device | threads | engine | examples | wall s / epoch | CPU s / epoch | est. s / epoch "
+          "at real size | est. h, all epochs |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.recipe.stem} | {prep.device} | {torch.get_num_threads()} | {result.engine} | {args.size} | "
-          f"{wall:.1f} | {cpu:.1f} | {cpu * scale:.0f} | {cpu * scale * epochs / 3600:.1f} |")
-
+          f"{wall:.2f} | {cpu:.2f} | {per * scale:.1f} | {per * scale * epochs / 3600:.2f} |")
 
 if __name__ == "__main__":
     main()

