@@ -206,12 +206,11 @@ def measure(cfg: dict) -> dict:
     return out
 
 
-def measure_all(cfg: dict) -> list[dict]:
+def measure_all(cfg: dict) -> None:
     """Every path of ``cfg["paths"]`` for one model in this process (CUDA): time and memory of each, a failed
-    path recorded with its error."""
+    path recorded with its error; one JSON line per path as it is measured."""
     import gc
 
-    rows = []
     for path in cfg["paths"]:
         row = {k: v for k, v in cfg.items() if k != "paths"} | {"path": path}
         try:
@@ -221,8 +220,7 @@ def measure_all(cfg: dict) -> list[dict]:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        rows.append(row)
-    return rows
+        print(json.dumps(row), flush=True)
 
 
 # -- the driver ------------------------------------------------------------------------------------------
@@ -232,6 +230,17 @@ def child(cfg: dict, env: dict | None = None) -> object:
     if out.returncode != 0:
         raise SystemExit(f"{cfg['model']} {cfg.get('path', '')} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stream_child(cfg: dict):
+    """The rows of one in-process child (``measure_all``) as it prints them."""
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(cfg)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            yield json.loads(line)
+    if proc.wait() != 0:
+        raise SystemExit(f"{cfg['model']} failed (exit {proc.returncode})")
 
 
 def run_child(cfg: dict) -> dict:
@@ -261,7 +270,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         cfg = json.loads(args.child)
-        print(json.dumps(measure_all(cfg) if "paths" in cfg else measure(cfg)))
+        if "paths" in cfg:
+            measure_all(cfg)
+        else:
+            print(json.dumps(measure(cfg)))
         return
     micro = args.micro or args.batch
     device = args.device
@@ -274,24 +286,25 @@ def main() -> None:
     for model in args.models:
         base = {"model": model, "batch": args.batch, "micro": micro, "steps": args.steps, "device": device}
         if cuda or args.in_process:
-            rows = child({**base, "paths": args.paths})
+            rows = stream_child({**base, "paths": args.paths})
         else:
-            rows = [run_child({**base, "path": p}) for p in args.paths]
-        every += rows
-        ref = next((r for r in rows if r["path"] == "non-private" and "error" not in r), None)
-        opacus = next((r for r in rows if r["path"] == "opacus" and "error" not in r), None)
+            rows = (run_child({**base, "path": p}) for p in args.paths)
+        ref = opacus = None
         for r in rows:
+            every.append(r)
             if "error" in r:
                 print(f"{model:<12} {r['path']:<20} failed: {r['error']}", flush=True)
                 continue
+            ref = r if r["path"] == "non-private" else ref  # measured first in PATHS' order
+            opacus = r if r["path"] == "opacus" else opacus
             t = f"{r['time_s'] / ref['time_s']:.2f}" if ref else "-"
             o = f"{r['time_s'] / opacus['time_s']:.2f}" if opacus else "-"
             m = f"{r['peak_mb'] / ref['peak_mb']:.2f}" if ref else "-"
             print(f"{model:<12} {r['path']:<20} {r['time_s']:8.4f} {t:>6} {o:>7} {r['peak_mb']:9.1f} {m:>6}",
                   flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "torch": torch.__version__, "rows": every}, f, indent=1)
+        if args.json:  # after every model, so a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"device": name, "torch": torch.__version__, "rows": every}, f, indent=1)
 
 
 if __name__ == "__main__":
