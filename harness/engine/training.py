@@ -285,7 +285,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
     training from its epoch (and step) exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
-    result = TrainResult(engine=select_engine(cfg.engine, model, defense))
+    result = TrainResult(engine=select_engine(cfg.engine, model, defense, device, cfg.physical_batch_size))
     log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
     feed = clipped_sum_feeder(result.engine, model, defense)
     optimizer = make_optimizer(model, cfg)

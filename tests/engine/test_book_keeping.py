@@ -160,6 +160,25 @@ def test_engine_selection():
         select_engine("lean", embedding, dp_emb)
 
 
+def test_auto_materialises_on_cuda_where_a_micro_batch_of_per_sample_gradients_fits(monkeypatch):
+    """On a CUDA device ``auto`` picks ``func`` (faster there) while one micro-batch of per-sample gradients takes
+    at most a quarter of the device's memory; ``lean`` beyond that, and always on the CPU."""
+    from types import SimpleNamespace
+
+    from dpeval.engine import book_keeping
+
+    model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    dp = DPSGD(ClipParams(), shapes, 1.0, Streams(0))
+    per_example = 4 * sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2**30))
+    fits = int(book_keeping.FUNC_SHARE_ON_CUDA * 2**30) // per_example
+    assert select_engine("auto", model, dp, "cuda", fits) == "func"
+    assert select_engine("auto", model, dp, "cuda", fits + 1) == "lean"
+    assert select_engine("lean", model, dp, "cuda", 1) == "lean"  # asked for: kept
+    assert select_engine("auto", model, dp, "cpu", 1) == "lean"
+
+
 def test_every_defense_runs_lean_by_default(tmp_path):
     for name in DEFENSES.names():
         result = CliRunner().invoke(main, ["run", "--defense", name, "--attack", "none", "--epochs", "1",
