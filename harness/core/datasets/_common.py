@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from dpeval.core.settings import DataConfig
 
@@ -15,3 +17,25 @@ def one_line(text: str) -> str:
 
 def abs_root(cfg: DataConfig) -> Path:
     return Path(os.path.expanduser(str(cfg.root))).resolve()
+
+
+class NotRegularFile(OSError):
+    """A path that names a FIFO, a device, a socket or a folder where a data file is expected."""
+
+
+def check_regular(path: Path | str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(f"{path} is not a regular file")
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """``path`` opened for binary reading, only if it is a regular file (links followed): a FIFO would block the
+    loader, a device (``/dev/zero``) never end. Raises OSError, :class:`NotRegularFile` for anything else."""
+    check_regular(path, os.stat(path).st_mode)  # before opening: opening a device can itself act
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never waits for a FIFO's writer, should one appear since
+    try:
+        check_regular(path, os.fstat(fd).st_mode)  # what was opened, not what the name meant a moment ago
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
