@@ -121,3 +121,86 @@ def test_imagefolder_keeps_torchvision_order(tmp_path):
     assert task.num_classes == 3 and len(task.train) + len(task.test) + len(task.public) == 13
     assert torch.equal(torch.cat([task.train.source_index, task.test.source_index, task.public.source_index])
                        .sort().values, torch.arange(13))
+
+
+# --------------------------------------------------------------------------------------------- textfile, idx files
+
+
+def textfile(path: Path | str, length: int = 4) -> DataConfig:
+    return config(name="textfile", root=str(path), tokens=dataclasses.replace(DataConfig().tokens, length=length))
+
+
+@pytest.mark.timeout(30)
+def test_textfile_refuses_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "corpus.txt")
+    refusal(textfile(tmp_path / "corpus.txt"), f"{tmp_path / 'corpus.txt'} (not a regular file)")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_textfile_refuses_a_device_without_reading_it(device):
+    """/dev/zero used to be read until memory ran out."""
+    refusal(textfile(device), f"{device} (not a regular file)")
+
+
+def test_textfile_refuses_a_file_over_the_size_limit_without_reading_it(tmp_path, monkeypatch):
+    from dpeval.core.datasets import tokens
+
+    monkeypatch.setattr(tokens, "MAX_TEXTFILE_BYTES", 1000)
+    (tmp_path / "at.txt").write_bytes(b"abcd" * 250)
+    assert len(load_task(textfile(tmp_path / "at.txt")).train) > 0
+    (tmp_path / "over.txt").write_bytes(b"abcd" * 250 + b"e")
+    message = refusal(textfile(tmp_path / "over.txt"), str(tmp_path / "over.txt"), "1000 bytes")
+    assert len(message) < 300
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux procfs")
+def test_textfile_bounds_the_read_where_the_size_says_nothing(monkeypatch):
+    """A procfs file is regular and says it is empty: the read itself stops one byte past the limit."""
+    from dpeval.core.datasets import tokens
+
+    monkeypatch.setattr(tokens, "MAX_TEXTFILE_BYTES", 100)
+    assert os.stat("/proc/self/maps").st_size == 0
+    refusal(textfile("/proc/self/maps"), f"/proc/{os.getpid()}/maps holds more than 100 bytes")
+
+
+def gzip_bomb(path: Path, declared: int, trailing: int) -> Path:
+    """A gzip-compressed idx file of ``declared`` bytes of data, followed by ``trailing`` more bytes."""
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(bytes([0, 0, 8, 1]) + declared.to_bytes(4, "big") + b"\0" * declared)
+        chunk = b"\0" * (1 << 20)
+        for _ in range(trailing >> 20):
+            f.write(chunk)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_a_compressed_idx_file_is_never_inflated_past_its_header(tmp_path):
+    """64 MiB of zeros (64 kB compressed) behind a header that declares 1000 bytes: at most the declared bytes and a
+    little slack are ever inflated (Python allocations traced)."""
+    import tracemalloc
+
+    from dpeval.core.datasets.torchvision_sets import read_idx
+
+    path = gzip_bomb(tmp_path / "train-labels-idx1-ubyte.gz", 1000, 64 << 20)
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="train-labels-idx1-ubyte.gz holds more data bytes"):
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+@pytest.mark.timeout(30)
+def test_an_idx_file_that_is_not_a_regular_file_is_refused(tmp_path):
+    from dpeval.core.datasets.torchvision_sets import read_idx
+
+    os.mkfifo(tmp_path / "t10k-labels-idx1-ubyte")
+    for path in (tmp_path / "t10k-labels-idx1-ubyte", Path("/dev/zero")):
+        with pytest.raises(ValueError, match="not a regular file"):
+            read_idx(path)

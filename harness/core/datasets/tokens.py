@@ -7,20 +7,25 @@
   normalisation (mean 0, std 1) and ``Task.vocab`` set; token models (``gpt``) round them back to ids.
 * ``textfile``: ``data.root`` names a local file read as bytes (vocabulary 256); it is cut into
   non-overlapping windows of ``data.tokens.length + 1`` bytes, x the first ``length`` bytes and the class
-  the last one (next-byte prediction as 256-way classification); the remainder is dropped.
+  the last one (next-byte prediction as 256-way classification); the remainder is dropped. Only a regular file
+  (a link to one is fine) of at most ``MAX_TEXTFILE_BYTES`` (256 MiB) is read: a FIFO would block, a device
+  (``/dev/zero``) never end, and the windows take about 10 bytes of memory per byte of text.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
-from dpeval.core.datasets._common import abs_root, one_line
+from dpeval.core.datasets._common import abs_root, one_line, open_regular
 from dpeval.core.errors import ConfigError
 from dpeval.core.registry import DATASETS
 from dpeval.core.settings import DataConfig
 from dpeval.core.splits import Task, assemble
+
+MAX_TEXTFILE_BYTES = 2**28  # the largest text file read (bytes): 256 MiB of bytes become about 2.5 GB of windows
 
 
 def token_task(task: Task, vocab: int) -> Task:
@@ -51,13 +56,20 @@ def _load_tokens(cfg: DataConfig) -> Task:
 def _load_textfile(cfg: DataConfig) -> Task:
     path, t = abs_root(cfg), cfg.tokens.length
     try:
-        data = path.read_bytes()
+        with open_regular(path) as f:
+            # The read itself is bounded too: a size the file reports is not trusted (procfs files say 0).
+            size = os.fstat(f.fileno()).st_size
+            data = bytearray(f.read(MAX_TEXTFILE_BYTES + 1) if size <= MAX_TEXTFILE_BYTES else b"")
     except OSError as err:
-        raise ConfigError(f"data.root: textfile needs a readable file, got {path} ({one_line(str(err))})") from None
+        raise ConfigError(f"data.root: textfile needs a readable regular file, got {path} "
+                          f"({err.strerror or one_line(str(err))})") from None
+    if max(size, len(data)) > MAX_TEXTFILE_BYTES:
+        raise ConfigError(f"data.root: {path} holds more than {MAX_TEXTFILE_BYTES} bytes, textfile's limit; give it "
+                          f"a part of the text")
     n = len(data) // (t + 1)
     if n < 2:
         raise ConfigError(f"data.root: {path} has {len(data)} bytes; textfile needs at least 2 windows of "
                           f"data.tokens.length + 1 = {t + 1} bytes")
-    windows = torch.frombuffer(bytearray(data[: n * (t + 1)]), dtype=torch.uint8).long().view(n, t + 1)
-    x, y = windows[:, :t].float().view(n, 1, 1, t), windows[:, t]
+    windows = torch.frombuffer(data, dtype=torch.uint8, count=n * (t + 1)).view(n, t + 1)
+    x, y = windows[:, :t].float().view(n, 1, 1, t), windows[:, t].long()
     return token_task(assemble(cfg, 256, x, y), 256)

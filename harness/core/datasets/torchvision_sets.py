@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from dpeval.core.datasets import packaged
-from dpeval.core.datasets._common import abs_root, one_line
+from dpeval.core.datasets._common import abs_root, one_line, open_regular
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.registry import DATASETS
 from dpeval.core.settings import DataConfig
@@ -94,14 +94,12 @@ def read_idx(path: Path, sha256: str | None = None) -> torch.Tensor:
     import gzip
     import hashlib
     import zlib
+    from contextlib import nullcontext
 
     import numpy as np
 
-    if not path.is_file():  # a FIFO or a device would block or never end
-        raise ValueError(f"{path.name} is not a regular file")
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
+        with open_regular(path) as raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else nullcontext(raw)) as f:
             magic = f.read(4)
             if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != IDX_UBYTE or magic[3] == 0:
                 raise ValueError(f"{path.name} is not an idx file of unsigned bytes")
@@ -114,8 +112,8 @@ def read_idx(path: Path, sha256: str | None = None) -> torch.Tensor:
                 raise ValueError(f"{path.name} declares {declared} bytes of data (more than {MAX_IDX_BYTES})")
             data = f.read(declared)
             extra = f.read(1)
-    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path.name}: {type(exc).__name__}: {exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError; a FIFO a NotRegularFile
+        raise ValueError(f"{path.name}: {getattr(exc, 'strerror', None) or f'{type(exc).__name__}: {exc}'}") from None
     if len(data) != declared or extra:
         raise ValueError(f"{path.name} holds {'more' if extra else len(data)} data bytes, its header declares "
                          f"{shape}")
