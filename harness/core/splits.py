@@ -122,6 +122,9 @@ def assemble(
     test_y: torch.Tensor | None = None,
 ) -> Task:
     """Split the source(s) into the three roles (see the module docstring) and build the Task."""
+    if test_x is not None and test_x.shape[1:] != train_x.shape[1:]:  # one model cannot take both
+        raise ConfigError(f"data.name: {cfg.name} has training images {tuple(train_x.shape[1:])}, test images "
+                          f"{tuple(test_x.shape[1:])}; both must have one shape")
     gen = torch.Generator().manual_seed(cfg.split_seed)
     n = int(train_x.shape[0])
     perm = torch.randperm(n, generator=gen)

@@ -204,3 +204,122 @@ def test_an_idx_file_that_is_not_a_regular_file_is_refused(tmp_path):
     for path in (tmp_path / "t10k-labels-idx1-ubyte", Path("/dev/zero")):
         with pytest.raises(ValueError, match="not a regular file"):
             read_idx(path)
+
+
+# --------------------------------------------------------------------------------------------- MNIST family, CIFAR-10
+
+
+def run_cli(tmp_path: Path, *args: str):
+    """``dpeval run`` in-process with a results folder under ``tmp_path``; its exit code, its one stderr line, and
+    whether the results folder was written."""
+    from click.testing import CliRunner
+
+    from dpeval.cli import main
+
+    results = tmp_path / "results"
+    result = CliRunner().invoke(main, ["run", *args, "--epochs", "1", "--results", str(results)])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return result.exit_code, lines[0], results.exists()
+
+
+def corrupt_gzip(path: Path) -> Path:
+    import gzip
+
+    blob = bytearray(gzip.compress(path.read_bytes()))
+    blob[len(blob) // 2] ^= 0xFF
+    path.unlink()
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(bytes(blob))
+    return gz
+
+
+@pytest.fixture
+def system_fashionmnist(tmp_path, monkeypatch) -> Path:
+    """Fashion-MNIST's idx files (gzip-compressed, as Debian ships them) in a system folder that the loader
+    searches; data.root (``tmp_path / 'data'``) holds nothing."""
+    import gzip
+
+    from dpeval.core.datasets import torchvision_sets
+    from tests.torchvision_files import make_mnist_like
+
+    make_mnist_like(tmp_path / "system", "FashionMNIST", 30, 10)
+    folder = tmp_path / "system" / "FashionMNIST" / "raw"
+    for path in list(folder.iterdir()):
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    monkeypatch.setattr(torchvision_sets, "SYSTEM_FOLDERS", {"FashionMNIST": (folder,)})
+    return folder
+
+
+def test_a_corrupt_gzip_idx_file_in_data_root_exits_2_naming_it(tmp_path):
+    from tests.torchvision_files import make_mnist_like
+
+    make_mnist_like(tmp_path / "data", "MNIST", 30, 10)
+    corrupt_gzip(tmp_path / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte")
+    code, line, written = run_cli(tmp_path, "--dataset", "mnist", "--set", f"data.root={tmp_path / 'data'}")
+    assert code == 2 and "train-images-idx3-ubyte.gz" in line and not written, line
+
+
+def test_a_corrupt_gzip_idx_file_in_a_system_folder_exits_2_naming_it(tmp_path, system_fashionmnist):
+    import gzip
+
+    path = system_fashionmnist / "t10k-images-idx3-ubyte.gz"
+    blob = bytearray(gzip.compress(gzip.decompress(path.read_bytes()), compresslevel=1))
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    code, line, written = run_cli(tmp_path, "--dataset", "fashionmnist", "--set", f"data.root={tmp_path / 'data'}")
+    assert code == 2 and f"{system_fashionmnist} could not be read (t10k-images-idx3-ubyte.gz: " in line, line
+    assert not written
+
+
+def test_train_and_test_images_of_different_sizes_exit_2_naming_both(tmp_path, system_fashionmnist):
+    import gzip
+
+    import numpy as np
+
+    from tests.torchvision_files import write_idx
+
+    plain = system_fashionmnist / "t10k-images-idx3-ubyte"
+    write_idx(plain, np.zeros((10, 20, 20), dtype=np.uint8))
+    plain.with_name(plain.name + ".gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    code, line, written = run_cli(tmp_path, "--dataset", "fashionmnist", "--set", f"data.root={tmp_path / 'data'}")
+    assert code == 2 and "(28, 28)" in line and "(20, 20)" in line and not written, line
+
+
+def test_no_loader_can_hand_over_train_and_test_images_of_different_shapes():
+    """What a loader (a plug-in's too) assembles is checked: images of two shapes would fail inside a matmul."""
+    from dpeval.core.splits import assemble
+
+    labels = torch.arange(6) % 2
+    with pytest.raises(ConfigError, match=r"training images \(1, 8, 8\), test images \(3, 8, 8\)"):
+        assemble(config(name="mnist"), 2, torch.zeros(6, 1, 8, 8), labels, torch.zeros(6, 3, 8, 8), labels)
+
+
+def test_an_installed_array_whose_header_declares_too_much_is_refused_before_reading(tmp_path, monkeypatch):
+    """CIFAR-10's installed arrays are checked header-first: a header that declares 140 TiB used to end in a
+    MemoryError traceback."""
+    import tracemalloc
+
+    import numpy as np
+
+    from dpeval.core.datasets import packaged
+
+    folder = tmp_path / "home" / packaged.CIFAR10.folder
+    folder.mkdir(parents=True)
+    for file, shape in packaged.CIFAR10_SHAPES.items():
+        np.save(folder / file, np.zeros((1,) + shape[1:], dtype=np.uint8))
+    with open(folder / "train_images.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False,
+                                                 "shape": (50_000_000_000, 32, 32, 3)})
+        f.write(b"\0" * 100)
+    monkeypatch.setenv("DPEVAL_DATA", str(tmp_path / "home"))
+    tracemalloc.start()
+    try:
+        refusal(config(name="cifar10", root=str(tmp_path / "nothing")), str(folder / "train_images.npy"),
+                "(50000000000, 32, 32, 3)")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpeval.core.datasets._common import open_regular
 from dpeval.core.errors import ConfigError, RunFailure
 
 
@@ -101,19 +102,29 @@ def installed_folder(package: Package) -> Path | None:
 
 
 def load_cifar10_arrays(folder: Path) -> dict[str, np.ndarray]:
-    """The four installed CIFAR-10 arrays, each checked (dtype, shape, SHA-256 of its data) before it is used."""
+    """The four installed CIFAR-10 arrays, each checked (dtype, shape, SHA-256 of its data) before it is used; the
+    dtype and shape from the file's header, before its data is read (a header may declare terabytes)."""
+    from numpy.lib import format as npy
+
     arrays = {}
     for file, expected in CIFAR10.files.items():
         path = folder / file
         try:
-            array = np.load(path, allow_pickle=False)
+            with open_regular(path) as f:
+                version = npy.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f".npy format version {version}")
+                shape, _, dtype = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)
+                published = dtype == np.uint8 and shape == CIFAR10_SHAPES[file]
+                if published:
+                    f.seek(0)
+                    array = npy.read_array(f, allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
             raise ConfigError(f"data: {path} could not be read ({type(exc).__name__}: {' '.join(str(exc).split())}); "
                               f"reinstall with `dpeval data install cifar10 --force`") from None
-        if array.dtype != np.uint8 or array.shape != CIFAR10_SHAPES[file]:
+        if not published:
             raise ConfigError(f"data: {path} is not the published cifar10 file (uint8 {CIFAR10_SHAPES[file]} "
-                              f"expected, found {array.dtype} {array.shape}); reinstall with "
-                              f"`dpeval data install cifar10 --force`")
+                              f"expected, found {dtype} {shape}); reinstall with `dpeval data install cifar10 --force`")
         check_digest(path, memoryview(np.ascontiguousarray(array)).cast("B"), expected, "cifar10")
         arrays[file.removesuffix(".npy")] = array
     return arrays
