@@ -36,7 +36,7 @@ import torch
 
 from dpeval.core.canaries import Canaries, flatten
 from dpeval.core.errors import ConfigError
-from dpeval.core.params import param
+from dpeval.core.params import check_float32, param
 from dpeval.core.streams import Streams
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
@@ -52,7 +52,7 @@ VARIANCE_CHOICES = ("per_example", "batch_mean")
 @dataclass
 class AdaCliPParams(DefenseParams):
     clip: float = param(1.0, "C: clipping norm in the transformed space w = (g − a)/b (paper: 1)",
-                        low=0, low_open=True)
+                        low=0, low_open=True, noise_scale=True)
     beta1: float = param(0.99, "EMA decay of the mean estimate m (paper: 0.99)", low=0, high=1, high_open=True)
     beta2: float = param(0.9, "EMA decay of the variance estimate s² (paper: 0.9)", low=0, high=1,
                          high_open=True)
@@ -66,6 +66,7 @@ class AdaCliPParams(DefenseParams):
     def validate(self) -> None:
         if not self.h1 < self.h2:
             raise ConfigError(f"defense.h2: must be > defense.h1 ({self.h1}), got {self.h2}")
+        check_float32("defense.h2", self.h1 * self.h2, "h1·h2, the variance state's start,")
 
 
 def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from dpeval.defenses.registry import DEFENSES
 
 @dataclass
 class ClipParams(DefenseParams):
-    clip: float = param(1.0, "per-sample L2 clipping norm C", low=0, low_open=True)
+    clip: float = param(1.0, "per-sample L2 clipping norm C", low=0, low_open=True, noise_scale=True)
 
 
 @DEFENSES.register("dpsgd", "DP-SGD: flat per-sample clipping to C, Gaussian noise N(0, σ²C²) on the sum")

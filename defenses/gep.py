@@ -54,8 +54,10 @@ SQRT2 = math.sqrt(2.0)
 
 @dataclass
 class GEPParams(DefenseParams):
-    clip0: float = param(0.5, "C0: per-sample L2 clip of the k-dim embedding θ_i", low=0, low_open=True)
-    clip1: float = param(0.5, "C1: per-sample L2 clip of the d-dim residual r_i", low=0, low_open=True)
+    clip0: float = param(0.5, "C0: per-sample L2 clip of the k-dim embedding θ_i", low=0, low_open=True,
+                        noise_scale=True)
+    clip1: float = param(0.5, "C1: per-sample L2 clip of the d-dim residual r_i", low=0, low_open=True,
+                        noise_scale=True)
     num_bases: int = param(200, "k: total anchor-subspace dimension, split over groups ∝ √(group size)", low=1)
     groups: int = param(3, "contiguous chunks of the flattened parameter vector, one basis each", low=1)
     power_iter: int = param(1, "power-iteration rounds (0 = random orthonormal bases, an ablation)", low=0)

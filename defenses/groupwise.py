@@ -53,7 +53,7 @@ GROUPINGS = ("all", "layer", "param", "uniform:M", "device:N", "boundary:X", "[l
 @dataclass
 class GroupwiseParams(DefenseParams):
     clip: float = param(1.0, "R: the total per-sample bound; each of the M groups is clipped to R/√M",
-                        low=0, low_open=True)
+                        low=0, low_open=True, noise_scale=True)
     groups: str | list[str] = param("all", "`all`, `layer`, `param`, `uniform:M`, `device:N` (N pipeline stages "
                                            "of balanced parameter counts), `boundary:X` (two groups split after X "
                                            "transformer blocks), or a list of layer names each starting a group")

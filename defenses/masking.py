@@ -49,7 +49,8 @@ from dpeval.defenses.lean import LeanBatch, LeanPlan
 @dataclass
 class MaskedClipParams(DefenseParams):
     clip: float | None = param(1.0, "per-sample clipping norm C of the masked gradient; null = no clipping "
-                                    "(the non-DP attack setting, ε = inf)", low=0, low_open=True)
+                                    "(the non-DP attack setting, ε = inf)", low=0, low_open=True,
+                                noise_scale=True)
     final_rate: float = param(0.9, "r*: the fraction of coordinates zeroed at the end of the schedule",
                               low=0, high=1, high_open=True)
     refresh: int = param(1, "masks drawn per epoch", low=1)

@@ -32,6 +32,7 @@ from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
+from dpeval.core.params import check_noise_scales
 from dpeval.core.registry import default_model
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.runtime import apply_thread_default, resolve_device
@@ -138,6 +139,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     victim = streams.scope("victim")
     defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
     privacy = (plan or plan_privacy)(spec, defense_cls, n)
+    check_noise_scales(spec.defense, "defense", privacy.noise_multiplier)
     projection = None
     if spec.model.pca.dims > 0:  # released before training, so the attacker (and every shadow model) has it too
         projection = input_pca(spec, task, privacy.pca_noise_multiplier, victim.generator("pca"))

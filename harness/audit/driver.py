@@ -49,6 +49,7 @@ from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
+from dpeval.core.params import check_noise_scales
 from dpeval.core.runtime import resolve_device, single_cpu_thread
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
@@ -229,6 +230,7 @@ def prepare_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None
     warmup = min(WARMUP_STEPS, epochs - options.steps)
     schedule = list(range(epochs - options.steps - warmup, epochs))
     sigma = defense_cls.noise_for_accounted(options.noise_multiplier)
+    check_noise_scales(spec.defense, "defense", sigma)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return AuditContext(spec, defense_cls, task, model, init, sigma, schedule, warmup, device)
 

@@ -5,6 +5,10 @@ Every knob of dpeval (the settings in ``dpeval.core.settings``, each defense's a
 
 - type checking and coercion of user input (``from_dict``), with errors naming the dotted field;
 - range and choice checks (``check_declared``), so a ``validate`` method only holds cross-field rules;
+- every float setting within float32's range (``check_float32``): dpeval's tensors are float32, where a larger
+  value becomes inf and a nonzero one below 1.4e-45 becomes 0 once the run has started; ``noise_scale`` marks a
+  setting that σ multiplies into a noise std, whose draws are checked the same way once σ is known
+  (``check_noise_scales``);
 - the help text of ``dpeval list`` and the tables of docs/configuration.md (``params_table``), which a
   test regenerates and compares with the docs.
 """
@@ -25,9 +29,11 @@ _MISSING = dataclasses.MISSING
 
 def param(default: Any = _MISSING, help: str = "", *, factory: Any = None, low: float | None = None,
           high: float | None = None, low_open: bool = False, high_open: bool = False,
-          choices: tuple[str, ...] | None = None, added: bool = False, keyed: bool = True) -> Any:
+          choices: tuple[str, ...] | None = None, added: bool = False, keyed: bool = True,
+          noise_scale: bool = False) -> Any:
     """A declared parameter: ``low``/``high`` bound numbers (``*_open`` for strict bounds), ``choices``
-    lists the allowed strings, ``help`` is the one-line description shown to users.
+    lists the allowed strings, ``help`` is the one-line description shown to users. ``noise_scale=True`` marks a
+    bound that the noise multiplier σ scales into a noise std (a clip norm): σ times it must stay a float32.
 
     ``added=True`` marks a setting added after results were stored: while it holds its default it is left
     out of the run key, so every stored run keeps its key (sweeps still find their finished points, resumes
@@ -35,7 +41,8 @@ def param(default: Any = _MISSING, help: str = "", *, factory: Any = None, low: 
     version is declared so. ``keyed=False`` marks a setting that cannot change results (how often to
     checkpoint): never part of the run key, like ``device``."""
     meta = {"help": help, "low": low, "high": high, "low_open": low_open, "high_open": high_open,
-            "choices": tuple(choices) if choices else None, "added": added, "keyed": keyed}
+            "choices": tuple(choices) if choices else None, "added": added, "keyed": keyed,
+            "noise_scale": noise_scale}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -80,6 +87,34 @@ def check_range(where: str, value: float | None, *, low: float | None = None, hi
         raise ConfigError(f"{where}: must satisfy {lo}{where.split('.')[-1]}{hi}, got {value}")
 
 
+# float32's largest finite value and smallest nonzero magnitude (torch.finfo(torch.float32).max, .smallest_normal
+# / 2**23): what the tensors a setting becomes can hold.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45
+
+
+def check_float32(where: str, value: float, what: str = "") -> None:
+    """Raise ConfigError unless ``value`` (``what`` describes it, default the setting itself) is a float32: at most
+    FLOAT32_MAX in magnitude, and 0 or at least FLOAT32_TINY (a smaller one would become 0)."""
+    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
+        raise ConfigError(f"{where}: {what or where.split('.')[-1]} must lie within float32's range (0 or "
+                          f"{FLOAT32_TINY:.3g} to {FLOAT32_MAX:.4g} in magnitude; it becomes a float32 tensor), "
+                          f"got {value:.4g}")
+
+
+NOISE_TAIL = 16  # a Gaussian draw is std·z with |z| < 16 (P < 1e-57 a draw): std·16 must be a float32 too
+
+
+def check_noise_scales(obj: Any, prefix: str, noise_multiplier: float) -> None:
+    """Check each ``noise_scale`` setting of ``obj`` times σ (a noise std) and the Gaussian tail against float32's
+    range, once σ is known (given, or calibrated for the target ε) and before anything trains."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata.get("noise_scale") and isinstance(value, float):
+            check_float32(f"{prefix}.{f.name}", NOISE_TAIL * noise_multiplier * value,
+                          f"the noise's reach {NOISE_TAIL}·σ·{f.name} (σ = {noise_multiplier:.4g})")
+
+
 def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
     if value is not None and value not in choices:
         raise ConfigError(f"{where}: must be one of {', '.join(choices)}, got {brief(value)}")
@@ -98,6 +133,8 @@ def check_declared(obj: Any, prefix: str) -> None:
         if (meta.get("low") is not None or meta.get("high") is not None) and _is_number(value):
             check_range(where, value, low=meta["low"], high=meta["high"], low_open=meta["low_open"],
                         high_open=meta["high_open"])
+        if isinstance(value, float):  # coerce made every number of a float setting a float
+            check_float32(where, value)
 
 
 def _is_number(v: Any) -> bool:

@@ -323,3 +323,39 @@ def test_an_installed_array_whose_header_declares_too_much_is_refused_before_rea
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+# --------------------------------------------------------------------------------------------- float32 settings
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args,key", [
+    (["--set", "train.weight_decay=1e39"], "train.weight_decay"),
+    (["--set", "defense.clip=1e308"], "defense.clip"),
+    (["--defense", "adaclip", "--set", "defense.h2=1e39"], "defense.h2"),
+    (["--defense", "adaclip", "--set", "defense.h1=1e-50"], "defense.h1"),  # 0 as float32: b = 0, w = inf
+    (["--defense", "adaclip", "--set", "defense.h1=1e20", "--set", "defense.h2=1e30"], "defense.h2"),  # h1·h2
+    (["--set", "privacy.noise_multiplier=1e10", "--set", "defense.clip=1e30"], "defense.clip"),  # σ·C
+    (["--set", "defense.clip=1e38"], "defense.clip"),  # σ·C a float32, but not every draw of its noise
+    (["--defense", "gep", "--set", "privacy.noise_multiplier=1e10", "--set", "defense.clip1=1e30"],
+     "defense.clip1"),
+])
+def test_a_setting_beyond_float32_exits_2_naming_it_before_training(tmp_path, args, key):
+    """These passed the range checks and failed after the run had started: 'value cannot be converted to type float
+    without overflow', or training diverged and the message blamed train.lr."""
+    code, line, written = run_cli(tmp_path, *args)
+    assert code == 2 and line.startswith(f"dpeval: error: {key}: ") and "float32" in line and not written, line
+    assert "train.lr" not in line and len(line) < 300
+
+
+def test_every_float_setting_is_checked_where_it_is_declared():
+    from dpeval.core.params import FLOAT32_MAX, from_dict
+    from dpeval.core.settings import TrainConfig
+
+    assert from_dict(TrainConfig, {"weight_decay": FLOAT32_MAX}, "train").weight_decay == FLOAT32_MAX
+    assert from_dict(TrainConfig, {"weight_decay": 0}, "train").weight_decay == 0
+    for value in (3.5e38, 1e-46):
+        with pytest.raises(ConfigError, match=r"^train\.weight_decay: .*float32"):
+            from_dict(TrainConfig, {"weight_decay": value}, "train")
+    with pytest.raises(ConfigError, match=r"^train\.lr: .*float32"):
+        from_dict(TrainConfig, {"lr": 1e39}, "train")
