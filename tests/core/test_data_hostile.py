@@ -359,3 +359,15 @@ def test_every_float_setting_is_checked_where_it_is_declared():
             from_dict(TrainConfig, {"weight_decay": value}, "train")
     with pytest.raises(ConfigError, match=r"^train\.lr: .*float32"):
         from_dict(TrainConfig, {"lr": 1e39}, "train")
+
+
+# --------------------------------------------------------------------------------------------- data.root itself
+
+
+@pytest.mark.parametrize("dataset", ["imagefolder", "textfile", "mnist"])
+@pytest.mark.parametrize("root", ["x" * 5000, "a/" + "y" * 300 + "/b"])
+def test_a_path_no_system_can_open_exits_2_without_repeating_it(tmp_path, dataset, root):
+    """A data.root longer than a path or a name may be used to end in an 'OSError: File name too long'
+    traceback, or in a message that repeated all of it, twice."""
+    code, line, written = run_cli(tmp_path, "--dataset", dataset, "--set", f"data.root={root}")
+    assert code == 2 and line.startswith("dpeval: error: data.root: ") and len(line) < 300 and not written, line

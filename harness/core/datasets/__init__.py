@@ -28,6 +28,8 @@ from dpeval.core.settings import DataConfig
 from dpeval.core.splits import Task, with_public
 
 MIN_IMAGE_SIZE = 4
+# The longest path and file name (bytes) Linux opens (PATH_MAX, NAME_MAX): a longer data.root can only fail mid-load.
+MAX_PATH_BYTES, MAX_NAME_BYTES = 4095, 255
 
 Loader = Callable[[DataConfig], Task]  # what a registered dataset is
 
@@ -55,6 +57,10 @@ def validate_data_config(cfg: DataConfig) -> None:
     DATASETS.get(cfg.name, field="data.name")
     if not isinstance(cfg.root, (str, os.PathLike)) or str(cfg.root) == "":
         raise ConfigError(f"data.root: must be a non-empty path, got {brief(cfg.root)}")
+    path = os.fsencode(os.path.abspath(os.path.expanduser(cfg.root)))
+    if len(path) > MAX_PATH_BYTES or any(len(name) > MAX_NAME_BYTES for name in path.split(b"/")):
+        raise ConfigError(f"data.root: must be a path of at most {MAX_PATH_BYTES} bytes, names of at most "
+                          f"{MAX_NAME_BYTES}, got {brief(str(cfg.root))}")
     if not isinstance(cfg.download, bool):
         raise ConfigError(f"data.download: must be true or false, got {brief(cfg.download)}")
     # Upper bound: torch.Generator.manual_seed accepts at most 64-bit values.
