@@ -69,7 +69,8 @@ class Prepared:
 
 def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyLedger:
     """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon`` — after the
-    DP-PCA of the inputs, when the model has one (``model.pca``: its σ_p given, or set by its ε share)."""
+    DP-PCA of the inputs, when the model has one (``model.pca``: its σ_p given, or set by its ε share); ConfigError
+    when the noise of that σ would overflow float32 (``check_noise_scales``)."""
     p, t, pca = spec.privacy, spec.train, spec.model.pca
     sample_rate = t.batch_size / n_private
     steps = t.epochs * (n_private // t.batch_size)
@@ -92,6 +93,7 @@ def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> P
     else:
         accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant, before=before)
         sigma = defense_cls.noise_for_accounted(accounted)
+    check_noise_scales(spec.defense, "defense", sigma)
     return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling, pca_sigma)
 
 
@@ -139,7 +141,6 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     victim = streams.scope("victim")
     defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
     privacy = (plan or plan_privacy)(spec, defense_cls, n)
-    check_noise_scales(spec.defense, "defense", privacy.noise_multiplier)
     projection = None
     if spec.model.pca.dims > 0:  # released before training, so the attacker (and every shadow model) has it too
         projection = input_pca(spec, task, privacy.pca_noise_multiplier, victim.generator("pca"))
