@@ -87,12 +87,26 @@ class RunAuditOptions:
         if self.kind not in KINDS:
             raise ConfigError(f"--canary-kind: must be one of {', '.join(KINDS)}, got {self.kind!r}")
 
+    def check_fits(self, parameters: int, pool: int) -> None:
+        """Refuse, before training, m canaries the run cannot hold: gradient canaries take m distinct
+        coordinates of the ``parameters`` trainable ones; input canaries join the ``pool`` members' batches,
+        at most as many as they are (a batch then grows by at most about half, its per-sample gradients
+        with it; far more would exhaust memory in the first step)."""
+        m = self.canaries
+        if self.kind == "gradient" and m > parameters:
+            raise ConfigError(f"--canaries: at most one canary per trainable parameter ({parameters}), got {m}")
+        if self.kind == "input" and m > pool:
+            raise ConfigError(f"--canaries: at most one input canary per private example ({pool}), got {m}")
+
 
 def guess_counts(m: int) -> list[tuple[int, int]]:
-    """The (k+, k−) of every rule of ``GUESS_RULES`` for m canaries (at least one guess each)."""
+    """The (k+, k−) of every rule of ``GUESS_RULES`` for m canaries (at least one guess each, at most m)."""
     out = []
     for f_in, f_out in GUESS_RULES:
-        k_in, k_out = round(f_in * m), round(f_out * m)
+        # The total is rounded as one number and k− is what k+ leaves of it: rounding each half on its own
+        # makes m + 1 guesses of m ≡ 3 (mod 4) canaries at (½, ½) (round half to even: 3.5 + 3.5 → 4 + 4).
+        k_in = round(f_in * m)
+        k_out = round((f_in + f_out) * m) - k_in
         if k_in + k_out == 0:
             k_in = 1
         out.append((k_in, k_out))
@@ -106,8 +120,6 @@ class CanaryPool:
     def __init__(self, m: int, d: int, shapes: dict[str, torch.Size], names: list[str], sampling: str,
                  pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
                  device: torch.device, design: CanaryDesign) -> None:
-        if m > d:
-            raise ConfigError(f"--canaries: at most one canary per trainable parameter ({d}), got {m}")
         self.m, self.shapes, self.names, self.sampling = m, shapes, names, sampling
         self.n, self.batch_size, self.steps_per_epoch = pool_size, batch_size, steps_per_epoch
         self.rng = rng
@@ -270,6 +282,7 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
     shapes = {n: p.shape for n, p in prep.model.named_parameters() if p.requires_grad}
     names = list(shapes)
     d = sum(math.prod(s) for s in shapes.values())
+    options.check_fits(d, len(prep.task.train))
     seed_globals(prep.streams)
     defense = prep.make_defense(prep.streams.scope("victim"))
     rng = audit_streams.numpy("canaries")
