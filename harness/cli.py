@@ -327,8 +327,9 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     from dpeval.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
 
     setup_logging(debug)
+    to_run = reference_to_run(spec, store, reference)
     metrics = execute(spec, store, progress=not quiet)
-    references = reference_runs(spec, store, reference, progress=not quiet)
+    references = reference_runs(spec, store, to_run, progress=not quiet)
     text = format_run(metrics, results)
     if references:
         from dpeval.reference import deltas, format_deltas
@@ -352,25 +353,39 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
     return notes
 
 
-def reference_runs(spec: Any, store: Any, asked: str | None, progress: bool) -> list[dict[str, Any]]:
-    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``; the one ``asked`` for is run
-    first when none matches, or none ran the same attacks."""
-    from dpeval.reference import REFERENCES, covers, find_reference, reference_spec
+def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
+    """The run spec of the reference ``--reference`` asks for when ``store`` holds no matching run of it with
+    the same attacks, else None. Called before the main run: what only the reference needs (an ε that its
+    defense must reach, its defense's rules) is checked here, so that exit 2 still means nothing was written."""
+    from dpeval.reference import covers, find_reference, reference_spec
+    from dpeval.runner import prepare, resumable
+
+    if asked is None or asked == spec.defense_name:
+        return None
+    wanted = reference_spec(spec, asked)
+    row = find_reference(store.rows("done"), spec, asked)
+    if row is not None and covers(row, wanted.canonical()):
+        return None
+    try:
+        prepare(wanted)  # every check `run` makes before training
+        resumable(wanted, store)  # an interrupted reference's checkpoint must load
+    except ConfigError as exc:
+        raise ConfigError(f"--reference {asked}: {exc}") from None
+    return wanted
+
+
+def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[dict[str, Any]]:
+    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``, after running ``to_run``
+    (``reference_to_run``) when given."""
+    from dpeval.reference import REFERENCES, find_reference
     from dpeval.runner import execute
 
-    found = []
-    for defense in REFERENCES:
-        if defense == spec.defense_name:
-            continue
-        row = find_reference(store.rows("done"), spec, defense)
-        wanted = reference_spec(spec, defense)
-        if defense == asked and (row is None or not covers(row, wanted.canonical())):
-            click.echo(f"dpeval: running the reference: --defense {defense} with the same settings", err=True)
-            execute(wanted, store, progress=progress)
-            row = find_reference(store.rows("done"), spec, defense)
-        if row is not None:
-            found.append(row)
-    return found
+    if to_run is not None:
+        click.echo(f"dpeval: running the reference: --defense {to_run.defense_name} with the same settings", err=True)
+        execute(to_run, store, progress=progress)
+    rows = store.rows("done")
+    found = (find_reference(rows, spec, defense) for defense in REFERENCES if defense != spec.defense_name)
+    return [row for row in found if row is not None]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def input_pca(spec: RunSpec, task: Task, noise_multiplier: float, generator: tor
 def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
-    training will never record."""
+    training will never record. Also for a run from ``model.weights``, which is attacked on the same data."""
     for _name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
         check = getattr(type(attack), "check_model", None)
@@ -153,8 +153,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
         model = build()
     if spec.model.weights is not None:
         check_weights(spec, model)
-    else:
-        check_attacks(spec, model, task)
+    check_attacks(spec, model, task)
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead

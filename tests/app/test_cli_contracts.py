@@ -3,9 +3,12 @@ written), and what is accepted runs to the end.
 
 - ``audit --scope run``: every accepted ``--canaries`` is split into guesses that fit (k+ + k− ≤ m, = m for the
   rule that guesses on every canary); an unusable one is refused before training.
+- ``run``: exit 2 means nothing was written, also for what only the reference run (``--reference``) or an attack
+  on given weights (``--weights``) needs: it is checked before the main run trains.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +16,7 @@ from click.testing import CliRunner
 from dpeval.audit import run as run_audit
 from dpeval.audit.run import GUESS_RULES, guess_counts
 from dpeval.cli import main
+from dpeval.store import ResultStore
 
 # ---------------------------------------------------------------------------------------------------
 # audit --scope run: the canaries' guessing rules
@@ -64,3 +68,79 @@ def test_unusable_canaries_are_refused_before_training(args, monkeypatch):
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
     assert line.startswith("dpeval: error: --canaries: ") and "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# run: exit 2, nothing written
+
+
+def refused(results: Path, *args: str) -> str:
+    """``dpeval run ARGS`` exits 2 with one line on stderr, which it returns, and writes nothing in ``results``."""
+    result = invoke("run", *args, "--quiet", "--results", str(results))
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dpeval: error: ") and "Traceback" not in result.output
+    assert not results.exists(), sorted(p.name for p in results.rglob("*"))
+    return line
+
+
+def test_a_reference_that_cannot_reach_its_epsilon_is_refused_before_the_main_run(tmp_path):
+    """The non-private main run has no ε to reach; the DP-SGD reference does. It used to be trained and recorded
+    first, then exit 2 without a word about it."""
+    line = refused(tmp_path / "r", "--defense", "none", "--reference", "dpsgd", "--epsilon", "1e9", "--epochs", "1",
+                   "--attack", "none")
+    assert "--reference dpsgd: privacy.epsilon" in line
+
+
+def test_an_interrupted_reference_with_a_damaged_checkpoint_is_refused_before_the_main_run(tmp_path):
+    """The reference would resume from its checkpoint, which cannot be loaded: refused before the main run, the
+    folder left as it was."""
+    from dpeval.config import build_spec
+    from dpeval.reference import reference_spec
+
+    store = ResultStore(tmp_path)
+    wanted = reference_spec(build_spec({"defense": {"name": "none"}, "train": {"epochs": 1}}), "dpsgd")
+    run_id = store.begin(wanted.run_key, wanted.canonical())
+    store.fail(run_id, "interrupted")
+    (store.run_dir(run_id) / "checkpoint.pt").write_bytes(b"half a checkpoint")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = invoke("run", "--defense", "none", "--reference", "dpsgd", "--epochs", "1", "--quiet",
+                    "--results", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dpeval: error: --reference dpsgd: checkpoint ") and "cannot be used" in line
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_reference_that_can_run_still_runs_after_the_main_run(tmp_path):
+    result = invoke("run", "--defense", "none", "--reference", "dpsgd", "--epochs", "1", "--attack", "none", "--quiet",
+                    "--set", "data.name=synthetic", "--set", "data.synthetic.size=200", "--set", "train.batch_size=64",
+                    "--results", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    assert "dpsgd" in json.loads(result.stdout)["reference"]
+    rows = ResultStore(tmp_path).rows("done")
+    assert [r["metrics"]["defense"] for r in rows] == ["none", "dpsgd"]  # the main run first
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A state dict of the default digits model (untrained: only its names and shapes matter here)."""
+    import torch
+
+    from dpeval.config import build_spec
+    from dpeval.runner import prepare
+
+    path = tmp_path_factory.mktemp("weights") / "model.pt"
+    torch.save(prepare(build_spec({"defense": {"name": "none"}})).model.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--attack", "loss", "--set", "data.test_fraction=0"], "data.test_fraction"),
+    (["--attack", "ig", "--set", "attack.at=final", "--set", "attack.targets=1000000"], "attack.targets"),
+], ids=["game-without-held-out-data", "more-targets-than-examples"])
+def test_an_attack_on_given_weights_is_checked_before_anything_is_written(tmp_path, weights, args, field):
+    """With --weights the attacks' data and model checks were skipped: the run was recorded and its attack failed
+    (exit 1) instead of being refused."""
+    line = refused(tmp_path / "r", "--defense", "none", "--weights", str(weights), *args)
+    assert f"error: {field}" in line
