@@ -3,8 +3,9 @@
 One row per run: config JSON, metrics JSON, status (``running`` → ``done`` | ``failed``), timings, dpeval
 version. A row becomes ``done`` only in the same transaction that stores its metrics, and only after the
 artefacts were written; a run killed mid-way stays ``running`` (or ``failed`` when the process could still
-record the error), never a half-written ``done``. ``running`` rows whose process on this host is gone are
-marked ``failed`` by the next ``run``, ``sweep`` or ``show`` on the folder (``fail_stale``).
+record the error), never a half-written ``done``. A row's ``pid`` is the process running it: the one that
+recorded it, or the sweep worker that took it over (``claim``). ``running`` rows whose process on this host
+is gone are marked ``failed`` by the next ``run``, ``sweep`` or ``show`` on the folder (``fail_stale``).
 
 The store is never repaired or overwritten behind the user's back: ``check`` refuses a results location
 that is not a folder, cannot be written (for commands that record runs), or holds a ``results.sqlite``
@@ -78,8 +79,17 @@ def _alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but was not yet waited for (Linux; False where /proc cannot tell): an
+    orphan whose new parent (a container's init) does not reap it still answers ``kill(pid, 0)``."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -269,6 +279,11 @@ class ResultStore:
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
 
+    @classmethod
+    def of_run(cls, run_dir: str | Path) -> ResultStore:
+        """The store that ``run_dir`` (``run_dir(run_id)`` of it) belongs to."""
+        return cls(Path(run_dir).parent.parent)
+
     def begin(self, run_key: str, config: dict[str, Any]) -> str:
         """Record a new ``running`` row and create its artefact folder; returns the run id. When the row
         cannot be recorded, the folders this call created are removed again.
@@ -386,13 +401,37 @@ class ResultStore:
                          (socket.gethostname(), os.getpid(), run_id))
         self._t0[run_id] = time.perf_counter()
 
+    def claim(self, run_id: str, recorder: int) -> bool:
+        """Record this process as the one running ``run_id`` in place of ``recorder``, the sweep driver that
+        recorded it (a worker starting the point), so that the row stays alive while this process runs it,
+        whatever becomes of the driver. False when the row is no longer that driver's ``running`` row (the
+        driver is gone and a later command reaped or resumed it): the run is then not this process's."""
+        with self._connect() as conn:
+            claimed = conn.execute("UPDATE runs SET pid=? WHERE run_id=? AND status='running' AND pid=?",
+                                   (os.getpid(), run_id, recorder)).rowcount
+        return claimed == 1
+
+    def abandon(self, run_id: str, error: str) -> None:
+        """Mark ``run_id`` ``failed`` with ``error`` if it is still this process's ``running`` row (a sweep
+        worker whose driver is gone, stopping)."""
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET status='failed', error=?, finished_at=? "
+                         "WHERE run_id=? AND status='running' AND pid=?", (error, _now(), run_id, os.getpid()))
+
+    def _running_here(self) -> list[tuple[str, str, int | None]]:
+        """(run id, run key, pid) of the ``running`` rows recorded on this host."""
+        return self._query("SELECT run_id, run_key, pid FROM runs WHERE status='running' AND host=?",
+                           (socket.gethostname(),))
+
+    def live_runs(self) -> dict[str, int]:
+        """Run key → pid of the ``running`` rows whose process on this host is alive."""
+        return {run_key: pid for _, run_key, pid in self._running_here() if _alive(pid)}
+
     def fail_stale(self) -> int:
-        """Mark ``running`` rows whose recording process on this host is gone (killed, crashed, power loss)
-        as ``failed``; returns how many. Rows of live processes and of other hosts are left alone, and a store
-        without such rows is not written at all."""
-        host = socket.gethostname()
-        stale = [run_id for run_id, pid in self._query(
-            "SELECT run_id, pid FROM runs WHERE status='running' AND host=?", (host,)) if not _alive(pid)]
+        """Mark ``running`` rows whose process on this host is gone (killed, crashed, power loss) as ``failed``;
+        returns how many. Rows of live processes and of other hosts are left alone, and a store without such
+        rows is not written at all."""
+        stale = [run_id for run_id, _, pid in self._running_here() if not _alive(pid)]
         if stale:
             with self._connect() as conn:
                 conn.executemany("UPDATE runs SET status='failed', error=?, finished_at=? "

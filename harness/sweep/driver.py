@@ -1,11 +1,13 @@
 """The sweep driver: which grid points still need a run, the store bookkeeping, one sweep per folder.
 
 Resumption: each grid point's run key is looked up in the store; points with a ``done`` row are skipped
-(``rerun`` forces them). The driver alone writes the store: it records a point as ``running`` when it
+(``rerun`` forces them). The driver alone records results: it records a point as ``running`` when it
 dispatches it and ``done``/``failed`` when its result comes back, so a sweep killed at any moment leaves
 no half-written ``done`` row, and the next start re-runs exactly the points without one. ``running`` rows
-whose process is gone are marked ``failed`` when a sweep starts. One sweep per results folder at a time
-(a lock file); a second one waits (``wait``) or refuses.
+whose process is gone are marked ``failed`` when a sweep starts, after a short wait for those whose process
+is alive (a local worker takes its point's row over: executors.py), so that an orphaned worker's point is
+resumed once it stopped, never beside it. One sweep per results folder at a time (a lock file); a second
+one waits (``wait``) or refuses.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,6 +35,8 @@ from dpeval.sweep.executors import Executor
 from dpeval.sweep.grid import describe, swept_fields
 
 log = logging.getLogger("dpeval")
+LIVE_RUN_GRACE_S = 30.0  # how long a starting sweep waits for a point that a live process runs
+LIVE_RUN_POLL_S = 0.5
 
 
 @dataclass
@@ -82,6 +87,30 @@ def sweep_lock(results: Path, wait_for_lock: bool) -> Iterator[None]:
         os.close(fd)
 
 
+def reap_running(store: ResultStore, keys: set[str]) -> int:
+    """Mark the folder's ``running`` rows whose process is gone ``failed`` (returns how many), after waiting,
+    up to ``LIVE_RUN_GRACE_S``, until no live process on this host runs a point of ``keys``. The workers of
+    a sweep killed with ``kill -9`` stop within seconds and record their points interrupted, which this sweep
+    then resumes from their checkpoints. A point still run after that (by another ``dpeval run``, say) is
+    run anew under a new id, as beside any single run: only an interrupted run is resumed, so no two
+    processes ever write one run's folder."""
+    deadline = time.monotonic() + LIVE_RUN_GRACE_S
+    reaped, said = 0, False
+    while True:
+        reaped += store.fail_stale()
+        live = {key: pid for key, pid in store.live_runs().items() if key in keys}
+        if not live:
+            return reaped
+        pids = ", ".join(map(str, sorted(set(live.values()))))
+        if time.monotonic() > deadline:
+            log.warning("%d point(s) still being run by process %s: run anew beside it", len(live), pids)
+            return reaped
+        if not said:
+            log.warning("waiting for %d point(s) still being run by process %s", len(live), pids)
+            said = True
+        time.sleep(LIVE_RUN_POLL_S)
+
+
 def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, rerun: bool = False,
               fail_fast: bool = False, progress: bool = True, wait_for_lock: bool = False,
               annotations: dict[str, Any] | None = None) -> SweepSummary:
@@ -89,7 +118,7 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
     summary = SweepSummary(planned=len(specs))
     swept = swept_fields(specs)
     with sweep_lock(store.root, wait_for_lock):
-        stale = store.fail_stale()
+        stale = reap_running(store, {s.run_key for s in specs})
         if stale:
             log.warning("marked %d interrupted run(s) as failed", stale)
         done = set() if rerun else store.done_keys()

@@ -1,22 +1,32 @@
 """Sweep executors: run grid points in this process, in local worker processes, or on Ray.
 
-A job is (run spec, run id, run folder); workers return the flat result and never write the store (the
-driver does).
+A job is (run spec, run id, run folder); workers return the flat result and the driver records it. A local
+worker writes only its claim on the point it starts (the row then names the worker's pid, so the point reads
+as alive while it runs) and, should the driver die, that point's interruption before it exits.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
 from dpeval.config import RunSpec, build_spec
-from dpeval.core.errors import ConfigError
-from dpeval.store import CHECKPOINT_FILE
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.store import CHECKPOINT_FILE, ResultStore
+
+log = logging.getLogger("dpeval")
+DRIVER_POLL_S = 1.0  # how often a worker checks that its driver is still there
+DRIVER_GONE = "interrupted: the sweep driver running it is gone"  # resumable, like every "interrupted"
+_driver = 0  # in a worker: the pid of the sweep driver that started it
+_current: tuple[ResultStore, str] | None = None  # in a worker: the store and id of the run it executes now
 
 
 def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int = 1) -> dict[str, Any]:
@@ -73,17 +83,52 @@ class SequentialExecutor(Executor):
                 return
 
 
-def _start_worker(debug: bool) -> None:
+def _start_worker(debug: bool, driver: int) -> None:
     """A worker's log records go to each run's log.txt (per-epoch lines included); its terminal gets
     nothing but, with ``--debug``, warnings and tracebacks. Its (disabled) progress bars lock with a
     thread lock: tqdm's default multiprocessing lock would outlive a terminated worker as a leaked
-    semaphore, which Python's resource tracker reports at exit."""
+    semaphore, which Python's resource tracker reports at exit. A thread watches the ``driver``."""
     from tqdm import tqdm
 
     from dpeval.logs import setup_logging
 
+    global _driver
     setup_logging(debug, terminal=debug)
     tqdm.set_lock(threading.RLock())
+    _driver = driver
+    threading.Thread(target=_exit_without_driver, name="dpeval-driver-watch", daemon=True).start()
+
+
+def _exit_without_driver() -> None:
+    """End this worker within ``DRIVER_POLL_S`` of its driver's death (``kill -9``, a crash), which orphans
+    it (a new parent): ProcessPoolExecutor's workers would finish their point and then wait forever for the
+    next, while a new sweep on the folder could run the same point. Its point is first recorded ``failed``
+    as interrupted, so that the next sweep resumes it from its last checkpoint."""
+    while os.getppid() == _driver:
+        time.sleep(DRIVER_POLL_S)
+    try:
+        job = _current
+        if job is not None:
+            store, run_id = job
+            log.warning("the sweep driver (pid %d) is gone: run %s stops here, to be resumed by the next sweep",
+                        _driver, run_id)
+            store.abandon(run_id, DRIVER_GONE)
+    finally:
+        os._exit(1)  # also when the store cannot be written: the next command then reaps the row
+
+
+def _worker_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int) -> dict[str, Any]:
+    """``run_job`` in a worker process, which first takes the point's row over from the driver
+    (``ResultStore.claim``)."""
+    global _current
+    store = ResultStore.of_run(run_dir)
+    _current = (store, run_id)
+    try:
+        if not store.claim(run_id, _driver):
+            raise RunFailure(f"run {run_id} is no longer this sweep's: its driver is gone")
+        return run_job(canonical, run_id, run_dir, workers)
+    finally:
+        _current = None
 
 
 class ProcessExecutor(Executor):
@@ -91,7 +136,8 @@ class ProcessExecutor(Executor):
     among them.
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP raised in the driver), it records the points that finished and
-    terminates the workers at once, instead of waiting for the running points."""
+    terminates the workers at once, instead of waiting for the running points. Killed outright, it leaves
+    workers that stop on their own (``_exit_without_driver``)."""
 
     def __init__(self, workers: int, debug: bool = False) -> None:
         self.workers = workers
@@ -102,13 +148,13 @@ class ProcessExecutor(Executor):
         pending: dict[Future, tuple] = {}
         stop = False
         pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                                   initargs=(self.debug,))
+                                   initargs=(self.debug, os.getpid()))
         try:
             while (queue and not stop) or pending:
                 while queue and not stop and len(pending) < self.workers:
                     job = dispatch(queue.pop(0))
                     spec, run_id, run_dir = job
-                    pending[pool.submit(run_job, spec.canonical(), run_id, str(run_dir), self.workers)] = job
+                    pending[pool.submit(_worker_job, spec.canonical(), run_id, str(run_dir), self.workers)] = job
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     stop = _report(future, pending.pop(future), on_result) or stop
