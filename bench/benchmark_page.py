@@ -1,0 +1,336 @@
+"""docs/benchmark.md from the benchmark's runs (configs/benchmark/fashionmnist/, bench/benchmark.sh).
+
+    python bench/benchmark_page.py --export runs/benchmark-fashionmnist   # the CSVs and the exposure grid
+    python bench/benchmark_page.py                                        # the page from the committed CSVs
+
+``--export`` reads the results folder through dpeval's leaderboard (one row per run, its settings and every
+metric) into docs/results/benchmark-fashionmnist.csv, scores every membership run's per-example file with
+``dpeval.exposure`` into docs/results/benchmark-fashionmnist-exposure.csv, and draws the most exposed training
+images per defense (docs/results/benchmark-fashionmnist-exposed.png; it needs the runs' score files and the data).
+Without it, the page, its table and its figures are made from the committed CSVs alone, so anyone can regenerate
+them. A row of the page is a defense at an ε: utility over every seed (mean ± SEM), the attacks of its seed-0 run
+(online and offline LiRA come from the two points of the grid, which train the same victim), communication and
+time. The reading compares each defense with DP-SGD at the same ε: utility by Welch's 95% interval, leakage by the
+attacks' DeLong intervals (a difference is *resolved* only where the two intervals do not overlap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from scipy import stats
+
+from dpeval.doc_markers import write_into
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Files:
+    """Where the exports, figures and page go (``--docs``: a docs folder, default the repository's)."""
+
+    def __init__(self, docs: Path) -> None:
+        self.csv = docs / "results/benchmark-fashionmnist.csv"
+        self.exposure = docs / "results/benchmark-fashionmnist-exposure.csv"
+        self.grid = docs / "results/benchmark-fashionmnist-exposed.png"
+        self.figures = docs / "results/benchmark-fashionmnist.svg"
+        self.page = docs / "benchmark.md"
+
+
+ORDER = ["none", "dpsgd", "rs", "random-freeze", "gep", "adaclip", "groupwise (all)", "groupwise (layer)"]
+MIA = ("lira", "rmia", "loss")
+FPRS = (0.001, 0.01)
+TOP_K = 50
+
+
+def label(row: dict) -> str:
+    name = str(row.get("defense"))
+    return f"groupwise ({row.get('defense.groups')})" if name == "groupwise" else name
+
+
+def num(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def epsilon(row: dict) -> float:
+    """The ε a row was calibrated for (the grid's value; the accounted one lands just under it), ∞ without DP."""
+    target = num(row.get("privacy.target_epsilon"))
+    return target if math.isfinite(target) else num(row.get("privacy.epsilon"))
+
+
+def is_online(row: dict) -> bool:
+    return str(row.get("attack.lira.online", "")).lower() == "true"
+
+
+# -- export: the runs and their per-record exposure -------------------------------------------------------
+def export(results: Path, files: Files) -> None:
+    from dpeval.exposure import exposed, exposures, shrink
+    from dpeval.leaderboard import leaderboard, write_leaderboard
+    from dpeval.store import ResultStore
+
+    records = leaderboard(ResultStore(results).rows(status="done"))
+    kept = [{k: v for k, v in r.items() if not k.startswith(("artefacts.", "data.tokens.", "data.synthetic."))}
+            for r in records]
+    write_leaderboard(kept, files.csv)
+    print(f"wrote {files.csv} ({len(kept)} runs)")
+    scored = [r for r in records if r.get("artefacts.lira.scores")]
+    by_record: dict[tuple[str, float, str, bool], list] = {}
+    for r in scored:
+        for attack in ("lira", "rmia"):
+            path = r.get(f"artefacts.{attack}.scores")
+            if path and (results / path).is_file():  # artefact paths are relative to the results folder
+                by_record[(label(r), epsilon(r), attack, is_online(r))] = exposures(results / path)
+    rows = []
+    for (name, eps, attack, online), recs in sorted(by_record.items(), key=lambda kv: str(kv[0])):
+        reference = by_record.get(("none", math.inf, attack, online))
+        row = {"defense": name, "privacy.epsilon": eps, "attack": attack, "online": online, "members": len(recs)}
+        for fpr in FPRS:
+            row[f"exposed_at_{fpr:g}"] = len(exposed(recs, fpr))
+        if reference is not None:
+            s = shrink(reference, recs, TOP_K, 0.01)
+            row.update({f"none_top{TOP_K}_still_exposed_at_0.01": s.still_exposed,
+                        f"none_top{TOP_K}_median_fpr": s.median_fpr, f"none_top{TOP_K}_not_comparable": s.missing})
+        rows.append(row)
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    with files.exposure.open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {files.exposure} ({len(rows)} games)")
+    draw_grid(records, {k: v for k, v in by_record.items() if k[2] == "lira" and k[3]}, files.grid)
+
+
+def draw_grid(records: list[dict], lira: dict, out: Path) -> None:
+    """The 8 most exposed training images of each defense's online-LiRA game at the middle ε (and none's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import dpeval
+
+    if not lira:
+        return
+    eps_values = sorted({k[1] for k in lira if math.isfinite(k[1])})
+    middle = eps_values[len(eps_values) // 2] if eps_values else math.inf
+    shown = [(name, eps) for name in ORDER for eps in (middle, math.inf) if (name, eps, "lira", True) in lira]
+    config = next(r for r in records if r.get("artefacts.lira.scores"))
+    task = dpeval.load_data({"data": {"name": config["dataset"], "max_train": int(num(config["data.max_train"])),
+                                      "public_fraction": num(config["data.public_fraction"]),
+                                      "normalize": config["data.normalize"]}})
+    images = {int(i): x for i, x in zip(task.train.source_index, task.train.x)}
+    fig, axes = plt.subplots(len(shown), 8, figsize=(8 * 1.1, len(shown) * 1.35), squeeze=False)
+    for row, (name, eps) in enumerate(shown):
+        for col, e in enumerate(lira[(name, eps, "lira", True)][:8]):
+            ax = axes[row][col]
+            ax.imshow(images[e.index].squeeze(0).numpy(), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"#{e.index} FPR {e.fpr:.1g}", fontsize=6)
+            if col == 0:
+                ax.set_ylabel(name if name == "none" else f"{name}\nε = {eps:g}", fontsize=7)
+    fig.suptitle("Most exposed training images (online LiRA): the FPR at which each is named", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    print(f"wrote {out}")
+
+
+# -- the page ----------------------------------------------------------------------------------------------
+def read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def mean_sem(values: list[float]) -> tuple[float, float, int]:
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, 0
+    return statistics.fmean(values), (statistics.stdev(values) / math.sqrt(n) if n > 1 else math.nan), n
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    (ma, sa, na), (mb, sb, nb) = mean_sem(a), mean_sem(b)
+    if na < 2 or nb < 2:
+        return ma - mb, math.nan, math.nan
+    se2 = sa**2 + sb**2
+    if se2 == 0:
+        return ma - mb, ma - mb, ma - mb
+    df = se2**2 / (sa**4 / (na - 1) + sb**4 / (nb - 1))
+    half = stats.t.ppf(0.975, df) * math.sqrt(se2)
+    return ma - mb, ma - mb - half, ma - mb + half
+
+
+class Cell:
+    """One defense at one ε: its runs by seed, its seed-0 attack runs (online and offline)."""
+
+    def __init__(self, name: str, eps: float) -> None:
+        self.name, self.eps = name, eps
+        self.accuracy: dict[int, float] = {}
+        self.epoch_s: list[float] = []
+        self.online: dict | None = None
+        self.offline: dict | None = None
+
+    def add(self, row: dict) -> None:
+        self.accuracy[int(num(row["seed"]))] = num(row["utility.test_accuracy"])
+        epochs = num(row.get("train.epochs"))
+        if epochs > 0 and not row.get("leakage.lira.auc"):  # attack runs also time their shadows' training
+            self.epoch_s.append(num(row["time.train_s"]) / epochs)
+        if row.get("leakage.lira.auc"):
+            if is_online(row):
+                self.online = row
+            else:
+                self.offline = row
+
+    def metric(self, key: str, online: bool = True) -> float:
+        row = self.online if online else self.offline
+        return num(row.get(key)) if row else math.nan
+
+
+def cells(rows: list[dict]) -> dict[tuple[str, float], Cell]:
+    out: dict[tuple[str, float], Cell] = {}
+    for row in rows:
+        key = (label(row), epsilon(row))
+        out.setdefault(key, Cell(*key)).add(row)
+    return dict(sorted(out.items(), key=lambda kv: (ORDER.index(kv[0][0]) if kv[0][0] in ORDER else 99,
+                                                       kv[0][1])))
+
+
+def pct(x: float, digits: int = 1) -> str:
+    return "–" if not math.isfinite(x) else f"{100 * x:.{digits}f}"
+
+
+def auc(cell: Cell, attack: str, online: bool = True) -> str:
+    value = cell.metric(f"leakage.{attack}.auc", online)
+    if not math.isfinite(value):
+        return "–"
+    lo, hi = cell.metric(f"leakage.{attack}.auc_ci_low", online), cell.metric(f"leakage.{attack}.auc_ci_high", online)
+    return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def table(all_cells: dict[tuple[str, float], Cell]) -> str:
+    lines = ["| defense | ε | test acc. % (n) | density | s / epoch | LiRA online AUC [95%] | LiRA TPR @ 0.1 % / 1 % "
+             "FPR | LiRA offline AUC | RMIA AUC | LOSS AUC | ε lower bound (best) / 2ε | grad-MIA AUC | IG PSNR init / "
+             "mid / final (data-free) |", "|" + "---|" * 13]
+    for c in all_cells.values():
+        m, s, n = mean_sem(list(c.accuracy.values()))
+        bounds = [c.metric(f"leakage.{a}.epsilon_lower_bound", o) for a in MIA for o in (True, False)]
+        best = max((b for b in bounds if math.isfinite(b)), default=math.nan)
+        lb = f"{best:.2f} / {2 * c.eps:g}" if math.isfinite(best) else "–"
+        states = ([k.split(".")[2] for k in c.online if k.startswith("leakage.ig.") and k.endswith(".psnr")
+                   and k.count(".") == 3] if c.online else [])
+        psnr = " / ".join(f"{c.metric(f'leakage.ig.{st}.psnr'):.1f}" for st in sorted(states, key=state_order))
+        base = c.metric("leakage.ig.baseline_psnr")
+        ig = f"{psnr} ({base:.1f})" if psnr else "–"
+        tpr = " / ".join(pct(c.metric(f"leakage.lira.tpr_at_{p}pct_fpr"), 2) for p in ("0.1", "1"))
+        density = c.metric("comm.density") if c.online else math.nan
+        epoch = f"{statistics.fmean(c.epoch_s):.1f}" if c.epoch_s else "–"
+        lines.append(f"| {c.name} | {c.eps:g} | {pct(m)} ± {pct(s)} ({n}) | {density:.2f} | {epoch} | "
+                     f"{auc(c, 'lira')} | {tpr} | {auc(c, 'lira', False)} | {auc(c, 'rmia')} | {auc(c, 'loss')} | "
+                     f"{lb} | {auc(c, 'grad-mia')} | {ig} |")
+    return "\n".join(lines)
+
+
+def state_order(state: str) -> float:
+    return -1 if state == "init" else math.inf if state == "final" else num(state.split(":")[-1])
+
+
+def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
+    lines = []
+    for (name, eps), c in all_cells.items():
+        base = all_cells.get(("dpsgd", eps))
+        if name in ("none", "dpsgd") or base is None:
+            continue
+        d, lo, hi = welch(list(c.accuracy.values()), list(base.accuracy.values()))
+        util = (f"utility {100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]" if math.isfinite(lo) else
+                f"utility {100 * d:+.1f} points (too few seeds for an interval)")
+        if math.isfinite(lo) and (lo > 0 or hi < 0):
+            util += " (resolved)"
+        elif math.isfinite(lo):
+            util += " (not resolved)"
+        a, b = c.metric("leakage.lira.auc"), base.metric("leakage.lira.auc")
+        if math.isfinite(a) and math.isfinite(b):
+            apart = (c.metric("leakage.lira.auc_ci_low") > base.metric("leakage.lira.auc_ci_high")
+                     or c.metric("leakage.lira.auc_ci_high") < base.metric("leakage.lira.auc_ci_low"))
+            leak = f"online-LiRA AUC {a:.3f} vs {b:.3f} ({'resolved' if apart else 'intervals overlap: not resolved'})"
+        else:
+            leak = "leakage not measured yet"
+        density = c.metric("comm.density")
+        comm = f"density {density:.2f}" if math.isfinite(density) else ""
+        lines.append(f"- **{name}, ε = {eps:g}** against DP-SGD: {util}; {leak}" + (f"; {comm}" if comm else "")
+                     + ".")
+    return "\n".join(lines) or "- (no defense has both its own and DP-SGD's runs at the same ε yet)"
+
+
+def exposure_table(path: Path) -> str:
+    if not path.is_file():
+        return "(no exposure export yet: `--export`)"
+    rows = [r for r in read(path) if r["attack"] == "lira" and r["online"] == "True"]
+    lines = [f"| defense | ε | members | named at 0.1 % FPR | named at 1 % FPR | of none's {TOP_K} most exposed: still "
+             f"named at 1 % FPR | their median FPR |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (ORDER.index(r["defense"]) if r["defense"] in ORDER else 99,
+                                         num(r["privacy.epsilon"]))):
+        still, med = r.get(f"none_top{TOP_K}_still_exposed_at_0.01", ""), num(r.get(f"none_top{TOP_K}_median_fpr"))
+        lines.append(f"| {r['defense']} | {num(r['privacy.epsilon']):g} | {r['members']} | {r['exposed_at_0.001']} | "
+                     f"{r['exposed_at_0.01']} | {still or '–'} | {'–' if not math.isfinite(med) else f'{med:.3g}'} |")
+    return "\n".join(lines)
+
+
+def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_defense: dict[str, list[Cell]] = defaultdict(list)
+    for c in all_cells.values():
+        by_defense[c.name].append(c)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, cs in by_defense.items():
+        finite = [c for c in cs if math.isfinite(c.eps)]
+        acc = [mean_sem(list(c.accuracy.values()))[0] for c in cs]
+        aucs = [c.metric("leakage.lira.auc") for c in cs]
+        if finite:
+            axes[0].plot([c.eps for c in finite], [mean_sem(list(c.accuracy.values()))[0] for c in finite], "o-",
+                         label=name)
+            axes[1].plot([c.eps for c in finite], [c.metric("leakage.lira.auc") for c in finite], "o-", label=name)
+        else:  # none: a horizontal line
+            axes[0].axhline(acc[0], color="k", ls="--", lw=0.8, label=name)
+            axes[1].axhline(aucs[0], color="k", ls="--", lw=0.8, label=name)
+        axes[2].scatter(aucs, acc, label=name)
+    axes[0].set(xscale="log", xlabel="ε", ylabel="test accuracy", title="utility vs ε")
+    axes[1].set(xscale="log", xlabel="ε", ylabel="online LiRA AUC", title="leakage vs ε")
+    axes[2].set(xlabel="online LiRA AUC", ylabel="test accuracy", title="utility vs leakage (up-left is better)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", type=Path, metavar="RESULTS", help="write the CSVs and the grid from this folder")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repository's)")
+    args = parser.parse_args()
+    files = Files(args.docs)
+    files.csv.parent.mkdir(parents=True, exist_ok=True)
+    if args.export:
+        export(args.export, files)
+    all_cells = cells([r for r in read(files.csv) if r.get("status", "done") == "done"])
+    figures(all_cells, files.figures)
+    figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
+    write_into(files.page, "benchmark-table", table(all_cells) + figure)
+    write_into(files.page, "benchmark-readings", readings(all_cells))
+    grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
+    write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)
+    print(f"wrote {files.page}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""bench/benchmark_page.py: the benchmark page from a leaderboard export — a row per defense and ε (utility over
+seeds, the seed-0 attacks online and offline), and the readings against DP-SGD with their intervals."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("benchmark_page", ROOT / "bench/benchmark_page.py")
+benchmark_page = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(benchmark_page)
+
+
+def run(defense, eps, seed, acc, lira_auc=None, online=True, groups=""):
+    row = {"status": "done", "defense": defense, "defense.groups": groups, "privacy.epsilon": eps * 0.998,
+           "privacy.target_epsilon": eps, "seed": seed, "utility.test_accuracy": acc, "train.epochs": 30,
+           "time.train_s": 60.0, "comm.density": 0.55 if defense == "rs" else 1.0}
+    if lira_auc is not None:
+        row |= {"attack.lira.online": str(online), "leakage.lira.auc": lira_auc,
+                "leakage.lira.auc_ci_low": lira_auc - 0.01, "leakage.lira.auc_ci_high": lira_auc + 0.01,
+                "leakage.lira.epsilon_lower_bound": 0.4, "leakage.ig.init.psnr": 11.0,
+                "leakage.ig.final.psnr": 9.0, "leakage.ig.baseline_psnr": 10.0}
+    return row
+
+
+def cells(tmp_path, rows):
+    path = tmp_path / "board.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    return benchmark_page.cells(benchmark_page.read(path))
+
+
+def test_a_row_per_defense_and_epsilon_with_utility_over_seeds_and_the_seed_0_attacks(tmp_path):
+    rows = [run("dpsgd", 3.0, 0, 0.80, 0.52), run("dpsgd", 3.0, 0, 0.80, 0.53, online=False),
+            run("dpsgd", 3.0, 1, 0.82), run("dpsgd", 3.0, 2, 0.84),
+            run("groupwise", 3.0, 0, 0.70, 0.51, groups="layer"), run("none", float("inf"), 0, 0.9, 0.70)]
+    all_cells = cells(tmp_path, rows)
+    assert list(all_cells) == [("none", float("inf")), ("dpsgd", 3.0), ("groupwise (layer)", 3.0)]
+    text = benchmark_page.table(all_cells)
+    dpsgd = next(line for line in text.splitlines() if line.startswith("| dpsgd"))
+    assert "| 3 | 82.0 ± 1.2 (3) |" in dpsgd  # the online and offline points are one victim: seed 0 counted once
+    assert "0.520 [0.510, 0.530]" in dpsgd and "0.530 [0.520, 0.540]" in dpsgd  # online, then offline
+    assert "0.40 / 6" in dpsgd and "11.0 / 9.0 (10.0)" in dpsgd
+    assert "| 2.0 |" in dpsgd  # s / epoch from the utility-only runs
+
+
+def test_readings_resolve_only_what_the_intervals_separate(tmp_path):
+    rows = [run("dpsgd", 3.0, s, a, 0.52 if s == 0 else None) for s, a in enumerate((0.80, 0.81, 0.82))]
+    rows += [run("rs", 3.0, s, a, 0.60 if s == 0 else None) for s, a in enumerate((0.90, 0.91, 0.92))]
+    rows += [run("random-freeze", 3.0, s, a, 0.525 if s == 0 else None) for s, a in enumerate((0.79, 0.83, 0.81))]
+    text = benchmark_page.readings(cells(tmp_path, rows))
+    rs = next(line for line in text.splitlines() if "**rs" in line)
+    assert "utility +10.0 points" in rs and "(resolved)" in rs and "AUC 0.600 vs 0.520 (resolved)" in rs
+    assert "density 0.55" in rs
+    rf = next(line for line in text.splitlines() if "**random-freeze" in line)
+    assert "(not resolved)" in rf and "intervals overlap: not resolved" in rf
