@@ -64,6 +64,7 @@ from dpeval.attacks.base import Attack, AttackParams, AttackResult
 from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
+from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import param
 from dpeval.core.runtime import single_cpu_thread
 from dpeval.core.splits import Task
@@ -344,10 +345,10 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
                     "wins": o.test.wins, "p_value": o.test.p_value, "label_accuracy": o.label_accuracy.tolist(),
                     **o.rec.details} for o in outcomes],
     }
-    (out / f"{name}-scores.json").write_text(json.dumps(scores, indent=1, default=float))
-    np.savez_compressed(out / f"{name}-images.npz", originals=_bytes(x), states=np.array(states),
-                        reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
-                        psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess)
+    write_text_atomic(out / f"{name}-scores.json", json.dumps(scores, indent=1, default=float))
+    write_atomic(out / f"{name}-images.npz", lambda f: np.savez_compressed(
+        f, originals=_bytes(x), states=np.array(states), reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
+        psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess))
     png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"],
                    out / f"{name}-reconstruction.png")
     artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}

@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from dpeval.core.files import save_figure
+
 MSE_FLOOR = 1e-10  # PSNR cap of 100 dB on [0, 1] images
 MAX_GRID_COLUMNS = 16
 
@@ -160,5 +162,5 @@ def save_grid(originals: torch.Tensor, reconstructions: torch.Tensor | Sequence[
         fig.suptitle(title, fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     return path

@@ -45,6 +45,7 @@ from dpeval.attacks.base import Attack, AttackParams, AttackResult
 from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
+from dpeval.core.files import write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.params import param
 from dpeval.core.per_sample import fixed_front, front_features
@@ -271,10 +272,10 @@ def save_scores(folder: Path, task: Task, rows: np.ndarray, scores: np.ndarray, 
     source = torch.cat([task.train.source_index, task.test.source_index]).numpy()
     label = torch.cat([task.train.y, task.test.y]).numpy()
     path = folder / SCORES_FILE
-    with path.open("w") as f:
-        f.write(",".join(SCORE_COLUMNS) + "\n")
-        for t, r, s, m in zip(targets, rows, scores, members):
-            f.write(f"{int(t)},{'train' if r < n else 'test'},{int(source[r])},{int(label[r])},{int(m)},{float(s)!r}\n")
+    lines = [",".join(SCORE_COLUMNS)] + [
+        f"{int(t)},{'train' if r < n else 'test'},{int(source[r])},{int(label[r])},{int(m)},{float(s)!r}"
+        for t, r, s, m in zip(targets, rows, scores, members)]
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return {"scores": str(path)}
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_curve
 
+from dpeval.core.files import save_figure, write_text_atomic
 from dpeval.core.statistics import auc_delong, epsilon_lower_bound
 from dpeval.core.verdicts import Verdict
 
@@ -85,7 +86,7 @@ def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) 
     floor = 1 / int((~labels).sum())
     out_dir.mkdir(parents=True, exist_ok=True)
     roc_json = out_dir / "roc.json"
-    roc_json.write_text(json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist(), "fpr_floor": floor}))
+    write_text_atomic(roc_json, json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist(), "fpr_floor": floor}))
     fig, ax = plt.subplots(figsize=(4.5, 4.2))
     ax.loglog(np.maximum(fpr, floor), np.maximum(tpr, floor), label="attack")
     ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
@@ -96,6 +97,8 @@ def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) 
     ax.set_title(title)
     ax.legend(fontsize=8)
     roc_png = out_dir / "roc.png"
-    fig.savefig(roc_png, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        save_figure(fig, roc_png, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return {"roc": str(roc_json), "roc_png": str(roc_png)}

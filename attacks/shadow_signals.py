@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpeval.core.files import write_atomic
 from dpeval.core.per_sample import fixed_front
 
 
@@ -123,5 +124,5 @@ def cached_outputs(model: nn.Module, state: dict[str, torch.Tensor], features: t
         return data["phi"], data["prob"]
     phi, prob = model_outputs(model, state, features, y, device)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    np.savez(path, phi=phi, prob=prob)
+    write_atomic(path, lambda f: np.savez(f, phi=phi, prob=prob))
     return phi, prob

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from dpeval.core.errors import ConfigError
-from dpeval.store import CHECKPOINT_FILE, write_atomic
+from dpeval.core.files import write_atomic
+from dpeval.store import CHECKPOINT_FILE
 
 FORMAT = 1
 FILE = CHECKPOINT_FILE
@@ -30,7 +31,7 @@ def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
     data = buffer.getvalue()
     record = {"format": FORMAT, "run_key": run_key, "sha256": hashlib.sha256(data).hexdigest(),
               "payload": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
-    write_atomic(path, lambda tmp: torch.save(record, tmp))
+    write_atomic(path, lambda f: torch.save(record, f))
 
 
 def position(loop: dict[str, Any], epochs: int) -> str:

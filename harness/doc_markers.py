@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dpeval.core.files import write_text_atomic
+
 
 def write_into(doc: Path, name: str, text: str) -> None:
     """Replace what lies between the two markers ``name`` of ``doc`` with ``text`` (both must be there, once)."""
@@ -14,4 +16,4 @@ def write_into(doc: Path, name: str, text: str) -> None:
     if page.count(start) != 1 or page.count(end) != 1:
         sys.exit(f"{doc}: needs exactly one {start} and one {end} line")
     head, rest = page.split(start)
-    doc.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
+    write_text_atomic(doc, f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import statistics
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from dpeval.core.accounting import composition, gaussian_rdp, random_stopping_cost
+from dpeval.core.files import write_text_atomic
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.verdicts import Verdict
 from dpeval.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
@@ -406,5 +408,6 @@ def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: s
 
 def write_leaderboard(records: list[dict[str, Any]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as handle:
-        write_csv(records, handle)
+    text = io.StringIO(newline="")  # the CSV whole, then written at once: a full disk keeps the old file
+    write_csv(records, text)
+    write_text_atomic(out, text.getvalue())

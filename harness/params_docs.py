@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from dpeval.core.files import write_text_atomic
 from dpeval.core.params import params_table
 from dpeval.core.settings import DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
@@ -77,7 +78,7 @@ def _plugin_registries() -> dict:
 def main(argv: list[str]) -> int:
     for name in argv or ["docs/configuration.md"]:
         path = Path(name)
-        path.write_text(render(path.read_text()))
+        write_text_atomic(path, render(path.read_text()))
     return 0
 
 

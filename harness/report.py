@@ -50,6 +50,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from dpeval import __version__  # noqa: E402
 from dpeval import leaderboard as lb  # noqa: E402
 from dpeval.core.errors import brief  # noqa: E402
+from dpeval.core.files import save_figure, write_text_atomic  # noqa: E402
 from dpeval.core.result_keys import AttackKey  # noqa: E402
 from dpeval.core.states import in_order  # noqa: E402
 from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
@@ -95,10 +96,12 @@ def damaged_line(row: dict[str, Any], key: str, path: Path, exc: BaseException) 
 def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
     """PNG (embedded in the page) and SVG (vector, text kept as text) beside the HTML; returns the PNG."""
     path = out_dir / f"{stem}_{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight")
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110, bbox_inches="tight")
+        with matplotlib.rc_context({"svg.fonttype": "none"}):
+            save_figure(fig, path.with_suffix(".svg"), bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -983,7 +986,7 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str) -> 
         sections.append(f"<p class='note'>Vector versions (SVG) beside this page: {html.escape(vector)}.</p>")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>dpeval report</title>"
             f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
-    out.write_text(page)
+    write_text_atomic(out, page)
     return {"out": str(out), "runs": len(done), "configurations": len(records),
             "plots": [str(p) for _, p in plots], "vector": [str(p.with_suffix(".svg")) for _, p in plots],
             "pictures": len(pics) + len(covered), "missing": missing, "damaged": damaged}

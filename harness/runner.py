@@ -30,6 +30,7 @@ from dpeval.attacks.view import AttackerView
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
 from dpeval.core.params import check_noise_scales
@@ -47,7 +48,7 @@ from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
 from dpeval.logs import LOG_ONLY
 from dpeval.results import AttackOutcome
-from dpeval.store import ResultStore, write_atomic
+from dpeval.store import ResultStore
 
 log = logging.getLogger("dpeval")
 SHADOWS = "shadows"  # a run folder's finished shadow models, kept until the run is done (resume)
@@ -314,7 +315,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
     """
     spec = prep.spec
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.canonical(), sort_keys=True))
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(spec.canonical(), sort_keys=True))
     handler = logging.FileHandler(run_dir / "log.txt")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
@@ -353,7 +354,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
                        resume=resume["loop"] if resume is not None else None)
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
-        write_atomic(run_dir / "model.pt", lambda tmp: torch.save(states["final"], tmp))
+        write_atomic(run_dir / "model.pt", lambda f: torch.save(states["final"], f))
         metrics.update({
             "utility.test_accuracy": result.history[-1]["test_accuracy"],
             "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
@@ -470,15 +471,17 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         metrics = perform(prep, run_id, run_dir, progress, checkpoints=True, resume=resume)
     except KeyboardInterrupt as exc:
         reason = str(exc) or "interrupted"
-        store.fail(run_id, reason)
-        exc.args = (f"{reason}; run {run_id} recorded as failed",)
+        exc.args = (f"{reason}; run {run_id} {store.record_failure(run_id, reason) or 'recorded as failed'}",)
         raise
     except AttacksFailed as exc:
-        store.fail(run_id, str(exc), exc.metrics)
-        raise RunFailure(f"run {run_id}: {exc}; dpeval show {run_id}{log_hint(run_dir)}") from exc
+        unrecorded = store.record_failure(run_id, str(exc), exc.metrics)
+        raise RunFailure(f"run {run_id}: {exc}; {f'{unrecorded}; ' if unrecorded else ''}dpeval show {run_id}"
+                         f"{log_hint(run_dir)}") from exc
     except Exception as exc:
-        store.fail(run_id, f"{type(exc).__name__}: {exc}")
-        raise RunFailure(f"run {run_id} failed: {type(exc).__name__}: {exc}{log_hint(run_dir)}") from exc
+        error = f"{type(exc).__name__}: {exc}"
+        unrecorded = store.record_failure(run_id, error)
+        raise RunFailure(f"run {run_id} failed: {error}{f'; {unrecorded}' if unrecorded else ''}"
+                         f"{log_hint(run_dir)}") from exc
     store.finish(run_id, metrics)
     (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
     shutil.rmtree(run_dir / SHADOWS, ignore_errors=True)

@@ -26,9 +26,10 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from dpeval import __version__
+from dpeval.core import files
 from dpeval.core.errors import ConfigError, RunFailure
 
 STORE_FILE = "results.sqlite"
@@ -92,20 +93,13 @@ def _zombie(pid: int) -> bool:
         return False
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` then rename ``tmp`` to ``path``: a reader (or a full disk) never leaves half a file
-    at ``path``; a failed write removes its temporary file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str)))
+    files.write_json_atomic(path, data, indent=2, sort_keys=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """An error in a few words: an OSError's own (``No space left on device``), else its message."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _damaged(exc: sqlite3.Error) -> bool:
@@ -349,21 +343,24 @@ class ResultStore:
                     (json.dumps(metrics, sort_keys=True, default=str), _now(), duration, run_id),
                 )
         except (OSError, RunFailure) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reason = _reason(exc)
+            unrecorded = self.record_failure(run_id, f"finished but not recorded: {reason}")
             raise RunFailure(f"run {run_id} finished but its result could not be recorded ({reason}); "
-                             f"{self._fail_unrecorded(run_id, reason)}; "
+                             f"{unrecorded or 'recorded as failed'}; "
                              f"{f'metrics: {metrics_file}; ' if metrics_file.is_file() else ''}"
                              f"log: {self.run_dir(run_id) / 'log.txt'}") from None
         self._t0.pop(run_id, None)
 
-    def _fail_unrecorded(self, run_id: str, reason: str) -> str:
-        """Try to mark a run whose result was lost ``failed``; says what became of its row."""
+    def record_failure(self, run_id: str, error: str, metrics: dict[str, Any] | None = None) -> str | None:
+        """``fail`` for a run that is failing already, never raising: a second error (the same full disk, a
+        locked store) must not hide the run's own. None when recorded, else a clause saying what became of
+        its row, for the caller's one line."""
         try:
-            self.fail(run_id, f"finished but not recorded: {reason}")
-        except RunFailure:
-            return ("its row stays `running` until the next dpeval run, sweep or show on the folder marks it "
-                    "failed")
-        return "recorded as failed"
+            self.fail(run_id, error, metrics)
+        except (OSError, RunFailure) as exc:
+            return (f"not recorded as failed ({_reason(exc)}): its row stays `running` until the next dpeval "
+                    "run, sweep or show on the folder marks it failed")
+        return None
 
     def fail(self, run_id: str, error: str, metrics: dict[str, Any] | None = None) -> None:
         """The row ``failed`` with ``error``; with ``metrics`` (what finished, e.g. training and the attacks

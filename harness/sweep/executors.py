@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from dpeval.config import RunSpec, build_spec
 from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.files import write_atomic
 from dpeval.store import CHECKPOINT_FILE, ResultStore
 
 log = logging.getLogger("dpeval")
@@ -211,7 +212,7 @@ class RayExecutor(Executor):
                 for rel, data in files.items():
                     target = job[2] / rel
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
+                    write_atomic(target, lambda f, data=data: f.write(data))
                 stop = on_result(job, metrics, None)
             if stop:
                 for ref in refs:

@@ -106,10 +106,10 @@ def test_a_run_that_cannot_save_its_model_keeps_no_half_file(tmp_path, monkeypat
 
     real = torch.save
 
-    def disk_full(obj, path):
-        if not str(path).endswith("model.pt.tmp"):
-            return real(obj, path)  # checkpoints still fit
-        Path(path).write_bytes(b"half a model")
+    def disk_full(obj, f):
+        if "model.pt" not in str(getattr(f, "name", "")):
+            return real(obj, f)  # checkpoints still fit
+        f.write(b"half a model")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
@@ -120,7 +120,7 @@ def test_a_run_that_cannot_save_its_model_keeps_no_half_file(tmp_path, monkeypat
     run_dir = ResultStore(tmp_path).run_dir(row["run_id"])
     assert row["run_id"] in line and str(run_dir / "log.txt") in line and "No space left" in line
     assert row["status"] == "failed"
-    assert not (run_dir / "model.pt").exists() and not (run_dir / "model.pt.tmp").exists()
+    assert not list(run_dir.glob("model.pt*"))
 
 
 def test_a_run_whose_result_cannot_be_recorded_says_so(tmp_path, monkeypatch):

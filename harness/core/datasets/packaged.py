@@ -39,6 +39,7 @@ import numpy as np
 
 from dpeval.core.datasets._common import open_regular
 from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,7 @@ def install(name: str, tarball: Path | None = None, force: bool = False,
         try:
             staging.chmod(0o755)  # mkdtemp's folder is private; the data is not
             for file, data in files.items():
-                (staging / file).write_bytes(data)
+                write_atomic(staging / file, lambda f, data=data: f.write(data))
             old = target.with_name(f".{target.name}-old-{os.getpid()}")
             replacing = target.exists() or target.is_symlink()
             if replacing:
