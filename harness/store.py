@@ -97,6 +97,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
     files.write_json_atomic(path, data, indent=2, sort_keys=True)
 
 
+class NotRunning(RunFailure):
+    """A run's row is not ``running`` any more (another process finished or failed it) or is gone."""
+
+
 def _reason(exc: BaseException) -> str:
     """An error in a few words: an OSError's own (``No space left on device``), else its message."""
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -357,24 +361,42 @@ class ResultStore:
         its row, for the caller's one line."""
         try:
             self.fail(run_id, error, metrics)
+        except NotRunning as exc:
+            return f"not recorded as failed: {exc}"
         except (OSError, RunFailure) as exc:
             return (f"not recorded as failed ({_reason(exc)}): its row stays `running` until the next dpeval "
                     "run, sweep or show on the folder marks it failed")
         return None
 
     def fail(self, run_id: str, error: str, metrics: dict[str, Any] | None = None) -> None:
-        """The row ``failed`` with ``error``; with ``metrics`` (what finished, e.g. training and the attacks
-        that did not fail) also ``metrics.json`` and the row's metrics, so nothing finished is lost."""
+        """The ``running`` row ``failed`` with ``error``; with ``metrics`` (what finished, e.g. training and the
+        attacks that did not fail) also ``metrics.json`` and the row's metrics, so nothing finished is lost.
+        NotRunning when the row is not ``running`` (any more): a row another process finished stays as it is."""
         duration = time.perf_counter() - self._t0.pop(run_id, time.perf_counter())
         if metrics is not None:
             write_json_atomic(self.run_dir(run_id) / "metrics.json", metrics)
         with self._connect() as conn:
-            conn.execute(
+            updated = conn.execute(
                 "UPDATE runs SET status='failed', error=?, metrics_json=?, finished_at=?, duration_s=? "
-                "WHERE run_id=?",
+                "WHERE run_id=? AND status='running'",
                 (error, None if metrics is None else json.dumps(metrics, sort_keys=True, default=str), _now(),
                  duration, run_id),
-            )
+            ).rowcount
+        if not updated:
+            raise NotRunning(self._whereabouts(run_id))
+
+    def _whereabouts(self, run_id: str) -> str:
+        """Why a run's row is not this process's to update (any more), in one clause."""
+        rows = self._query("SELECT status, host, pid FROM runs WHERE run_id=?", (run_id,))
+        if not rows:
+            return (f"{self.db_path} no longer holds run {run_id} (the store was moved or deleted while the run "
+                    f"was going on); its files are in {self.run_dir(run_id)}")
+        status, host, pid = rows[0]
+        if status == "running":
+            return f"run {run_id} is already being resumed by process {pid} on {host}"
+        if status == "done":
+            return f"run {run_id} was resumed and finished by another process (dpeval show {run_id})"
+        return f"run {run_id} was recorded failed by another process (dpeval show {run_id})"
 
     def interrupted(self, run_key: str) -> str | None:
         """The id of the latest run of ``run_key`` when that run was interrupted (not failed by an error,
@@ -391,11 +413,15 @@ class ResultStore:
         return run_id if run_id and (self.run_dir(run_id) / CHECKPOINT_FILE).is_file() else None
 
     def resume(self, run_id: str) -> None:
-        """Record an interrupted run as ``running`` again, by this process."""
+        """Claim an interrupted run as ``running`` again, by this process. Two processes may both have read it
+        as interrupted: only the one whose update still finds it ``failed`` goes on; the other is refused
+        (ConfigError) before it writes anything."""
         with self._connect() as conn:
-            conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, duration_s=NULL, "
-                         "host=?, pid=? WHERE run_id=? AND status='failed'",
-                         (socket.gethostname(), os.getpid(), run_id))
+            claimed = conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, "
+                                   "duration_s=NULL, host=?, pid=? WHERE run_id=? AND status='failed'",
+                                   (socket.gethostname(), os.getpid(), run_id)).rowcount
+        if not claimed:
+            raise ConfigError(f"{self._whereabouts(run_id)}; nothing was done")
         self._t0[run_id] = time.perf_counter()
 
     def claim(self, run_id: str, recorder: int) -> bool:

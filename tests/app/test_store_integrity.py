@@ -170,3 +170,107 @@ def test_report_on_a_full_disk_leaves_no_empty_figure_and_keeps_the_old_page(tmp
     assert "--out" in line and "No space left on device" in line
     assert out.read_text() == "<p>the old report</p>"
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+
+
+# -- two processes resuming one run ------------------------------------------------------------------------------
+
+
+def interrupted_row(root: Path, key: str = "e" * 16) -> str:
+    """A store with one run interrupted after a checkpoint (the row and the file, no training)."""
+    store = ResultStore(root)
+    run_id = store.begin(key, {"seed": 0})
+    store.fail(run_id, "interrupted")
+    (store.run_dir(run_id) / "checkpoint.pt").write_bytes(b"a checkpoint")
+    return run_id
+
+
+def claim_after_barrier(root: str, key: str, barrier, answers) -> None:
+    """One process: read which run to resume, wait for the other one to have read it too, then claim it."""
+    from dpeval.core.errors import ConfigError
+
+    store = ResultStore(root)
+    run_id = store.resumable(key)
+    barrier.wait(timeout=60)
+    try:
+        store.resume(run_id)
+    except ConfigError as exc:
+        answers.put(("refused", str(exc)))
+    else:
+        answers.put(("resumed", os.getpid()))
+
+
+@pytest.mark.parametrize("attempt", range(20))
+def test_two_processes_resuming_one_run_only_one_claims_it(tmp_path, attempt):
+    """Both processes have read the interrupted row before either updates it (a barrier between the two): one
+    claims the run, the other is refused in one line and touches nothing."""
+    import multiprocessing
+
+    run_id = interrupted_row(tmp_path)
+    context = multiprocessing.get_context("fork")
+    barrier, answers = context.Barrier(2), context.Queue()
+    procs = [context.Process(target=claim_after_barrier, args=(str(tmp_path), "e" * 16, barrier, answers))
+             for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    got = sorted(answers.get(timeout=5) for _ in procs)
+    assert [kind for kind, _ in got] == ["refused", "resumed"], got
+    winner, refusal = got[1][1], got[0][1]
+    assert f"run {run_id} is already being resumed by process {winner}" in refusal and "\n" not in refusal
+    row = ResultStore(tmp_path).get(run_id)
+    assert row["status"] == "running" and row["pid"] == winner and row["error"] is None
+
+
+def test_a_run_resumed_by_another_process_meanwhile_is_refused_and_its_result_kept(tmp_path, monkeypatch):
+    """Another process resumes the run and finishes it between this one's reading the row and claiming it (the
+    race forced by running the winner right there): this one exits 2 in one line, writes nothing, and the done
+    row keeps its metrics, also when this process is then stopped."""
+    import signal
+    import subprocess
+    import sys
+
+    from dpeval.engine import training
+
+    args = ["run", "--defense", "none", "--attack", "none", "--epochs", "2", "--quiet", "--json", "--results",
+            str(tmp_path)]
+    real_release, calls = training.apply_release, []
+
+    def interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 12:  # in the second epoch, after the first checkpoint
+            raise KeyboardInterrupt
+        return real_release(*a, **kw)
+
+    monkeypatch.setattr(training, "apply_release", interrupted)
+    assert CliRunner().invoke(main, args).exit_code == 130
+    monkeypatch.setattr(training, "apply_release", real_release)
+    (row,) = ResultStore(tmp_path).rows()
+    run_dir = ResultStore(tmp_path).run_dir(row["run_id"])
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+
+    real_resume = ResultStore.resume
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+    def the_other_process_wins(self, run_id):
+        winner = subprocess.run([sys.executable, "-m", "dpeval.cli", *args], cwd=root, env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert winner.returncode == 0 and f"resuming run {run_id}" in winner.stderr, winner.stderr
+        before.clear()
+        before.update({p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()})
+        return real_resume(self, run_id)
+
+    monkeypatch.setattr(ResultStore, "resume", the_other_process_wins)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert f"run {row['run_id']} was resumed and finished by another process" in line
+    done = ResultStore(tmp_path).get(row["run_id"])
+    assert done["status"] == "done" and done["metrics"]["utility.test_accuracy"] > 0
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before  # nothing written by the loser
+    # Even a late stop of the loser cannot turn the done row failed: a failure is recorded on running rows only.
+    assert ResultStore(tmp_path).record_failure(row["run_id"], f"terminated by {signal.SIGTERM.name}")
+    assert ResultStore(tmp_path).get(row["run_id"]) == done
+
