@@ -101,6 +101,10 @@ class NotRunning(RunFailure):
     """A run's row is not ``running`` any more (another process finished or failed it) or is gone."""
 
 
+class StoreGone(RunFailure):
+    """The database a command has used is gone (moved aside or deleted while the command ran)."""
+
+
 def _reason(exc: BaseException) -> str:
     """An error in a few words: an OSError's own (``No space left on device``), else its message."""
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -118,6 +122,7 @@ class ResultStore:
         self.root = Path(root)
         self.db_path = self.root / STORE_FILE
         self._t0: dict[str, float] = {}
+        self._seen = False  # this object has used the database: it never creates another one in its place
 
     # -- checks -------------------------------------------------------------------------------------------------
     def problem(self, exc: sqlite3.Error) -> str:
@@ -159,6 +164,7 @@ class ResultStore:
             raise ConfigError(f"--results: {self.db_path} is not a file; move it aside")
         if create and not os.access(self.db_path, os.W_OK):
             raise ConfigError(f"--results: {self.db_path} is not writable")
+        self._seen = True
         self._recover_journal()
         try:
             with self._read() as conn:
@@ -230,15 +236,27 @@ class ResultStore:
 
     # -- connections --------------------------------------------------------------------------------------------
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A read-write connection in one transaction (committed on success, rolled back on any exception)."""
+    def _connect(self, create: bool = False) -> Iterator[sqlite3.Connection]:
+        """A read-write connection in one transaction (committed on success, rolled back on any exception).
+
+        Only ``create`` (recording a new run) may create the database, and only where this object has not used
+        one yet: a store moved aside or deleted while a command runs is never replaced by an empty one, in
+        which that command's runs would be recorded nowhere anyone looks (StoreGone)."""
+        if not self.db_path.is_file() and (self._seen or not create):
+            raise StoreGone(f"{self.db_path} is gone: moved or deleted while this command ran; dpeval does not "
+                            f"start a new store in its place (the runs' files are under {self.root / 'runs'})")
         try:
-            conn = sqlite3.connect(self.db_path, timeout=LOCK_WAIT_S)
+            if create:
+                conn = sqlite3.connect(self.db_path, timeout=LOCK_WAIT_S)
+            else:  # mode=rw: the file must exist, also if it disappears right now
+                conn = sqlite3.connect(f"{self.db_path.absolute().as_uri()}?mode=rw", uri=True, timeout=LOCK_WAIT_S)
         except sqlite3.Error as exc:
             raise RunFailure(self.problem(exc)) from None
+        self._seen = True
         try:
             try:
-                conn.executescript(SCHEMA)
+                if create:
+                    conn.executescript(SCHEMA)
             except sqlite3.Error as exc:
                 raise RunFailure(self.problem(exc)) from None
             with conn:
@@ -316,7 +334,7 @@ class ResultStore:
             except OSError as exc:
                 raise ConfigError(f"--results: cannot create {exc.filename or run_dir}: "
                                   f"{exc.strerror or exc}") from None
-            with self._connect() as conn:
+            with self._connect(create=True) as conn:
                 conn.execute(
                     "INSERT INTO runs (run_id, run_key, status, config_json, version, started_at, host, pid) "
                     "VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
@@ -341,16 +359,18 @@ class ResultStore:
         duration = time.perf_counter() - self._t0.get(run_id, time.perf_counter())
         try:
             write_json_atomic(metrics_file, metrics)
-            with self._connect() as conn:
-                conn.execute(
-                    "UPDATE runs SET status='done', metrics_json=?, finished_at=?, duration_s=? WHERE run_id=?",
-                    (json.dumps(metrics, sort_keys=True, default=str), _now(), duration, run_id),
-                )
+            if not self._update_row("UPDATE runs SET status='done', metrics_json=?, finished_at=?, duration_s=? "
+                                    "WHERE run_id=? AND status='running'",
+                                    (json.dumps(metrics, sort_keys=True, default=str), _now(), duration, run_id)):
+                raise NotRunning(self._whereabouts(run_id))
         except (OSError, RunFailure) as exc:
-            reason = _reason(exc)
-            unrecorded = self.record_failure(run_id, f"finished but not recorded: {reason}")
-            raise RunFailure(f"run {run_id} finished but its result could not be recorded ({reason}); "
-                             f"{unrecorded or 'recorded as failed'}; "
+            if isinstance(exc, NotRunning):  # gone or another process's: nothing to mark failed
+                said = f": {exc}"
+            else:
+                reason = _reason(exc)
+                unrecorded = self.record_failure(run_id, f"finished but not recorded: {reason}")
+                said = f" ({reason}); {unrecorded or 'recorded as failed'}"
+            raise RunFailure(f"run {run_id} finished but its result could not be recorded{said}; "
                              f"{f'metrics: {metrics_file}; ' if metrics_file.is_file() else ''}"
                              f"log: {self.run_dir(run_id) / 'log.txt'}") from None
         self._t0.pop(run_id, None)
@@ -375,15 +395,20 @@ class ResultStore:
         duration = time.perf_counter() - self._t0.pop(run_id, time.perf_counter())
         if metrics is not None:
             write_json_atomic(self.run_dir(run_id) / "metrics.json", metrics)
-        with self._connect() as conn:
-            updated = conn.execute(
-                "UPDATE runs SET status='failed', error=?, metrics_json=?, finished_at=?, duration_s=? "
-                "WHERE run_id=? AND status='running'",
-                (error, None if metrics is None else json.dumps(metrics, sort_keys=True, default=str), _now(),
-                 duration, run_id),
-            ).rowcount
-        if not updated:
+        if not self._update_row("UPDATE runs SET status='failed', error=?, metrics_json=?, finished_at=?, "
+                                "duration_s=? WHERE run_id=? AND status='running'",
+                                (error, None if metrics is None else json.dumps(metrics, sort_keys=True, default=str),
+                                 _now(), duration, run_id)):
             raise NotRunning(self._whereabouts(run_id))
+
+    def _update_row(self, sql: str, args: tuple) -> bool:
+        """Whether the UPDATE ``sql`` changed its one row; False too when the store is gone (never created
+        again for an update)."""
+        try:
+            with self._connect() as conn:
+                return conn.execute(sql, args).rowcount == 1
+        except StoreGone:
+            return False
 
     def _whereabouts(self, run_id: str) -> str:
         """Why a run's row is not this process's to update (any more), in one clause."""
@@ -416,11 +441,9 @@ class ResultStore:
         """Claim an interrupted run as ``running`` again, by this process. Two processes may both have read it
         as interrupted: only the one whose update still finds it ``failed`` goes on; the other is refused
         (ConfigError) before it writes anything."""
-        with self._connect() as conn:
-            claimed = conn.execute("UPDATE runs SET status='running', error=NULL, finished_at=NULL, "
-                                   "duration_s=NULL, host=?, pid=? WHERE run_id=? AND status='failed'",
-                                   (socket.gethostname(), os.getpid(), run_id)).rowcount
-        if not claimed:
+        if not self._update_row("UPDATE runs SET status='running', error=NULL, finished_at=NULL, duration_s=NULL, "
+                                "host=?, pid=? WHERE run_id=? AND status='failed'",
+                                (socket.gethostname(), os.getpid(), run_id)):
             raise ConfigError(f"{self._whereabouts(run_id)}; nothing was done")
         self._t0[run_id] = time.perf_counter()
 

@@ -151,7 +151,9 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
                 leakage = "  ".join(h.short() for a in attacks_in(metrics) if (h := read(metrics, a)))
                 bar.write(f"done    {run_id}  {label}  acc={acc:.3f} ε={eps:.3g}  {leakage}".rstrip(), file=sys.stderr)
             else:
-                store.fail(run_id, error, metrics)  # metrics: what finished before an attack failed
+                # metrics: what finished before an attack failed; a store that cannot take it hides no error
+                unrecorded = store.record_failure(run_id, error, metrics)
+                error += f"; {unrecorded}" if unrecorded else ""
                 summary.failed += 1
                 summary.failures.append(f"{run_id} ({label}): {error}")
                 bar.write(f"failed  {run_id}  {label}  {error}{log_hint(run_dir)}", file=sys.stderr)

@@ -57,6 +57,42 @@ def open_files_under(folder: Path) -> list[str]:
     return found
 
 
+TWO_EPOCHS = ["run", "--defense", "none", "--attack", "none", "--epochs", "2", "--quiet", "--json"]
+
+
+def during_training(monkeypatch, step: int, action) -> None:
+    """``action()`` at the ``step``-th release of training, once."""
+    from dpeval.engine import training
+
+    real, calls = training.apply_release, []
+
+    def release(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            action()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "apply_release", release)
+
+
+def interrupted_run(results: Path, monkeypatch, args=TWO_EPOCHS) -> tuple[dict, Path]:
+    """``args`` run on ``results`` and stopped (Ctrl-C) in its second epoch (9 steps each), after its first
+    checkpoint: the row and the run's folder."""
+    from dpeval.engine import training
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    real = training.apply_release
+    during_training(monkeypatch, 12, ctrl_c)
+    assert CliRunner().invoke(main, [*args, "--results", str(results)]).exit_code == 130
+    monkeypatch.setattr(training, "apply_release", real)
+    (row,) = ResultStore(results).rows()
+    run_dir = ResultStore(results).run_dir(row["run_id"])
+    assert (run_dir / "checkpoint.pt").is_file()
+    return row, run_dir
+
+
 # -- a full disk ------------------------------------------------------------------------------------------------
 
 
@@ -231,23 +267,8 @@ def test_a_run_resumed_by_another_process_meanwhile_is_refused_and_its_result_ke
     import subprocess
     import sys
 
-    from dpeval.engine import training
-
-    args = ["run", "--defense", "none", "--attack", "none", "--epochs", "2", "--quiet", "--json", "--results",
-            str(tmp_path)]
-    real_release, calls = training.apply_release, []
-
-    def interrupted(*a, **kw):
-        calls.append(1)
-        if len(calls) == 12:  # in the second epoch, after the first checkpoint
-            raise KeyboardInterrupt
-        return real_release(*a, **kw)
-
-    monkeypatch.setattr(training, "apply_release", interrupted)
-    assert CliRunner().invoke(main, args).exit_code == 130
-    monkeypatch.setattr(training, "apply_release", real_release)
-    (row,) = ResultStore(tmp_path).rows()
-    run_dir = ResultStore(tmp_path).run_dir(row["run_id"])
+    args = [*TWO_EPOCHS, "--results", str(tmp_path)]
+    row, run_dir = interrupted_run(tmp_path, monkeypatch)
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
 
     real_resume = ResultStore.resume
@@ -273,4 +294,50 @@ def test_a_run_resumed_by_another_process_meanwhile_is_refused_and_its_result_ke
     # Even a late stop of the loser cannot turn the done row failed: a failure is recorded on running rows only.
     assert ResultStore(tmp_path).record_failure(row["run_id"], f"terminated by {signal.SIGTERM.name}")
     assert ResultStore(tmp_path).get(row["run_id"]) == done
+
+
+# -- the store moved or deleted while a run trains -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["moved aside", "deleted", "replaced by a new store"])
+def test_a_run_whose_store_disappears_fails_loudly_and_creates_no_store(tmp_path, monkeypatch, what):
+    """The store is moved aside (dpeval's own advice for a damaged one), deleted, or moved aside with another
+    store started in its place while a run trains: the run ends with exit 1 and one line saying its result is
+    recorded nowhere and where its files are; no empty store is created for it."""
+    db = tmp_path / "results.sqlite"
+
+    def disappear():
+        if what == "deleted":
+            db.unlink()
+        else:
+            db.rename(tmp_path / "results.sqlite.broken")
+        if what == "replaced by a new store":
+            record_runs(tmp_path, 1)
+
+    during_training(monkeypatch, 3, disappear)
+    result = CliRunner().invoke(main, [*QUICK_RUN, "--results", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "model.pt").exists()]
+    assert f"no longer holds run {run_dir.name}" in line and f"its files are in {run_dir}" in line
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "model.pt").is_file()
+    if what == "replaced by a new store":
+        assert run_dir.name not in {r["run_id"] for r in ResultStore(tmp_path).rows()}
+    else:
+        assert not db.exists()
+
+
+def test_a_store_that_disappears_is_not_created_again_by_the_same_command(tmp_path):
+    """A command that has used a store never starts a new one in its place (a sweep's next point)."""
+    from dpeval.core.errors import RunFailure
+
+    store = ResultStore(tmp_path)
+    first = store.begin("a" * 16, {})
+    (tmp_path / "results.sqlite").rename(tmp_path / "results.sqlite.broken")
+    with pytest.raises(RunFailure, match="moved or deleted while this command ran"):
+        store.begin("b" * 16, {})
+    with pytest.raises(RunFailure, match=f"no longer holds run {first}"):
+        store.fail(first, "boom")
+    assert not (tmp_path / "results.sqlite").exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [first]
 
