@@ -8,7 +8,9 @@ terminal says the failure in one line (the CLI's message), unless ``--debug`` as
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 LOG_ONLY = {"log_only": True}
@@ -35,6 +37,18 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+
+class RunLogHandler(logging.FileHandler):
+    """A run's ``log.txt``, appended to, never opened through a link (``O_NOFOLLOW``: OSError ELOOP)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8")
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        return open(fd, "a", encoding=self.encoding)
 
 
 def setup_logging(debug: bool = False, terminal: bool = True) -> None:

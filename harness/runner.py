@@ -46,7 +46,7 @@ from dpeval.defenses.base import Defense
 from dpeval.engine.book_keeping import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
-from dpeval.logs import LOG_ONLY
+from dpeval.logs import LOG_ONLY, RunLogHandler
 from dpeval.results import AttackOutcome
 from dpeval.store import ResultStore
 
@@ -316,8 +316,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
     spec = prep.spec
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(spec.canonical(), sort_keys=True))
-    handler = logging.FileHandler(run_dir / "log.txt")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler = RunLogHandler(run_dir / "log.txt")
     log.addHandler(handler)
     try:
         metrics = {"run_id": run_id, **base_metrics(prep)}

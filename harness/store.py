@@ -433,9 +433,13 @@ class ResultStore:
         return None
 
     def resumable(self, run_key: str) -> str | None:
-        """The id of the latest run of ``run_key`` when it was interrupted and left a checkpoint."""
+        """The id of the latest run of ``run_key`` when it was interrupted and left a checkpoint. Its folder is
+        written into again, so a link anywhere in it is refused (ConfigError): writes would land elsewhere."""
         run_id = self.interrupted(run_key)
-        return run_id if run_id and (self.run_dir(run_id) / CHECKPOINT_FILE).is_file() else None
+        if not run_id or not (self.run_dir(run_id) / CHECKPOINT_FILE).is_file():
+            return None
+        files.refuse_links(self.run_dir(run_id))
+        return run_id
 
     def resume(self, run_id: str) -> None:
         """Claim an interrupted run as ``running`` again, by this process. Two processes may both have read it

@@ -4,7 +4,8 @@ file at the target, and an existing file is replaced whole or not at all.
 The bytes go to a fresh temporary file beside the target (created exclusively, so never through a link planted
 at its name), are flushed to the disk, then renamed over the target (a rename replaces a link at the target, it
 does not write through it). On any error the temporary file is closed (a file held open keeps its space on a
-full disk) and removed.
+full disk) and removed. A folder that is written into again (an interrupted run's) must hold no link at all
+(``refuse_links``): a linked folder would take every write elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import secrets
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
+
+from dpeval.core.errors import ConfigError
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
@@ -44,3 +47,14 @@ def save_figure(fig: Any, path: str | Path, **savefig: Any) -> None:
     """A matplotlib figure to ``path``, in the format its suffix names."""
     path = Path(path)
     write_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip("."), **savefig))
+
+
+def refuse_links(folder: str | Path) -> None:
+    """ConfigError naming the first symbolic link that is ``folder`` or lies under it (not followed)."""
+    folder = Path(folder)
+    found = [folder] if folder.is_symlink() else []
+    for parent, dirs, names in os.walk(folder):
+        found += [Path(parent) / name for name in sorted(dirs + names) if (Path(parent) / name).is_symlink()]
+        if found:
+            raise ConfigError(f"{found[0]} is a symbolic link; dpeval never writes through one into a run's "
+                              f"folder: remove it (rm {found[0]}) and run the same command again")

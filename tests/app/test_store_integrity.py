@@ -341,3 +341,61 @@ def test_a_store_that_disappears_is_not_created_again_by_the_same_command(tmp_pa
     assert not (tmp_path / "results.sqlite").exists()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [first]
 
+
+# -- links in a run's folder ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["config.yaml", "log.txt", "checkpoint.pt", "checkpoint.pt.tmp", "model.pt.tmp",
+                                  "metrics.json.tmp", "shadows"])
+def test_resume_refuses_a_run_folder_holding_a_link_and_writes_nothing_through_it(tmp_path, monkeypatch, name):
+    """A link planted in an interrupted run's folder (to a file or, for ``shadows``, a folder outside the
+    results): resuming is refused in one line naming it (exit 2, the row untouched), nothing is written where
+    it points; with the link removed, the same command resumes."""
+    row, run_dir = interrupted_run(tmp_path / "r", monkeypatch)
+    outside = tmp_path / "outside"
+    if name == "shadows":
+        outside.mkdir()
+    else:
+        outside.write_bytes((run_dir / "checkpoint.pt").read_bytes() if name == "checkpoint.pt" else b"not dpeval's\n")
+    link = run_dir / name
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside)
+    before = outside.read_bytes() if outside.is_file() else sorted(outside.iterdir())
+
+    result = CliRunner().invoke(main, [*TWO_EPOCHS, "--results", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert f"{link} is a symbolic link" in line and f"rm {link}" in line
+    assert ResultStore(tmp_path / "r").get(row["run_id"]) == row
+    assert (outside.read_bytes() if outside.is_file() else sorted(outside.iterdir())) == before
+
+    link.unlink()
+    if name == "checkpoint.pt":
+        outside.rename(link)
+    resumed = CliRunner().invoke(main, [*TWO_EPOCHS, "--results", str(tmp_path / "r")])
+    assert resumed.exit_code == 0 and f"resuming run {row['run_id']}" in resumed.stderr, resumed.output
+    assert not outside.exists() or (outside.read_bytes() if outside.is_file() else sorted(outside.iterdir())) == before
+
+
+def test_write_atomic_replaces_a_link_at_the_target_without_writing_through_it(tmp_path):
+    from dpeval.core.files import write_text_atomic
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not dpeval's\n")
+    (tmp_path / "run").mkdir()
+    target = tmp_path / "run" / "config.yaml"
+    target.symlink_to(outside)
+    write_text_atomic(target, "seed: 0\n")
+    assert not target.is_symlink() and target.read_text() == "seed: 0\n" and outside.read_text() == "not dpeval's\n"
+
+
+def test_a_run_log_is_never_opened_through_a_link(tmp_path):
+    from dpeval.logs import RunLogHandler
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not dpeval's\n")
+    (tmp_path / "log.txt").symlink_to(outside)
+    with pytest.raises(OSError) as refused:
+        RunLogHandler(tmp_path / "log.txt")
+    assert refused.value.errno == errno.ELOOP and outside.read_text() == "not dpeval's\n"
+    handler = RunLogHandler(tmp_path / "fresh.txt")
+    handler.close()
