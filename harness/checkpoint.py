@@ -19,10 +19,15 @@ import torch
 
 from dpeval.core.errors import ConfigError
 from dpeval.core.files import write_atomic
+from dpeval.engine.training import loop_state_problem, shape_problem
 from dpeval.store import CHECKPOINT_FILE
 
-FORMAT = 1
+# Bumped whenever the payload changes (PAYLOAD, the engine's LOOP_STATE): a checkpoint of an earlier dpeval is
+# refused, not misread. 2: the payload is checked for its shape.
+FORMAT = 2
 FILE = CHECKPOINT_FILE
+# A run's payload: training's loop state, and the model and defense states recorded for attacks (name → state).
+PAYLOAD = {"loop": dict, "states": dict, "defense_states": dict}
 
 
 def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
@@ -42,29 +47,52 @@ def position(loop: dict[str, Any], epochs: int) -> str:
     return text if within is None else f"{text} and step {within['step']} of epoch {loop['epochs_done'] + 1}"
 
 
+def payload_problem(payload: Any) -> str | None:
+    """What keeps ``payload`` from being a run's checkpoint as this version writes it, or None."""
+    problem = shape_problem(payload, PAYLOAD, "payload") or loop_state_problem(payload["loop"])
+    if problem:
+        return problem
+    for name, state in payload["states"].items():
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            return f"states.{name} is not a model state (names → tensors)"
+    missing = [part for part in ("states", "defense_states") if "init" not in payload[part]]
+    return f"{missing[0]} has no init" if missing else None
+
+
+def refuse(path: Path, problem: str) -> ConfigError:
+    return ConfigError(f"checkpoint {path} cannot be used ({problem}); to start the run over, remove it "
+                       f"(rm {path}) and run the same command again")
+
+
 def load(path: Path, run_key: str) -> dict[str, Any]:
     """The payload of a checkpoint written for ``run_key``; ConfigError (one line, with the way to start
-    over) when it is damaged, of another format or of another run."""
-    def refuse(problem: str) -> ConfigError:
-        return ConfigError(f"checkpoint {path} cannot be used ({problem}); to start the run over, remove it "
-                           f"(rm {path}) and run the same command again")
+    over) when it is damaged, of another format or run, or its content is not what this version writes."""
+    payload = read(path, run_key)
+    problem = payload_problem(payload)
+    if problem:
+        raise refuse(path, f"its content is not what this dpeval writes: {problem}")
+    return payload
 
+
+def read(path: Path, key: str) -> Any:
+    """The payload of a file ``save`` wrote for ``key``, unchecked (ConfigError: damaged, of another format
+    or of another key)."""
     try:
         record = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises many types for a file that is not its format
-        raise refuse(f"unreadable: {type(exc).__name__}") from None
+        raise refuse(path, f"unreadable: {type(exc).__name__}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise refuse(f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
-    if record.get("run_key") != run_key:
-        raise refuse(f"written for run key {record.get('run_key')}, not {run_key}")
+        raise refuse(path, f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
+    if record.get("run_key") != key:
+        raise refuse(path, f"written for run key {record.get('run_key')}, not {key}")
     payload = record.get("payload")
     data = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else b""
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
-        raise refuse("its content does not match its hash")
+        raise refuse(path, "its content does not match its hash")
     try:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise refuse(f"unreadable payload: {type(exc).__name__}") from None
+        raise refuse(path, f"unreadable payload: {type(exc).__name__}") from None
 
 
 class ShadowStore:
@@ -85,4 +113,4 @@ class ShadowStore:
 
     def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
         """Shadow index → state dict of those of the K shadows already saved; ConfigError for a damaged file."""
-        return {i: load(self.path(i), self.key)["state"] for i in range(k) if self.path(i).is_file()}
+        return {i: read(self.path(i), self.key)["state"] for i in range(k) if self.path(i).is_file()}

@@ -204,6 +204,45 @@ def defense_state_within_epoch(defense: Defense) -> dict[str, Any]:
     return state
 
 
+NUMBER = (int, float)
+# What ``Loop.state`` writes: field → type(s), or the shape of a mapping. A checkpoint's loop state is checked
+# against it before use (``loop_state_problem``); changing it makes a new checkpoint format (dpeval.checkpoint.FORMAT).
+LOOP_STATE: dict[str, Any] = {
+    "epochs_done": int, "model": dict, "optimizer": dict, "schedule": (dict, type(None)), "sampler": torch.Tensor,
+    "defense": {"state": dict, "generators": dict}, "globals": {"python": tuple, "torch": torch.Tensor, "numpy": list},
+    "history": list, "steps": int, "bytes_dense": NUMBER, "densities": list, "sparse_bytes": list,
+}
+EPOCH_RECORD = {"epoch": int, "test_accuracy": NUMBER, "train_loss": NUMBER, "density": NUMBER}  # each of history
+WITHIN_STATE = {"order": torch.Tensor, "sizes": list, "step": int, "loss_sum": torch.Tensor, "seen": int}
+
+
+def shape_problem(value: Any, shape: dict[str, Any], where: str) -> str | None:
+    """What keeps ``value`` from having ``shape`` (field → type(s), or a nested shape), in a few words; None when
+    it has it. Fields beyond the shape are allowed."""
+    if not isinstance(value, dict):
+        return f"{where} is not a mapping"
+    for name, kind in shape.items():
+        if name not in value:
+            return f"{where} has no {name}"
+        problem = (shape_problem(value[name], kind, f"{where}.{name}") if isinstance(kind, dict) else
+                   None if isinstance(value[name], kind) else f"{where}.{name} is a {type(value[name]).__name__}")
+        if problem:
+            return problem
+    return None
+
+
+def loop_state_problem(state: Any) -> str | None:
+    """What keeps ``state`` from being a loop state as ``Loop.state`` writes it (``LOOP_STATE``), or None."""
+    problem = shape_problem(state, LOOP_STATE, "loop")
+    if problem is None and state.get("within") is not None:
+        problem = shape_problem(state["within"], WITHIN_STATE, "loop.within")
+    if problem is None and len(state["history"]) != state["epochs_done"]:
+        problem = f"loop.history holds {len(state['history'])} epochs, not {state['epochs_done']}"
+    for i, record in enumerate(state["history"] if problem is None else []):
+        problem = problem or shape_problem(record, EPOCH_RECORD, f"loop.history[{i}]")
+    return problem
+
+
 @dataclass
 class Loop:
     """What the loop needs to go on after ``epochs_done`` epochs exactly as it would have without a stop:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dpeval.cli import main
@@ -399,3 +400,81 @@ def test_a_run_log_is_never_opened_through_a_link(tmp_path):
     assert refused.value.errno == errno.ELOOP and outside.read_text() == "not dpeval's\n"
     handler = RunLogHandler(tmp_path / "fresh.txt")
     handler.close()
+
+
+# -- a checkpoint's content --------------------------------------------------------------------------------------
+
+
+def rewrite_checkpoint(path: Path, run_key: str, change) -> None:
+    """The checkpoint at ``path`` with ``change(payload)`` applied, written as dpeval writes one (format, key and
+    hash all right: only the content is off)."""
+    import io
+
+    from dpeval import checkpoint
+
+    record = torch.load(path, weights_only=True)
+    payload = torch.load(io.BytesIO(record["payload"].numpy().tobytes()), weights_only=True)
+    change(payload)
+    checkpoint.save(path, run_key, payload)
+
+
+def drop(*keys):
+    def change(payload):
+        *outer, last = keys
+        target = payload
+        for key in outer:
+            target = target[key]
+        del target[last]
+    return change
+
+
+CONTENT_DAMAGE = {
+    "no loop state": drop("loop"),
+    "loop state without its optimizer": drop("loop", "optimizer"),
+    "an older version's learning curve": lambda p: [entry.pop("density") for entry in p["loop"]["history"]],
+    "steps as text": lambda p: p["loop"].update(steps="9"),
+    "no initial model state": drop("states", "init"),
+    "a model state that is not tensors": lambda p: p["states"].update(init={"w": "x"}),
+}
+
+
+@pytest.mark.parametrize("damage", CONTENT_DAMAGE)
+def test_a_checkpoint_whose_content_is_off_is_refused_in_one_line(tmp_path, monkeypatch, damage):
+    """Format, run key and hash are right but the payload is not what this version writes (missing or mistyped
+    parts, an older version's layout): refused in one line before anything is written (exit 2), the row left
+    as it was, not `running`."""
+    row, run_dir = interrupted_run(tmp_path, monkeypatch)
+    path = run_dir / "checkpoint.pt"
+    rewrite_checkpoint(path, row["run_key"], CONTENT_DAMAGE[damage])
+    result = CliRunner().invoke(main, [*TWO_EPOCHS, "--results", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert f"checkpoint {path} cannot be used" in line and f"rm {path}" in line
+    assert ResultStore(tmp_path).get(row["run_id"]) == row
+
+
+def test_a_checkpoint_of_the_previous_format_is_refused(tmp_path, monkeypatch):
+    from dpeval import checkpoint
+
+    row, run_dir = interrupted_run(tmp_path, monkeypatch)
+    path = run_dir / "checkpoint.pt"
+    monkeypatch.setattr(checkpoint, "FORMAT", checkpoint.FORMAT - 1)
+    rewrite_checkpoint(path, row["run_key"], lambda payload: None)
+    monkeypatch.undo()
+    result = CliRunner().invoke(main, [*TWO_EPOCHS, "--results", str(tmp_path)])
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"format {checkpoint.FORMAT - 1}, expected {checkpoint.FORMAT}" in line
+    assert ResultStore(tmp_path).get(row["run_id"]) == row
+
+
+def test_the_checkpoint_format_changes_with_its_payload():
+    """A reminder that fails when the payload changes: bump dpeval.checkpoint.FORMAT, then update this test."""
+    from dpeval import checkpoint
+    from dpeval.engine.training import LOOP_STATE
+
+    assert checkpoint.FORMAT == 2
+    assert sorted(checkpoint.PAYLOAD) == ["defense_states", "loop", "states"]
+    assert sorted(LOOP_STATE) == ["bytes_dense", "defense", "densities", "epochs_done", "globals", "history", "model",
+                                  "optimizer", "sampler", "schedule", "sparse_bytes", "steps"]
+
