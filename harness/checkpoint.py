@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ FORMAT = 2
 FILE = CHECKPOINT_FILE
 # A run's payload: training's loop state, and the model and defense states recorded for attacks (name → state).
 PAYLOAD = {"loop": dict, "states": dict, "defense_states": dict}
+log = logging.getLogger("dpeval")
 
 
 def save(path: Path, run_key: str, payload: dict[str, Any]) -> None:
@@ -59,47 +61,54 @@ def payload_problem(payload: Any) -> str | None:
     return f"{missing[0]} has no init" if missing else None
 
 
-def refuse(path: Path, problem: str) -> ConfigError:
-    return ConfigError(f"checkpoint {path} cannot be used ({problem}); to start the run over, remove it "
-                       f"(rm {path}) and run the same command again")
+class Unusable(Exception):
+    """A file ``save`` wrote that cannot be used: damaged, of another format or key, or off in its content."""
 
 
 def load(path: Path, run_key: str) -> dict[str, Any]:
     """The payload of a checkpoint written for ``run_key``; ConfigError (one line, with the way to start
     over) when it is damaged, of another format or run, or its content is not what this version writes."""
-    payload = read(path, run_key)
-    problem = payload_problem(payload)
-    if problem:
-        raise refuse(path, f"its content is not what this dpeval writes: {problem}")
+    try:
+        payload = read(path, run_key)
+        problem = payload_problem(payload)
+        if problem:
+            raise Unusable(f"its content is not what this dpeval writes: {problem}")
+    except Unusable as exc:
+        raise ConfigError(f"checkpoint {path} cannot be used ({exc}); to start the run over, remove it (rm {path}) "
+                          "and run the same command again") from None
     return payload
 
 
 def read(path: Path, key: str) -> Any:
-    """The payload of a file ``save`` wrote for ``key``, unchecked (ConfigError: damaged, of another format
-    or of another key)."""
+    """The payload of a file ``save`` wrote for ``key``, its content unchecked; Unusable when the file is damaged,
+    of another format or written for another key."""
     try:
         record = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises many types for a file that is not its format
-        raise refuse(path, f"unreadable: {type(exc).__name__}") from None
+        raise Unusable(f"unreadable: {type(exc).__name__}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise refuse(path, f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
+        raise Unusable(f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
     if record.get("run_key") != key:
-        raise refuse(path, f"written for run key {record.get('run_key')}, not {key}")
+        raise Unusable(f"written for run key {record.get('run_key')}, not {key}")
     payload = record.get("payload")
     data = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else b""
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
-        raise refuse(path, "its content does not match its hash")
+        raise Unusable("its content does not match its hash")
     try:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise refuse(path, f"unreadable payload: {type(exc).__name__}") from None
+        raise Unusable(f"unreadable payload: {type(exc).__name__}") from None
 
 
 class ShadowStore:
     """The finished shadow models of one membership game, so that a run interrupted while it trains them goes
-    on with the ones left: ``<folder>/shadow-<i>.pt`` holds shadow i's state dict, written atomically as it
-    finishes and checked like a checkpoint (format, ``key``, SHA-256, ``weights_only``). ``key`` names the
-    game (the run key and what determines its shadows); a file written for another key is refused."""
+    on with the ones left: ``<folder>/shadow-<i>.pt`` holds shadow i's state dict and its index i, written
+    atomically as it finishes and checked like a checkpoint (format, ``key``, SHA-256, ``weights_only``).
+    ``key`` names the run and the game (the run id and key, and what determines its shadows).
+
+    A file that cannot be used (damaged, written by another run or game, or holding another shadow than its name
+    says: files swapped) is removed with a warning and that shadow trains again: the run's checkpoint and the
+    other shadows are kept."""
 
     def __init__(self, folder: Path, key: str) -> None:
         self.folder, self.key = Path(folder), key
@@ -109,8 +118,23 @@ class ShadowStore:
 
     def save(self, i: int, state: dict[str, torch.Tensor]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        save(self.path(i), self.key, {"state": {n: t.detach().cpu() for n, t in state.items()}})
+        save(self.path(i), self.key, {"index": i, "state": {n: t.detach().cpu() for n, t in state.items()}})
 
     def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
-        """Shadow index → state dict of those of the K shadows already saved; ConfigError for a damaged file."""
-        return {i: read(self.path(i), self.key)["state"] for i in range(k) if self.path(i).is_file()}
+        """Shadow index → state dict of those of the K shadows already saved and usable."""
+        states = {}
+        for i in range(k):
+            path = self.path(i)
+            if not path.is_file():
+                continue
+            try:
+                payload = read(path, self.key)
+                problem = shape_problem(payload, {"index": int, "state": dict}, "payload")
+                if problem or payload["index"] != i:
+                    raise Unusable(problem or f"it holds shadow {payload['index']}")
+            except Unusable as exc:
+                log.warning("saved shadow model %s cannot be used (%s): removed, it trains again", path, exc)
+                path.unlink()
+                continue
+            states[i] = payload["state"]
+        return states

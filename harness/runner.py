@@ -249,8 +249,9 @@ class AttacksFailed(RuntimeError):
 
 
 def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                  out_dir: Path) -> AttackerView:
-    """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep."""
+                  out_dir: Path, run_id: str = "") -> AttackerView:
+    """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep. Its
+    finished shadow models are kept under the run's folder, for the run ``run_id`` only."""
     spec, task = prep.spec, prep.task
     oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
                            int(spec.train.physical_batch_size))
@@ -259,7 +260,7 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
         shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
         privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
         streams=prep.streams, out_dir=out_dir, device=prep.device, shadow_progress=lambda key: checkpoint.ShadowStore(
-            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{spec.run_key}:{key}"))
+            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{run_id}:{spec.run_key}:{key}"))
 
 
 def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
@@ -273,7 +274,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
     seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
         folder = out_dir / name
-        view = view_of(folder) if view_of is not None else attacker_view(prep, states, defense_states, folder)
+        view = view_of(folder) if view_of is not None else attacker_view(prep, states, defense_states, folder, run_id)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()

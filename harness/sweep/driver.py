@@ -1,13 +1,14 @@
 """The sweep driver: which grid points still need a run, the store bookkeeping, one sweep per folder.
 
 Resumption: each grid point's run key is looked up in the store; points with a ``done`` row are skipped
-(``rerun`` forces them). The driver alone records results: it records a point as ``running`` when it
-dispatches it and ``done``/``failed`` when its result comes back, so a sweep killed at any moment leaves
-no half-written ``done`` row, and the next start re-runs exactly the points without one. ``running`` rows
-whose process is gone are marked ``failed`` when a sweep starts, after a short wait for those whose process
-is alive (a local worker takes its point's row over: executors.py), so that an orphaned worker's point is
-resumed once it stopped, never beside it. One sweep per results folder at a time (a lock file); a second
-one waits (``wait``) or refuses.
+(``rerun`` forces them), and an interrupted point's checkpoint is checked before any point runs (a damaged
+one is refused, exit 2, as ``dpeval run`` refuses it). The driver alone records results: it records a point as
+``running`` when it dispatches it and ``done``/``failed`` when its result comes back, so a sweep killed at any
+moment leaves no half-written ``done`` row, and the next start re-runs exactly the points without one.
+``running`` rows whose process is gone are marked ``failed`` when a sweep starts, after a short wait for those
+whose process is alive (a local worker takes its point's row over: executors.py), so that an orphaned worker's
+point is resumed once it stopped, never beside it. One sweep per results folder at a time (a lock file); a
+second one waits (``wait``) or refuses.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tqdm import tqdm
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.spec import RunSpec
 from dpeval.headlines import attacks_in, read
-from dpeval.runner import log_hint
+from dpeval.runner import log_hint, resumable
 from dpeval.store import CHECKPOINT_FILE, LOCK_FILE, ResultStore
 from dpeval.sweep.executors import Executor
 from dpeval.sweep.grid import describe, swept_fields
@@ -124,6 +125,8 @@ def run_sweep(specs: list[RunSpec], store: ResultStore, executor: Executor, *, r
         done = set() if rerun else store.done_keys()
         todo = [s for s in specs if s.run_key not in done]
         summary.skipped = len(specs) - len(todo)
+        for spec in todo:  # as `run` does: an unusable checkpoint (or run folder) is refused before any point runs
+            resumable(spec, store)
         if summary.skipped:
             log.warning("resuming: %d of %d runs already done", summary.skipped, len(specs))
         bar = tqdm(total=len(todo), desc="sweep", unit="run", disable=not progress)

@@ -478,3 +478,138 @@ def test_the_checkpoint_format_changes_with_its_payload():
     assert sorted(LOOP_STATE) == ["bytes_dense", "defense", "densities", "epochs_done", "globals", "history", "model",
                                   "optimizer", "sampler", "schedule", "sparse_bytes", "steps"]
 
+
+# -- saved shadow models --------------------------------------------------------------------------------------------
+
+
+def saved_shadows(folder: Path, key: str = "run-1:game", k: int = 3):
+    from dpeval.checkpoint import ShadowStore
+
+    store = ShadowStore(folder, key)
+    for i in range(k):
+        store.save(i, {"w": torch.full((100,), float(i))})
+    return store
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another run's", "swapped"])
+def test_a_bad_saved_shadow_is_discarded_and_the_good_ones_kept(tmp_path, caplog, damage):
+    """A truncated file, one saved by another run (or game), or two files swapped (each records its index): the
+    bad ones are removed with a warning, to be trained again; the others load."""
+    store = saved_shadows(tmp_path)
+    if damage == "truncated":
+        store.path(1).write_bytes(store.path(1).read_bytes()[:200])
+        bad = [1]
+    elif damage == "another run's":
+        saved_shadows(tmp_path / "other", key="run-2:game").path(1).replace(store.path(1))
+        bad = [1]
+    else:
+        store.path(0).rename(tmp_path / "swap")
+        store.path(1).rename(store.path(0))
+        (tmp_path / "swap").rename(store.path(1))
+        bad = [0, 1]
+    with caplog.at_level("WARNING", logger="dpeval"):
+        finished = store.finished(3)
+    assert sorted(finished) == [i for i in range(3) if i not in bad]
+    assert all(torch.equal(finished[i]["w"], torch.full((100,), float(i))) for i in finished)
+    assert all(not store.path(i).exists() for i in bad) and all(store.path(i).exists() for i in finished)
+    assert all(str(store.path(i)) in caplog.text for i in bad)
+
+
+LIRA = ["run", "--defense", "dpsgd", "--attack", "lira", "--epochs", "2", "--set", "train.batch_size=256", "--set",
+        "attack.shadows=4", "--set", "attack.mia_target=shadows", "--quiet", "--json"]
+
+
+@pytest.fixture(scope="module")
+def lira_reference(tmp_path_factory):
+    """The metrics of the LiRA run never interrupted."""
+    import json
+
+    from dpeval.attacks import membership_common
+
+    result = CliRunner().invoke(main, [*LIRA, "--results", str(tmp_path_factory.mktemp("ref"))])
+    assert result.exit_code == 0, result.output
+    membership_common._POOLS.clear()  # its shadows, kept in memory for this process
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another run's", "swapped"])
+def test_a_run_resumed_with_a_bad_saved_shadow_trains_it_again_and_keeps_its_result(tmp_path, monkeypatch,
+                                                                                     lira_reference, damage):
+    """Interrupted after its first group of two shadows, whose files are then damaged: the same command resumes
+    (training is not redone), trains the bad shadows again and ends with the uninterrupted run's metrics."""
+    import json
+
+    from dpeval import checkpoint
+    from dpeval.attacks import membership_common
+
+    monkeypatch.setattr(membership_common, "SHADOW_GROUP", 2)
+    monkeypatch.setattr(membership_common, "_POOLS", {})  # no shadows kept in memory from another test's run
+    real, trained = checkpoint.ShadowStore.save, []
+
+    def save(self, i, state):
+        trained.append(i)
+        if len(trained) == 3:
+            raise KeyboardInterrupt
+        real(self, i, state)
+
+    monkeypatch.setattr(checkpoint.ShadowStore, "save", save)
+    assert CliRunner().invoke(main, [*LIRA, "--results", str(tmp_path)]).exit_code == 130
+    (row,) = ResultStore(tmp_path).rows()
+    (folder,) = (ResultStore(tmp_path).run_dir(row["run_id"]) / "shadows").iterdir()
+    first, second = folder / "shadow-0.pt", folder / "shadow-1.pt"
+    if damage == "truncated":
+        second.write_bytes(second.read_bytes()[:300])
+    elif damage == "another run's":  # the same file saved by another run of this configuration
+        record = torch.load(second, weights_only=True)
+        record["run_key"] = record["run_key"].replace(row["run_id"], "20990101-000000-00000000-0000")
+        torch.save(record, second)
+    else:
+        first.rename(folder / "swap")
+        second.rename(first)
+        (folder / "swap").rename(second)
+
+    def counting(self, i, state):
+        trained.append(i)
+        real(self, i, state)
+
+    trained.clear()
+    monkeypatch.setattr(checkpoint.ShadowStore, "save", counting)
+    resumed = CliRunner().invoke(main, [*LIRA, "--results", str(tmp_path)])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming run {row['run_id']}" in resumed.stderr and "cannot be used" in resumed.stderr
+    assert sorted(trained) == ([1, 2, 3] if damage != "swapped" else [0, 1, 2, 3])
+    got = json.loads(resumed.stdout)
+    assert got["leakage.lira.auc"] == lira_reference["leakage.lira.auc"]
+    assert got["utility.test_accuracy"] == lira_reference["utility.test_accuracy"]
+
+
+def test_a_sweep_refuses_a_damaged_checkpoint_as_a_run_does(tmp_path, monkeypatch):
+    """The sweep's point was interrupted and its checkpoint then damaged: the sweep refuses in one line before any
+    point runs (exit 2), the row left as it was; with the checkpoint removed, as the line says, it starts over."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"defense": {"name": "none"}, "attacks": ["none"], "train": {"epochs": 2},
+                                     "seeds": [0, 1]}))
+    command = ["sweep", str(sweep), "--quiet", "--results", str(tmp_path / "r")]
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    during_training(monkeypatch, 12, ctrl_c)
+    assert CliRunner().invoke(main, command).exit_code == 130
+    monkeypatch.undo()
+    (row,) = ResultStore(tmp_path / "r").rows()
+    path = ResultStore(tmp_path / "r").run_dir(row["run_id"]) / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert f"checkpoint {path} cannot be used" in line and f"rm {path}" in line
+    assert ResultStore(tmp_path / "r").rows() == [row]
+
+    path.unlink()
+    again = CliRunner().invoke(main, command)
+    assert again.exit_code == 0, again.output
+    assert sorted(r["status"] for r in ResultStore(tmp_path / "r").rows()) == ["done", "done", "failed"]

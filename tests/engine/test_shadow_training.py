@@ -139,9 +139,8 @@ def test_interrupted_shadows_resume_from_the_saved_ones(defense, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["flip", "other-key"])
-def test_a_damaged_saved_shadow_is_refused(damage, tmp_path):
+def test_a_damaged_saved_shadow_is_discarded(damage, tmp_path):
     from dpeval.checkpoint import ShadowStore
-    from dpeval.core.errors import ConfigError
 
     store = ShadowStore(tmp_path, "game-key")
     store.save(0, {"w": torch.arange(1000.0)})
@@ -152,5 +151,4 @@ def test_a_damaged_saved_shadow_is_refused(damage, tmp_path):
         store.path(0).write_bytes(bytes(data))
     else:
         store = ShadowStore(tmp_path, "another-game")
-    with pytest.raises(ConfigError, match="cannot be used"):
-        store.finished(3)
+    assert store.finished(3) == {} and not store.path(0).exists()  # removed: that shadow trains again
