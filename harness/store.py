@@ -5,7 +5,10 @@ version. A row becomes ``done`` only in the same transaction that stores its met
 artefacts were written; a run killed mid-way stays ``running`` (or ``failed`` when the process could still
 record the error), never a half-written ``done``. A row's ``pid`` is the process running it: the one that
 recorded it, or the sweep worker that took it over (``claim``). ``running`` rows whose process on this host
-is gone are marked ``failed`` by the next ``run``, ``sweep`` or ``show`` on the folder (``fail_stale``).
+is gone are marked ``failed`` by the next ``run``, ``sweep`` or ``show`` on the folder (``fail_stale``). Every
+update of a run's row checks that it changed that row: resuming claims an interrupted row (one of two processes
+wins), a failure is recorded on a ``running`` row only, and a store moved or deleted while a command runs is
+never created again by it (the run fails loudly instead of being recorded nowhere).
 
 The store is never repaired or overwritten behind the user's back: ``check`` refuses a results location
 that is not a folder, cannot be written (for commands that record runs), or holds a ``results.sqlite``
