@@ -24,8 +24,8 @@ from dpeval.engine.training import loop_state_problem, shape_problem
 from dpeval.store import CHECKPOINT_FILE
 
 # Bumped whenever the payload changes (PAYLOAD, the engine's LOOP_STATE): a checkpoint of an earlier dpeval is
-# refused, not misread. 2: the payload is checked for its shape.
-FORMAT = 2
+# refused, not misread. 2: the payload is checked for its shape. 3: the loop state holds the training time so far.
+FORMAT = 3
 FILE = CHECKPOINT_FILE
 # A run's payload: training's loop state, and the model and defense states recorded for attacks (name → state).
 PAYLOAD = {"loop": dict, "states": dict, "defense_states": dict}

@@ -211,6 +211,7 @@ LOOP_STATE: dict[str, Any] = {
     "epochs_done": int, "model": dict, "optimizer": dict, "schedule": (dict, type(None)), "sampler": torch.Tensor,
     "defense": {"state": dict, "generators": dict}, "globals": {"python": tuple, "torch": torch.Tensor, "numpy": list},
     "history": list, "steps": int, "bytes_dense": NUMBER, "densities": list, "sparse_bytes": list,
+    "train_s": NUMBER,
 }
 EPOCH_RECORD = {"epoch": int, "test_accuracy": NUMBER, "train_loss": NUMBER, "density": NUMBER}  # each of history
 WITHIN_STATE = {"order": torch.Tensor, "sizes": list, "step": int, "loss_sum": torch.Tensor, "seen": int}
@@ -261,6 +262,7 @@ class Loop:
     densities: list[float]
     sparse_bytes: list[int]
     within: dict[str, Any] | None = None
+    started: float = field(default_factory=time.perf_counter)  # when this process's part of the training began
 
     def state(self, epochs_done: int) -> dict[str, Any]:
         state = {
@@ -276,6 +278,8 @@ class Loop:
             "bytes_dense": self.result.bytes_dense,
             "densities": list(self.densities),
             "sparse_bytes": list(self.sparse_bytes),
+            # the training time so far, earlier processes' parts included: a resumed run reports its whole time
+            "train_s": self.result.train_s + time.perf_counter() - self.started,
         }
         if self.within is not None:
             state["defense"] = defense_state_within_epoch(self.defense)
@@ -297,6 +301,7 @@ class Loop:
         self.result.bytes_dense = state["bytes_dense"]
         self.densities[:] = state["densities"]
         self.sparse_bytes[:] = state["sparse_bytes"]
+        self.result.train_s = float(state["train_s"])
         self.within = state.get("within")
         return int(state["epochs_done"])
 
@@ -339,7 +344,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     result.front_s, result.front_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
     densities: list[float] = []
     sparse_bytes: list[int] = []
-    loop = Loop(model, optimizer, schedule, sampler, defense, result, densities, sparse_bytes)
+    loop = Loop(model, optimizer, schedule, sampler, defense, result, densities, sparse_bytes, started=start)
     first = loop.restore(resume) if resume is not None else 0
     bar = tqdm(total=total_steps, initial=result.steps, desc="train", unit="step", disable=not progress,
                leave=False)
@@ -393,7 +398,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         if on_epoch_end is not None:
             on_epoch_end(loop, epoch + 1)
     bar.close()
-    result.train_s = time.perf_counter() - start
+    result.train_s += time.perf_counter() - start  # after a resume: the earlier processes' part, restored, and this
     if densities:
         result.density = sum(densities) / len(densities)
         result.bytes_sparse = sum(sparse_bytes) / len(sparse_bytes)

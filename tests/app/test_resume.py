@@ -87,6 +87,21 @@ def test_an_interrupted_run_resumes_bit_identical(defense, tmp_path, monkeypatch
     check_resumes_bit_identical(tmp_path, monkeypatch, defense)
 
 
+def test_a_resumed_run_reports_its_whole_training_time(tmp_path, monkeypatch):
+    """time.train_s of a resumed run counts the interrupted process's part too (its checkpoint carries it)."""
+    from dpeval import checkpoint
+
+    interrupt_at(monkeypatch, 2 * (1258 // BATCH) + 1)  # the first step of the third epoch
+    assert CliRunner().invoke(main, command("dpsgd", tmp_path)).exit_code == 130
+    (row,) = ResultStore(tmp_path).rows()
+    saved = checkpoint.load(ResultStore(tmp_path).run_dir(row["run_id"]) / "checkpoint.pt", row["run_key"])
+    before = saved["loop"]["train_s"]
+    assert before > 0 and saved["loop"]["epochs_done"] == 2
+    resumed = CliRunner().invoke(main, command("dpsgd", tmp_path))
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout)["time.train_s"] > before
+
+
 def test_resume_keeps_optimizer_schedule_and_attacked_states(tmp_path, monkeypatch):
     """Adam's moments, a cosine schedule, and the epoch snapshots an attack over the trajectory reads."""
     check_resumes_bit_identical(tmp_path, monkeypatch, "rs", "--attack", "rgap", "--set", "attack.targets=2",

@@ -473,10 +473,10 @@ def test_the_checkpoint_format_changes_with_its_payload():
     from dpeval import checkpoint
     from dpeval.engine.training import LOOP_STATE
 
-    assert checkpoint.FORMAT == 2
+    assert checkpoint.FORMAT == 3
     assert sorted(checkpoint.PAYLOAD) == ["defense_states", "loop", "states"]
     assert sorted(LOOP_STATE) == ["bytes_dense", "defense", "densities", "epochs_done", "globals", "history", "model",
-                                  "optimizer", "sampler", "schedule", "sparse_bytes", "steps"]
+                                  "optimizer", "sampler", "schedule", "sparse_bytes", "steps", "train_s"]
 
 
 # -- saved shadow models --------------------------------------------------------------------------------------------
