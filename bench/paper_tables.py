@@ -16,6 +16,14 @@ interval between the two chosen points. Reading: *reproduced* when ours − pape
 interval holds 0; the arm's gain over the baseline *in sign* when our interval lies on the paper's side of 0, *in
 size* when it also holds the paper's gain. ``--doc FILE`` writes the table between the file's
 ``<!-- paper-table:SOURCE:TABLE:start/end -->`` markers.
+
+Two stages (cheaper than every grid point at every seed, and the chosen point's other seeds are not the ones it
+was chosen on): run the grid recipes at seed 0 (``sed 's/^seeds: .*/seeds: [0]/'``), then
+
+    python bench/paper_tables.py RESULTS --second-stage OUT_DIR RECIPE...
+
+writes, per grid recipe, the recipe of its best point at seed 0 with ``seeds: [1, 2]`` into OUT_DIR; sweeping
+those completes three seeds of every chosen point.
 """
 
 from __future__ import annotations
@@ -170,13 +178,49 @@ def markdown(points: list[Point], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def second_stage(results: list[Path], recipes: list[Path], out_dir: Path) -> None:
+    """Per grid recipe, the recipe of its best grid point at seed 0 (by test accuracy), at seeds 1 and 2."""
+    import yaml
+
+    from dpeval.config import set_dotted
+    from dpeval.sweep.grid import load_sweep, settings_of, swept_fields
+
+    accuracy = {r["run_key"]: number(r["metrics"].get(ACC)) for folder in results
+                for r in ResultStore(folder).rows(status="done")}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for recipe in recipes:
+        specs = [s for s in load_sweep(recipe) if s.seed == 0]
+        done = [s for s in specs if s.run_key in accuracy]
+        if len(done) < len(specs):
+            print(f"{recipe}: {len(done)} of {len(specs)} grid points finished at seed 0; skipped")
+            continue
+        best = max(done, key=lambda s: accuracy[s.run_key])
+        chosen = settings_of(best)
+        raw = yaml.safe_load(recipe.read_text())
+        for key in swept_fields(specs):
+            if key != "seed":
+                set_dotted(raw, key.replace("privacy.target_epsilon", "privacy.epsilon"), chosen[key])
+        raw["seeds"] = [1, 2]
+        text = (f"# The point of {recipe.name} chosen at seed 0 (test accuracy {accuracy[best.run_key]:.4f} of "
+                f"{len(specs)} points), at seeds 1 and 2 (bench/paper_tables.py --second-stage).\n")
+        (out_dir / recipe.name).write_text(text + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+        print(f"{out_dir / recipe.name}: {', '.join(f'{k}={chosen[k]}' for k in swept_fields(specs) if k != 'seed')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--table", required=True, help="SOURCE:TABLE, e.g. 'AdaCliP:Table 1'")
-    parser.add_argument("--baseline", required=True, help="the arm every other arm is compared with")
+    parser.add_argument("--table", help="SOURCE:TABLE, e.g. 'AdaCliP:Table 1'")
+    parser.add_argument("--baseline", help="the arm every other arm is compared with")
     parser.add_argument("--doc", type=Path, help="write the table between this file's markers")
+    parser.add_argument("--second-stage", type=Path, metavar="OUT_DIR", help="write the chosen points' recipes")
+    parser.add_argument("--recipes", nargs="*", type=Path, default=[], help="the grid recipes (--second-stage)")
     args = parser.parse_args()
+    if args.second_stage:
+        second_stage(args.results, args.recipes, args.second_stage)
+        return
+    if not (args.table and args.baseline):
+        parser.error("--table and --baseline are needed for a table")
     source, _, table = args.table.partition(":")
     points = chosen_points(args.results, source, table)
     if not points:
