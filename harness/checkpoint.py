@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dpeval.core.errors import ConfigError
+from dpeval.core.errors import ConfigError, brief
 from dpeval.core.files import write_atomic
 from dpeval.engine.training import loop_state_problem, shape_problem
 from dpeval.store import CHECKPOINT_FILE
@@ -89,7 +89,8 @@ def read(path: Path, key: str) -> Any:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise Unusable(f"format {record.get('format') if isinstance(record, dict) else '?'}, expected {FORMAT}")
     if record.get("run_key") != key:
-        raise Unusable(f"written for run key {record.get('run_key')}, not {key}")
+        # a shadow's key is the whole game's settings as JSON: quoted short, the line stays readable
+        raise Unusable(f"written for run key {brief(record.get('run_key'))}, not {brief(key)}")
     payload = record.get("payload")
     data = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else b""
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):

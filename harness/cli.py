@@ -24,13 +24,14 @@ from typing import Any, Callable
 import click
 
 from dpeval import __version__
-from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.errors import ConfigError, RunFailure, brief, printable
 
 DEFAULT_RESULTS = "./dpeval-results"
 
 
 def one_line(message: object) -> str:
-    return " ".join(str(message).splitlines())
+    """A message as one terminal line: its lines joined, control characters escaped, length capped."""
+    return printable(" ".join(str(message).splitlines()))
 
 
 def fail_usage(message: str) -> None:
@@ -100,7 +101,7 @@ def handle_errors(func: Callable) -> Callable:
             sys.exit(1)
         except KeyboardInterrupt as exc:
             end_progress_bars()
-            click.echo(f"dpeval: {str(exc) or 'interrupted'}", err=True)
+            click.echo(f"dpeval: {one_line(exc) or 'interrupted'}", err=True)
             sys.exit(128 + exc.signum if isinstance(exc, Terminated) else 130)
 
     return wrapper
@@ -121,7 +122,7 @@ def one_line_usage_errors() -> Iterator[None]:
 class OneLineUsageError(click.UsageError):
     def show(self, file: Any = None) -> None:
         hint = f" (see '{self.ctx.command_path} -h')" if self.ctx is not None else ""
-        click.echo(f"dpeval: error: {self.format_message()}{hint}", err=True)
+        click.echo(f"dpeval: error: {one_line(self.format_message())}{hint}", err=True)
 
 
 class DpevalGroup(click.Group):
@@ -711,11 +712,11 @@ def show(run_id: str, results: str, as_json: bool) -> None:
         raise ConfigError("RUN_ID: empty; give a run id or a unique part of one (dpeval leaderboard lists them)")
     matches = store.matching(run_id)
     if not matches:
-        raise ConfigError(f"RUN_ID: no run id contains {run_id!r} in {results}")
+        raise ConfigError(f"RUN_ID: no run id contains {brief(run_id)} in {results}")
     if len(matches) > 1:
         more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
         ids = ", ".join(r["run_id"] for r in matches[:5]) + more
-        raise ConfigError(f"RUN_ID: {run_id!r} is ambiguous: it is part of {len(matches)} run ids ({ids}); "
+        raise ConfigError(f"RUN_ID: {brief(run_id)} is ambiguous: it is part of {len(matches)} run ids ({ids}); "
                           "give more characters")
     row = matches[0]
     text = [f"{k}: {row[k]}" for k in ("run_id", "run_key", "status", "version", "started_at",
@@ -724,7 +725,8 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     text += [f"  {line}" for line in json.dumps(row["config"], indent=2, sort_keys=True).splitlines()]
     text.append("metrics:")
     text += [f"  {k}: {v}" for k, v in sorted(row["metrics"].items())]
-    emit(row, as_json, "\n".join(text))
+    # stored strings are data: escape sequences in them are shown, not obeyed (--json keeps every value whole)
+    emit(row, as_json, "\n".join(printable(line) for line in text))
 
 
 def readable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -732,8 +734,8 @@ def readable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     damaged = [r["run_id"] for r in rows if r.get("damaged")]
     if damaged:
         more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
-        click.echo(f"dpeval: note: left out {len(damaged)} run(s) whose stored record is damaged "
-                   f"({', '.join(damaged[:3])}{more}; dpeval show RUN_ID says which column)", err=True)
+        click.echo("dpeval: note: " + one_line(f"left out {len(damaged)} run(s) whose stored record is damaged "
+                   f"({', '.join(damaged[:3])}{more}; dpeval show RUN_ID says which column)"), err=True)
     return [r for r in rows if not r.get("damaged")]
 
 
@@ -758,7 +760,7 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
         store.refuse_output(out, "--out")
     rows = readable(store.rows())
     records = lb.leaderboard(rows, group_seeds, sort_by, descending)
-    selection = "".join(f"\n{line}" for line in lb.selection_sentences(lb.selection_costs(rows)))
+    selection = "".join(f"\n{printable(line)}" for line in lb.selection_sentences(lb.selection_costs(rows)))
     if out:
         with writing("--out", out):
             lb.write_leaderboard(records, Path(out))
@@ -780,7 +782,7 @@ def report(results: str, out: str, as_json: bool) -> None:
     from dpeval.store import ResultStore
 
     if not out.endswith((".html", ".htm")):
-        raise ConfigError(f"--out: must name an .html file, got {out!r}")
+        raise ConfigError(f"--out: must name an .html file, got {brief(out)}")
     store = ResultStore(results)
     store.check(create=False)
     store.refuse_output(out, "--out")
@@ -788,8 +790,9 @@ def report(results: str, out: str, as_json: bool) -> None:
     with writing("--out", out):
         written = write_report(rows, Path(out), results)
     if written["damaged"]:
-        click.echo(f"dpeval: note: {len(written['damaged'])} artefact(s) could not be read and are left out "
-                   f"(listed under 'Damaged artefacts' in the report); first: {written['damaged'][0]}", err=True)
+        click.echo("dpeval: note: " + one_line(f"{len(written['damaged'])} artefact(s) could not be read and are "
+                   f"left out (listed under 'Damaged artefacts' in the report); first: {written['damaged'][0]}"),
+                   err=True)
     emit(written, as_json, f"wrote {written['out']} ({written['runs']} runs, {len(written['plots'])} plots, "
                            f"{written['pictures']} pictures)")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dpeval.core.errors import ConfigError, brief
+from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.params import coerce, field_names, from_dict
 from dpeval.core.settings import DEFAULT_EPSILON
 from dpeval.core.spec import RunSpec
@@ -117,7 +117,7 @@ def load_yaml(path: str | Path, label: str = "--config") -> dict[str, Any]:
     try:
         text = read_settings_file(path, label).decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{label}: cannot read {printable(path, 200)}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{label}: {path} is not a UTF-8 text (YAML) file: undecodable byte at offset "
                           f"{exc.start}") from None

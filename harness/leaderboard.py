@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from dpeval.core.accounting import composition, gaussian_rdp, random_stopping_cost
+from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.files import write_text_atomic
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.verdicts import Verdict
@@ -47,6 +48,7 @@ LEADING = [
     "comm.density", "comm.bytes_sparse", "comm.bytes_dense", "time.train_s", "time.attack_s",
 ]
 METRIC_PREFIXES = ("utility.", "leakage.", "comm.", "time.")  # averaged over seeds, with .sem
+CELL_LIMIT = 60  # characters of a terminal table cell (a stored string can be any length)
 TERMINAL = ["run_id", "dataset", "model", "defense", "attack", "seed", "privacy.epsilon", "utility.test_accuracy"]
 SELECTION = ["privacy.selection_epsilon", "privacy.selection_epsilon_random_stopping"]  # beside ε in the table
 # A paper recipe's numbers (configs/papers/, ``paper:``) sit beside the measured column they quote, with the
@@ -216,9 +218,7 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
 
 def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -> list[dict[str, Any]]:
     if records and not any(column in r for r in records):
-        from dpeval.core.errors import ConfigError
-
-        raise ConfigError(f"--sort: no column {column!r}; columns: {', '.join(ordered_columns(records))}")
+        raise ConfigError(f"--sort: no column {brief(column)}; columns: {', '.join(ordered_columns(records))}")
 
     present = [r for r in records if r.get(column) is not None]
     missing = [r for r in records if r.get(column) is None]
@@ -301,9 +301,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
             return f"{text} ± {sem:.2g}" if grouped and is_number(sem) and math.isfinite(v) else text
         if isinstance(v, bool):
             return "*" if v else ""
-        return "" if v is None else str(v)
+        return "" if v is None else printable(v, CELL_LIMIT)
 
     cells = [[show(r, c) for c in columns] for r in records]
+    columns = [printable(c, CELL_LIMIT) for c in columns]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]

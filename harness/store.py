@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from dpeval import __version__
 from dpeval.core import files
-from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.errors import ConfigError, RunFailure, printable
 
 STORE_FILE = "results.sqlite"
 LOCK_FILE = ".sweep.lock"
@@ -143,6 +143,12 @@ class ResultStore:
         ``create``: the command records runs, so the folder may be missing but must be creatable and
         writable. Otherwise (leaderboard, report, show) the folder must exist and hold a store. In both cases
         an existing ``results.sqlite`` must pass SQLite's integrity check and be a dpeval store."""
+        try:
+            self._check(create)
+        except OSError as exc:  # a path the system refuses to look up (too long, a loop of links)
+            raise ConfigError(f"--results: cannot use {printable(self.root, 200)}: {exc.strerror or exc}") from None
+
+    def _check(self, create: bool) -> None:
         root = self.root
         if root.exists() and not root.is_dir():
             raise ConfigError(f"--results: {root} is a file, not a results folder")
@@ -229,10 +235,13 @@ class ResultStore:
         """An output file (``--out``) must not be one of the store's own files (the database, its journal,
         the sweep lock, also through a link) nor lie inside a run's folder: writing there would destroy
         results."""
-        target = Path(out).resolve()
-        root = self.root.resolve()
-        own = any(target == root / name or (target.exists() and (root / name).exists()
-                                           and os.path.samefile(target, root / name)) for name in STORE_FILES)
+        try:
+            target = Path(out).resolve()
+            root = self.root.resolve()
+            own = any(target == root / name or (target.exists() and (root / name).exists()
+                                               and os.path.samefile(target, root / name)) for name in STORE_FILES)
+        except OSError as exc:  # a path the system refuses to look up (too long, a loop of links)
+            raise ConfigError(f"{option}: cannot write {printable(out, 200)}: {exc.strerror or exc}") from None
         if own or target.is_relative_to(root / "runs"):
             raise ConfigError(f"{option}: {out} is part of the results store in {self.root}; dpeval never "
                               f"writes over it: name a file elsewhere (e.g. {self.root / 'report.html'})")

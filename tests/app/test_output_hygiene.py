@@ -1,0 +1,108 @@
+"""What dpeval writes from hostile input stays inert: strings from a store or the command line reach the terminal
+escaped and short, the report's page and figures never replace a file that is not theirs, the page shows every
+stored string as text, CSV cells cannot start a spreadsheet formula, a run without a test set reports "no test
+set" instead of dividing by zero, and the leaderboard's cached accounting gives what the uncached one gives."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dpeval.cli import main
+from dpeval.store import ResultStore
+
+ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the terminal's title, clear the screen, turn text red
+HUGE = "A" * 100_000
+
+
+def record(store, key, metrics, config=None):
+    """One finished run written through the store's API."""
+    run_id = store.begin(key.ljust(16, "x"), config or {"seed": metrics.get("seed", 0)})
+    store.finish(run_id, {"run_id": run_id, "dataset": "digits", "model": "cnn3", "defense": "dpsgd",
+                          "attack": "none", "seed": 0, "privacy.epsilon": 3.0, "utility.test_accuracy": 0.9,
+                          **metrics})
+    return run_id
+
+
+def invoke(*args):
+    """The command in-process, escape sequences kept as a terminal would get them (click strips them otherwise)."""
+    return CliRunner().invoke(main, [str(a) for a in args], color=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the terminal: stored and given strings are escaped and capped
+
+
+def test_printable_escapes_controls_and_caps_the_length():
+    from dpeval.core.errors import printable
+
+    assert printable(f"a{ESC}b\r\nc\u202ed") == "a\\x1b]0;owned\\x07\\x1b[2J\\x1b[31mb\\r\\nc\\u202ed"
+    assert printable("é ε ✓ 日本") == "é ε ✓ 日本"  # what a terminal shows as it is stays
+    assert printable(HUGE, 50) == "A" * 50 + "…"
+    assert len(printable("\x1b" * 1000, 50)) == 51
+
+
+def test_show_prints_stored_escape_sequences_as_text(tmp_path):
+    store = ResultStore(tmp_path)
+    run_id = record(store, "k", {"defense": f"dpsgd{ESC}", "leakage.ig.state": f"final\r{ESC}"},
+                    config={"seed": 0, "defense": {"name": ESC}})
+    shown = invoke("show", run_id, "--results", tmp_path)
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.stdout and "\r" not in shown.stdout and "\x07" not in shown.stdout
+    assert "defense: dpsgd\\x1b]0;owned\\x07" in shown.stdout
+
+
+def test_show_caps_a_huge_stored_value_and_json_keeps_it(tmp_path):
+    store = ResultStore(tmp_path)
+    run_id = record(store, "k", {"leakage.ig.note": HUGE})
+    shown = invoke("show", run_id, "--results", tmp_path)
+    assert shown.exit_code == 0 and max(map(len, shown.stdout.splitlines())) <= 1020
+    assert "  leakage.ig.note: AAAA" in shown.stdout and "A…" in shown.stdout
+    whole = invoke("show", run_id, "--results", tmp_path, "--json")
+    assert json.loads(whole.stdout)["metrics"]["leakage.ig.note"] == HUGE
+
+
+def test_the_leaderboard_table_prints_stored_strings_as_text(tmp_path):
+    store = ResultStore(tmp_path)
+    record(store, "a", {"defense": f"rs{ESC}", "paper.table": ESC, "privacy.delta": 1e-5, "privacy.steps": 10,
+                        "privacy.noise_multiplier": 1.0, "privacy.sample_rate": 0.1}, {"seed": 0, "c": 1})
+    record(store, "b", {"defense": "rs", "model": HUGE, "paper.table": ESC}, {"seed": 0, "c": 2})
+    board = invoke("leaderboard", "--results", tmp_path)
+    assert board.exit_code == 0, board.output
+    assert "\x1b" not in board.stdout and "rs\\x1b]0;owned" in board.stdout
+    assert max(map(len, board.stdout.splitlines())) < 2000  # a 100 KB cell is cut
+
+
+@pytest.mark.parametrize("args", [
+    ["show", HUGE, "--results", "{store}"],
+    ["show", "x", "--results", HUGE],
+    ["leaderboard", "--results", "{store}", "--sort", HUGE],
+    ["leaderboard", "--results", "{store}", "--out", HUGE + ".csv"],
+    ["leaderboard", "--results", f"nowhere{ESC}"],
+    ["report", "--results", "{store}", "--out", HUGE],
+    ["report", "--results", "{store}", "--out", HUGE + ".html"],
+    ["run", "--config", HUGE],
+    ["run", "--epochs", HUGE],
+    ["sweep", HUGE],
+], ids=["show-id", "show-results", "leaderboard-sort", "leaderboard-out", "leaderboard-results-escape",
+        "report-out-not-html", "report-out-too-long", "run-config", "run-epochs", "sweep-file"])
+def test_a_message_quotes_a_huge_or_hostile_input_in_one_short_line(args, tmp_path):
+    record(ResultStore(tmp_path / "store"), "k", {})
+    result = invoke(*[a.replace("{store}", str(tmp_path / "store")) for a in args])
+    (line,) = result.stderr.splitlines()
+    assert result.exit_code == 2 and line.startswith("dpeval: error: ") and "Traceback" not in result.output
+    assert len(line) <= 1100 and "\x1b" not in line, line[:400]  # at most a line's worth of the input
+
+
+def test_a_shadow_of_another_game_is_refused_in_one_short_line(tmp_path):
+    """A shadow's key is the whole game's settings as JSON (about 1.2 KB): the refusal quotes both keys short."""
+    import torch
+
+    from dpeval.checkpoint import ShadowStore
+    from dpeval.core.errors import ConfigError
+
+    game = json.dumps({"spec": {f"setting_{i}": "value" * 5 for i in range(40)}, "k": 16})
+    ShadowStore(tmp_path, f"run:{game}").save(0, {"w": torch.zeros(3)})
+    with pytest.raises(ConfigError) as refused:
+        ShadowStore(tmp_path, f"run:{game.replace('value', 'other')}").finished(1)
+    assert "cannot be used" in str(refused.value) and len(str(refused.value)) < 500
