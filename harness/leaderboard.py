@@ -177,18 +177,35 @@ def ordered_columns(records: list[dict[str, Any]]) -> list[str]:
     return lead + rest
 
 
+# A spreadsheet evaluates a cell that starts with one of these as a formula (=HYPERLINK(...), +cmd|...).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> str:
+    """A CSV cell: numbers as Python writes them; text (settings, paper references, anything a store holds) with a
+    leading ' where it would start a formula, unless it is a number written as text (-0.5)."""
     if value is None:
         return ""
     if isinstance(value, float):
         return "inf" if value == math.inf else repr(value)
-    return str(value)
+    text = str(value)
+    if isinstance(value, str) and text.startswith(FORMULA_START) and not _number_text(text):
+        return "'" + text
+    return text
+
+
+def _number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def write_csv(records: list[dict[str, Any]], handle: TextIO) -> None:
     columns = ordered_columns(records)
     writer = csv.writer(handle)
-    writer.writerow(columns)
+    writer.writerow([_cell(c) for c in columns])
     for record in records:
         writer.writerow([_cell(record.get(c)) for c in columns])
 

@@ -3,7 +3,9 @@ escaped and short, the report's page and figures never replace a file that is no
 stored string as text, CSV cells cannot start a spreadsheet formula, a run without a test set reports "no test
 set" instead of dividing by zero, and the leaderboard's cached accounting gives what the uncached one gives."""
 
+import csv
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -106,3 +108,42 @@ def test_a_shadow_of_another_game_is_refused_in_one_short_line(tmp_path):
     with pytest.raises(ConfigError) as refused:
         ShadowStore(tmp_path, f"run:{game.replace('value', 'other')}").finished(1)
     assert "cannot be used" in str(refused.value) and len(str(refused.value)) < 500
+
+
+# ---------------------------------------------------------------------------------------------------
+# the leaderboard's CSV: no cell starts a spreadsheet formula
+
+
+FORMULAS = {"paper.source": "=HYPERLINK(\"http://evil\",\"x\")", "paper.table": "+cmd|' /C calc'!A0",
+            "paper.row": "-2+3+cmd|' /C calc'!A0", "paper.accuracy_is": "@SUM(1+1)*cmd", "leakage.ig.state": "\t=1+1",
+            "defense.mask": "\r=1+1"}
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["runs", "seeds-grouped"])
+def test_csv_cells_from_strings_cannot_start_a_formula_and_numbers_stay_numbers(grouped, tmp_path):
+    store = ResultStore(tmp_path / "r")
+    for seed in (0, 1):
+        record(store, f"s{seed}", {**FORMULAS, "seed": seed, "leakage.ig.psnr": -0.5, "leakage.ig.delta": -3,
+                                   "leakage.ig.text_number": "-0.5", "privacy.epsilon": -math.inf if seed else 3.0},
+               config={"seed": seed, "defense": {"name": "dpsgd", "mask": "\r=1+1"}})
+    out = tmp_path / "board.csv"
+    result = invoke("leaderboard", "--results", tmp_path / "r", "--out", out, *(["--group-seeds"] if grouped else []))
+    assert result.exit_code == 0, result.output
+    with out.open(newline="") as handle:
+        records = list(csv.DictReader(handle))
+    assert records
+    for row in records:
+        for column, value in FORMULAS.items():
+            assert row[column] == "'" + value, (column, row[column])
+        assert row["leakage.ig.psnr"] == "-0.5" and row["leakage.ig.delta"] in ("-3", "-3.0")  # a mean when grouped
+        assert row["leakage.ig.text_number"] == "-0.5"  # a number stored as text is a number too
+    starts = [c for row in records for c in row.values() if c and c[0] in "=+-@\t\r"]
+    assert all(is_number_text(c) for c in starts), starts  # only numbers (-0.5, -3, -inf) start so
+
+
+def is_number_text(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
