@@ -763,7 +763,7 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
     selection = "".join(f"\n{printable(line)}" for line in lb.selection_sentences(lb.selection_costs(rows)))
     if out:
         with writing("--out", out):
-            lb.write_leaderboard(records, Path(out))
+            lb.write_leaderboard(records, Path(out), store)
         emit({"rows": len(records), "out": out}, as_json, f"wrote {len(records)} rows to {out}{selection}")
     else:
         emit(records, as_json, lb.format_table(records) + selection)
@@ -778,14 +778,14 @@ def report(results: str, out: str, as_json: bool) -> None:
     """One self-contained HTML page: a generated summary, the leaderboard, accuracy and leakage vs ε,
     configurations at matched ε, learning curves, density over training, utility vs leakage, trends,
     ROC curves, reconstructions."""
-    from dpeval.report import write_report
+    from dpeval.report import earlier_output, write_report
     from dpeval.store import ResultStore
 
     if not out.endswith((".html", ".htm")):
         raise ConfigError(f"--out: must name an .html file, got {brief(out)}")
     store = ResultStore(results)
     store.check(create=False)
-    store.refuse_output(out, "--out")
+    store.refuse_output(out, "--out", earlier_output)  # at once; the figures beside it are checked once drawn
     rows = readable(store.rows())
     with writing("--out", out):
         written = write_report(rows, Path(out), results)

@@ -36,10 +36,10 @@ from typing import Any, Iterator, TextIO
 
 from dpeval.core.accounting import composition, gaussian_rdp, random_stopping_cost
 from dpeval.core.errors import ConfigError, brief, printable
-from dpeval.core.files import write_text_atomic
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.verdicts import Verdict
 from dpeval.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
+from dpeval.store import ResultStore
 
 LEADING = [
     "run_id", "run_key", "status", "dataset", "model", "defense", "attack", "seed",
@@ -424,8 +424,9 @@ def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: s
     return sort_records(records, sort, descending) if sort else records
 
 
-def write_leaderboard(records: list[dict[str, Any]], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = io.StringIO(newline="")  # the CSV whole, then written at once: a full disk keeps the old file
-    write_csv(records, text)
-    write_text_atomic(out, text.getvalue())
+def write_leaderboard(records: list[dict[str, Any]], out: Path, store: ResultStore) -> None:
+    """The CSV at ``out``, written as every output file is (``ResultStore.write_outputs``: never through a link,
+    never over the store)."""
+    handle = io.StringIO(newline="")
+    write_csv(records, handle)
+    store.write_outputs({out: handle.getvalue().encode()}, "--out")

@@ -33,6 +33,7 @@ import dataclasses
 import html
 import json
 import math
+import tempfile
 import textwrap
 import zipfile
 import zlib
@@ -50,11 +51,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from dpeval import __version__  # noqa: E402
 from dpeval import leaderboard as lb  # noqa: E402
 from dpeval.core.errors import brief  # noqa: E402
-from dpeval.core.files import save_figure, write_text_atomic  # noqa: E402
+from dpeval.core.files import save_figure  # noqa: E402
 from dpeval.core.result_keys import AttackKey  # noqa: E402
 from dpeval.core.states import in_order  # noqa: E402
 from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
 from dpeval.headlines import attack_class, fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
+from dpeval.store import ResultStore  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
@@ -91,6 +93,24 @@ def resolve_artefact(value: Any, root: Path, run_id: str) -> Path | None:
 
 def damaged_line(row: dict[str, Any], key: str, path: Path, exc: BaseException) -> str:
     return f"run {row['run_id']}: {key} = {path}: cannot be read ({type(exc).__name__}: {brief(str(exc), 120)})"
+
+
+PAGE_START = "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>dpeval report</title>"
+PNG_START = b"\x89PNG\r\n\x1a\n"
+
+
+def earlier_output(path: Path) -> bool:
+    """Whether the existing file ``path`` is one ``dpeval report`` writes, which a new report may replace: a page
+    (by how it starts) or a figure (PNG or SVG drawn by Matplotlib, as all of report's are). The store behind a
+    link, or a file of someone else's that has a figure's name, is not."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+    if path.suffix in (".html", ".htm"):
+        return head.startswith(PAGE_START.encode())
+    drawn = {".png": head.startswith(PNG_START), ".svg": b"<svg" in head}
+    return drawn.get(path.suffix, False) and b"Matplotlib" in head
 
 
 def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
@@ -940,22 +960,33 @@ RULES = ("Verdicts: a reconstruction attack <b>leaks</b> when, at some attacked 
 
 
 def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str) -> dict[str, Any]:
-    """Write the HTML report and its figures (PNG + PDF) for the store rows of the results folder
+    """Write the HTML report and its figures (PNG + SVG) for the store rows of the results folder
     ``results`` (where relative artefact paths point); returns what was written, ``damaged`` listing the
-    artefacts that could not be read."""
-    out = out.resolve()
+    artefacts that could not be read. The figures are drawn in a private folder first; then the page and
+    every figure are written beside ``out`` as every output file is (``ResultStore.write_outputs``): none
+    through a link, none over the store or a file an earlier report did not write, nothing when one is
+    refused."""
     root = Path(results).resolve()
+    with tempfile.TemporaryDirectory(prefix="dpeval-report-") as scratch:
+        page, written = _draw_report(rows, out.stem, root, Path(scratch))
+        files = {out.with_name(p.name): p.read_bytes() for p in written["plots"] + written["vector"]}
+    ResultStore(results).write_outputs({**files, out: page.encode()}, "--out", earlier_output)
+    folder = out.parent.resolve()
+    return {**written, "out": str(folder / out.name), "plots": [str(folder / p.name) for p in written["plots"]],
+            "vector": [str(folder / p.name) for p in written["vector"]]}
+
+
+def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Path) -> tuple[str, dict[str, Any]]:
+    """The page, and what ``write_report`` says it wrote (``plots``, ``vector``: the figures in ``figures``)."""
     damaged: list[str] = []
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stem = out.stem
     done = lb.latest_per_key([r for r in rows if r["status"] == "done"])
     records = lb.leaderboard(done, seeds_grouped=True)
     swept = swept_columns(records)
-    grids, covered = reconstruction_grids(done, root, swept, out.parent, stem, damaged)
-    plots = versus_epsilon(records, out.parent, stem) + matched_epsilon(records, out.parent, stem) \
-        + learning_curves(done, records, out.parent, stem) + density_curves(done, records, out.parent, stem) \
-        + utility_vs_leakage(records, out.parent, stem) + trajectories(records, out.parent, stem) \
-        + trends(records, out.parent, stem) + roc_curves(done, root, swept, out.parent, stem, damaged) + grids
+    grids, covered = reconstruction_grids(done, root, swept, figures, stem, damaged)
+    plots = versus_epsilon(records, figures, stem) + matched_epsilon(records, figures, stem) \
+        + learning_curves(done, records, figures, stem) + density_curves(done, records, figures, stem) \
+        + utility_vs_leakage(records, figures, stem) + trajectories(records, figures, stem) \
+        + trends(records, figures, stem) + roc_curves(done, root, swept, figures, stem, damaged) + grids
     pics, missing = pictures(done, root, swept, covered)
     common, board = table(records) if records else ("", "<p>No finished runs.</p>")
     summary = summary_lines(records)
@@ -984,9 +1015,7 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str) -> 
     vector = ", ".join(p.with_suffix(".svg").name for _, p in plots)
     if vector:
         sections.append(f"<p class='note'>Vector versions (SVG) beside this page: {html.escape(vector)}.</p>")
-    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>dpeval report</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
-    write_text_atomic(out, page)
-    return {"out": str(out), "runs": len(done), "configurations": len(records),
-            "plots": [str(p) for _, p in plots], "vector": [str(p.with_suffix(".svg")) for _, p in plots],
-            "pictures": len(pics) + len(covered), "missing": missing, "damaged": damaged}
+    page = f"{PAGE_START}<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>"
+    return page, {"runs": len(done), "configurations": len(records), "plots": [p for _, p in plots],
+                  "vector": [p.with_suffix(".svg") for _, p in plots], "pictures": len(pics) + len(covered),
+                  "missing": missing, "damaged": damaged}

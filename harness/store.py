@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from dpeval import __version__
 from dpeval.core import files
@@ -231,20 +231,43 @@ class ResultStore:
         log.warning("%s: written by an earlier dpeval; added the column(s) %s (backup: %s)", self.db_path,
                     ", ".join(missing), backup)
 
-    def refuse_output(self, out: str, option: str) -> None:
-        """An output file (``--out``) must not be one of the store's own files (the database, its journal,
-        the sweep lock, also through a link) nor lie inside a run's folder: writing there would destroy
-        results."""
+    def refuse_output(self, out: str | Path, option: str, ours: Callable[[Path], bool] | None = None) -> None:
+        """Refuse (ConfigError naming ``option``) to write an output file — ``--out`` or a file a command writes
+        beside it — that is one of the store's own files (the database, its journal, the sweep lock, also
+        through a link) or lies inside a run's folder: writing there would destroy results; that is a symbolic
+        link: dpeval never writes through one; or, given ``ours``, that exists but is not a file ``ours``
+        recognises as the command's own earlier output."""
+        path = Path(out)
         try:
-            target = Path(out).resolve()
+            target = path.resolve()
             root = self.root.resolve()
             own = any(target == root / name or (target.exists() and (root / name).exists()
                                                and os.path.samefile(target, root / name)) for name in STORE_FILES)
+            link = path.is_symlink()
+            foreign = ours is not None and path.exists() and not ours(path)
         except OSError as exc:  # a path the system refuses to look up (too long, a loop of links)
             raise ConfigError(f"{option}: cannot write {printable(out, 200)}: {exc.strerror or exc}") from None
         if own or target.is_relative_to(root / "runs"):
             raise ConfigError(f"{option}: {out} is part of the results store in {self.root}; dpeval never "
                               f"writes over it: name a file elsewhere (e.g. {self.root / 'report.html'})")
+        if link:
+            raise ConfigError(f"{option}: {out} is a symbolic link; dpeval never writes through one: remove it "
+                              f"or name another file")
+        if foreign:
+            raise ConfigError(f"{option}: {out} exists and was not written by dpeval; it is left as it is: move "
+                              f"it aside or name another file")
+
+    def write_outputs(self, outputs: dict[Path, bytes], option: str,
+                      ours: Callable[[Path], bool] | None = None) -> None:
+        """Write a command's output files (``--out`` and what it writes beside it): every one checked first
+        (``refuse_output``), so that a refused one leaves nothing written; each through a new temporary file
+        renamed over its path, so a link that appears there meanwhile is replaced, never written through, and a
+        reader never sees half a file."""
+        for path in outputs:
+            self.refuse_output(path, option, ours)
+        for path, data in outputs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files.write_atomic(path, lambda f, data=data: f.write(data))
 
     # -- connections --------------------------------------------------------------------------------------------
     @contextmanager

@@ -4,8 +4,11 @@ stored string as text, CSV cells cannot start a spreadsheet formula, a run witho
 set" instead of dividing by zero, and the leaderboard's cached accounting gives what the uncached one gives."""
 
 import csv
+import hashlib
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -147,3 +150,80 @@ def is_number_text(text):
     except ValueError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------------
+# the files report and leaderboard write: never through a link, never over the store or a file not theirs
+
+
+def small_store(root):
+    """Two defenses at two requested ε, two seeds: enough for the ε and matched-ε figures."""
+    store = ResultStore(root)
+    for defense in ("dpsgd", "rs"):
+        for eps in (1.0, 3.0):
+            for seed in (0, 1):
+                record(store, f"{defense}{eps}{seed}", {"defense": defense, "seed": seed, "privacy.epsilon": eps,
+                                                         "utility.test_accuracy": 0.8 + eps / 100 + seed / 1000},
+                       config={"seed": seed, "defense": {"name": defense}, "privacy": {"epsilon": eps}})
+    return store
+
+
+def snapshot(root):
+    """Every path under ``root``: the hash of a file's bytes (not following links), a link's target."""
+    return {p.relative_to(root).as_posix(): f"-> {os.readlink(p)}" if p.is_symlink()
+            else hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("figure", ["report_matched_epsilon.png", "report_versus_epsilon.svg"])
+@pytest.mark.parametrize("kind", ["symlink-to-store", "hardlink-to-store", "symlink-elsewhere", "someone-elses-file"])
+def test_report_writes_no_figure_over_a_file_that_is_not_its_own(kind, figure, tmp_path):
+    small_store(tmp_path / "r")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    planted = tmp_path / figure
+    if kind == "symlink-to-store":
+        planted.symlink_to(tmp_path / "r" / "results.sqlite")
+    elif kind == "hardlink-to-store":
+        os.link(tmp_path / "r" / "results.sqlite", planted)
+    elif kind == "symlink-elsewhere":
+        planted.symlink_to(tmp_path / "notes.txt")
+    else:
+        planted.write_bytes(b"\x89PNG\r\n\x1a\n a picture of mine, not a report's")
+    before = snapshot(tmp_path)
+    result = invoke("report", "--results", tmp_path / "r", "--out", tmp_path / "report.html")
+    (line,) = result.stderr.splitlines()
+    assert result.exit_code == 2 and line.startswith("dpeval: error: --out: ") and figure in line, result.output
+    assert snapshot(tmp_path) == before  # nothing written: not the store, not the page, no other figure
+    assert ResultStore(tmp_path / "r").rows()  # the store still reads
+
+
+def test_report_replaces_its_own_earlier_files(tmp_path):
+    small_store(tmp_path / "r")
+    out = tmp_path / "report.html"
+    for _ in range(2):
+        result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")
+        assert result.exit_code == 0, result.output
+    written = json.loads(result.stdout)
+    assert {Path(p).name for p in written["plots"]} == {"report_versus_epsilon.png", "report_matched_epsilon.png"}
+    assert all(Path(p).is_file() for p in written["plots"] + written["vector"]) and out.is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("command", ["report", "leaderboard"])
+def test_out_itself_is_never_written_through_a_link(command, tmp_path):
+    small_store(tmp_path / "r")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    out = tmp_path / ("report.html" if command == "report" else "board.csv")
+    out.symlink_to(tmp_path / "notes.txt")
+    before = snapshot(tmp_path)
+    result = invoke(command, "--results", tmp_path / "r", "--out", out)
+    (line,) = result.stderr.splitlines()
+    assert result.exit_code == 2 and f"--out: {out} is a symbolic link" in line, result.output
+    assert snapshot(tmp_path) == before
+
+
+def test_report_does_not_overwrite_a_page_it_did_not_write(tmp_path):
+    small_store(tmp_path / "r")
+    out = tmp_path / "index.html"
+    out.write_text("<html>my own page</html>")
+    result = invoke("report", "--results", tmp_path / "r", "--out", out)
+    assert result.exit_code == 2 and "index.html" in result.stderr and out.read_text() == "<html>my own page</html>"
