@@ -31,8 +31,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import itertools
 import json
 import math
+import re
 import tempfile
 import textwrap
 import zipfile
@@ -114,8 +116,15 @@ def earlier_output(path: Path) -> bool:
 
 
 def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
-    """PNG (embedded in the page) and SVG (vector, text kept as text) beside the HTML; returns the PNG."""
-    path = out_dir / f"{stem}_{name}.png"
+    """PNG (embedded in the page) and SVG (vector, text kept as text) beside the HTML; returns the PNG. ``name``
+    holds names from the store (an attack's, a setting's): the file name keeps their letters, digits, - and _
+    only (never a / or ..), numbered where two names come out the same."""
+    base = f"{stem}_{re.sub(r'[^A-Za-z0-9_-]+', '_', name)}"
+    path = out_dir / f"{base}.png"
+    for n in itertools.count(2):
+        if not path.exists():
+            break
+        path = out_dir / f"{base}_{n}.png"
     try:
         save_figure(fig, path, dpi=110, bbox_inches="tight")
         with matplotlib.rc_context({"svg.fonttype": "none"}):

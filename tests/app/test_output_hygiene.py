@@ -227,3 +227,19 @@ def test_report_does_not_overwrite_a_page_it_did_not_write(tmp_path):
     out.write_text("<html>my own page</html>")
     result = invoke("report", "--results", tmp_path / "r", "--out", out)
     assert result.exit_code == 2 and "index.html" in result.stderr and out.read_text() == "<html>my own page</html>"
+
+
+def test_figure_names_made_of_stored_names_stay_beside_the_page(tmp_path):
+    """A swept setting or an attack named with / and .. names a figure: its file is still a file beside the page."""
+    store = small_store(tmp_path / "r")
+    for value in (1, 2):
+        record(store, f"odd{value}", {"defense": "rs", "defense.../../x": value, "defense.a/b": value,
+                                      "defense.a_b": value, "utility.test_accuracy": 0.5 + value / 10},
+               {"seed": 0, "defense": {"name": "rs", "x": value}})
+    out = tmp_path / "out" / "report.html"
+    result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    plots = json.loads(result.stdout)["plots"]
+    assert all(Path(p).parent == out.parent.resolve() and Path(p).is_file() for p in plots)
+    assert len(set(plots)) == len(plots) and len([p for p in plots if "trend" in p]) == 3, plots
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r"]
