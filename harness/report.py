@@ -134,11 +134,6 @@ def _save(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
     return path
 
 
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
 # ---------------------------------------------------------------------------------------------------
 # Names and labels
 
@@ -223,10 +218,11 @@ def _sort_key(record: dict[str, Any], swept: list[str]) -> tuple:
 
 
 def table(records: list[dict[str, Any]]) -> tuple[str, str]:
-    """(one line of the settings every row shares, the leaderboard as an HTML table that fits the page)."""
+    """(one line of the settings every row shares, the leaderboard as an HTML table that fits the page: ``table_html``
+    of its header and cells)."""
     keys = {c for r in records for c in r}
     swept = swept_columns(records)
-    common = [f"{HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c)))} {html.escape(_fmt(records[0].get(c)))}"
+    common = [f"{HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c)))} {_fmt(records[0].get(c))}"
               for c in SUMMARY
               if all(c in r for r in records) and len({repr(r[c]) for r in records}) == 1]
     columns: list[tuple[str, str]] = [("n", "n")] + [(c, HEADERS.get(c, SHORT_NAMES.get(c, setting_name(c))))
@@ -249,7 +245,6 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
         columns.append(("identical_results", "identical results"))
     names = dict(columns)
     columns = [(c, names.get(c, c)) for c in lb.with_paper(list(names), keys, brief=True) if c in keys]
-    head = "".join(f'<th title="{html.escape(c)}">{html.escape(name)}</th>' for c, name in columns)
     body = []
     for r in sorted(records, key=lambda r: _sort_key(r, swept)):
         cells = []
@@ -260,10 +255,9 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
             if is_number(sem) and sem > 0:
                 text += f" ± {sem:.2g}"
             key = AttackKey.parse(c)
-            cls = ' class="leaks"' if key and key.is_verdict and _leaks(r.get(c)) else ""
-            cells.append(f"<td{cls}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return ", ".join(common), f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            cells.append((text, bool(key and key.is_verdict and _leaks(r.get(c)))))
+        body.append(cells)
+    return ", ".join(common), table_html(columns, body)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -864,9 +858,10 @@ def _value(r: dict[str, Any], metric: str) -> str:
     return fmt(r[metric], 3) + (f" ± {fmt(sem, 2)}" if is_number(sem) and sem > 0 else "")
 
 
-def leak_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
-    """Per attack: which configurations leak (by their verdict), and how many do not."""
-    lines = []
+def leak_lines(records: list[dict[str, Any]], swept: list[str]) -> list[Line]:
+    """Per attack: which configurations leak (by their verdict), and how many do not (the attack's name as
+    the line's lead)."""
+    lines: list[Line] = []
     for attack in lb.attacks_in(records):
         heads = [(r, h) for r in records if (h := read(r, attack)) is not None and h.value is not None]
         if not heads:
@@ -874,14 +869,14 @@ def leak_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
         leaking = [f"{point_label(r, swept)} ({h.verdict or 'beats its reference'})" for r, h in heads if h.leaks]
         quiet = len(heads) - len(leaking)
         if leaking:
-            lines.append(f"<b>{attack}</b>: leaks in {', '.join(leaking)}; no leak detected in {quiet} other "
-                         f"configuration(s).")
+            text = f": leaks in {', '.join(leaking)}; no leak detected in {quiet} other configuration(s)."
         else:
-            lines.append(f"<b>{attack}</b>: no configuration leaks ({len(heads)} configuration(s); "
-                         "“no leak detected” is not a proof of privacy).")
+            text = (f": no configuration leaks ({len(heads)} configuration(s); “no leak detected” is not a proof "
+                    "of privacy).")
         floors = sorted({floor for r, _ in heads if (floor := smallest_p(r, attack))})
         if floors:
-            lines[-1] += f" {'; '.join(floors)}."
+            text += f" {'; '.join(floors)}."
+        lines.append((attack, text))
     return lines
 
 
@@ -925,7 +920,7 @@ def utility_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
     return lines
 
 
-def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+def summary_lines(records: list[dict[str, Any]]) -> list[Line]:
     """The report's opening: what leaks, which utility differences exceed their SEM, the test set's
     resolution, configurations with identical results and settings that differ between the runs."""
     if not records:
@@ -962,7 +957,56 @@ figcaption { font-size: 0.8em; color: #555; max-width: 420px; }
 p.note { font-size: 0.85em; color: #444; } ul.missing { font-size: 0.8em; color: #a00; }
 """
 
-RULES = ("Verdicts: a reconstruction attack <b>leaks</b> when, at some attacked state, its per-target PSNR "
+# ---------------------------------------------------------------------------------------------------
+# The page: the one place where text becomes HTML. Everything above produces plain text (names, settings,
+# paths and messages read from a store among it); these functions escape all of it, so none becomes markup.
+
+Line = str | tuple[str, str]  # a summary line, or (a lead set in bold, the rest of the line)
+
+
+def _text(value: Any, attribute: bool = False) -> str:
+    return html.escape(str(value), quote=attribute)
+
+
+def _class(name: str) -> str:
+    return f' class="{_text(name, True)}"' if name else ""
+
+
+def heading(title: str, level: int = 2) -> str:
+    return f"<h{level}>{_text(title)}</h{level}>"
+
+
+def paragraph(text: str, cls: str = "") -> str:
+    return f"<p{_class(cls)}>{_text(text)}</p>"
+
+
+def bullets(lines: list[Line], cls: str) -> str:
+    items = "".join(f"<li><b>{_text(line[0])}</b>{_text(line[1])}</li>" if isinstance(line, tuple)
+                    else f"<li>{_text(line)}</li>" for line in lines)
+    return f"<ul{_class(cls)}>{items}</ul>"
+
+
+def table_html(head: list[tuple[str, str]], rows: list[list[tuple[str, bool]]]) -> str:
+    """``head``: (column key, shown on hover; header); ``rows``: cells (text, whether it is a verdict that leaks)."""
+    header = "".join(f'<th title="{_text(key, True)}">{_text(name)}</th>' for key, name in head)
+    body = "".join("<tr>" + "".join(f"<td{_class('leaks' if leaks else '')}>{_text(text)}</td>" for text, leaks in row)
+                   + "</tr>" for row in rows)
+    return f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def image(png: bytes, alt: str) -> str:
+    return f'<img alt="{_text(alt, True)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def figure(png: bytes, caption: str) -> str:
+    return f"<figure>{image(png, caption)}<figcaption>{_text(caption)}</figcaption></figure>"
+
+
+def page_html(sections: list[str]) -> str:
+    return f"{PAGE_START}<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>"
+
+
+RULES = ("Verdicts: a reconstruction attack leaks when, at some attacked state, its per-target PSNR "
          "beats the best data-free guess by more than 1 dB on so many targets that a one-sided sign test "
          "rejects at 5% (Bonferroni over the states); a membership attack by its own rule (docs/results.md). "
          "Pareto marks only go to configurations that leak: the others tie at “no leakage detected”.")
@@ -997,34 +1041,32 @@ def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Pat
         + utility_vs_leakage(records, figures, stem) + trajectories(records, figures, stem) \
         + trends(records, figures, stem) + roc_curves(done, root, swept, figures, stem, damaged) + grids
     pics, missing = pictures(done, root, swept, covered)
-    common, board = table(records) if records else ("", "<p>No finished runs.</p>")
+    common, board = table(records) if records else ("", paragraph("No finished runs."))
     summary = summary_lines(records)
-    sections = [f"<h1>dpeval report</h1><p>{len(done)} finished runs in {len(records)} configurations "
-                f"({spread_note(records) if records else 'none'}); dpeval {__version__}."
-                f"{f' All runs: {common}.' if common else ''}</p>"]
+    sections = [heading("dpeval report", 1),
+                paragraph(f"{len(done)} finished runs in {len(records)} configurations "
+                          f"({spread_note(records) if records else 'none'}); dpeval {__version__}."
+                          f"{f' All runs: {common}.' if common else ''}")]
     if summary:
-        sections.append("<h2>Summary</h2><ul class='summary'>" + "".join(f"<li>{line}</li>" for line in summary)
-                        + "</ul>")
-    sections += [f"<p class='note'>{RULES}</p>", "<h2>Leaderboard</h2>", board]
-    sections += [f"<p class='selection'>{html.escape(line)}</p>"
-                 for line in lb.selection_sentences(lb.selection_costs(done))]
+        sections += [heading("Summary"), bullets(summary, "summary")]
+    sections += [paragraph(RULES, "note"), heading("Leaderboard"), board]
+    sections += [paragraph(line, "selection") for line in lb.selection_sentences(lb.selection_costs(done))]
     for title, path in plots:
-        sections.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
+        sections += [heading(title), image(path.read_bytes(), title)]
     if pics:
-        sections.append("<h2>Pictures</h2>")
-        sections += [f"<figure>{_img(p, c)}<figcaption>{html.escape(c)}</figcaption></figure>" for c, p in pics]
+        sections += [heading("Pictures")] + [figure(p.read_bytes(), c) for c, p in pics]
     if missing:
-        sections.append(f"<h2>Missing pictures</h2><p>{len(missing)} artefact(s) named by the results "
-                        f"cannot be found under {html.escape(str(root))}:</p><ul class='missing'>"
-                        + "".join(f"<li>{html.escape(line)}</li>" for line in missing) + "</ul>")
+        sections += [heading("Missing pictures"),
+                     paragraph(f"{len(missing)} artefact(s) named by the results cannot be found under {root}:"),
+                     bullets(missing, "missing")]
     if damaged:
-        sections.append(f"<h2>Damaged artefacts</h2><p>{len(damaged)} artefact(s) could not be read and are left "
-                        "out of their figures:</p><ul class='missing'>"
-                        + "".join(f"<li>{html.escape(line)}</li>" for line in damaged) + "</ul>")
+        sections += [heading("Damaged artefacts"),
+                     paragraph(f"{len(damaged)} artefact(s) could not be read and are left out of their figures:"),
+                     bullets(damaged, "missing")]
     vector = ", ".join(p.with_suffix(".svg").name for _, p in plots)
     if vector:
-        sections.append(f"<p class='note'>Vector versions (SVG) beside this page: {html.escape(vector)}.</p>")
-    page = f"{PAGE_START}<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>"
+        sections.append(paragraph(f"Vector versions (SVG) beside this page: {vector}.", "note"))
+    page = page_html(sections)
     return page, {"runs": len(done), "configurations": len(records), "plots": [p for _, p in plots],
                   "vector": [p.with_suffix(".svg") for _, p in plots], "pictures": len(pics) + len(covered),
                   "missing": missing, "damaged": damaged}

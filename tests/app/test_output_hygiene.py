@@ -5,13 +5,17 @@ set" instead of dividing by zero, and the leaderboard's cached accounting gives 
 
 import csv
 import hashlib
+import html.parser
 import json
 import math
 import os
 from pathlib import Path
+from xml.etree import ElementTree
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from dpeval.cli import main
 from dpeval.store import ResultStore
@@ -243,3 +247,79 @@ def test_figure_names_made_of_stored_names_stay_beside_the_page(tmp_path):
     assert all(Path(p).parent == out.parent.resolve() and Path(p).is_file() for p in plots)
     assert len(set(plots)) == len(plots) and len([p for p in plots if "trend" in p]) == 3, plots
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the report's page: every string from a store is text
+
+
+XSS = "<script>alert(1)</script>\"onerror=alert(2) x='<img src=x onerror=alert(3)>"
+FILE_XSS = "<svg onload=alert(4)>'\"onerror=alert(5)"  # a file name can hold this
+ATTACK_XSS = "<i onmouseover=alert(6)>a</i>"  # an attack name (no dot) from a stored key
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "ul", "li", "b", "table", "thead",
+             "tbody", "tr", "th", "td", "img", "figure", "figcaption"}
+PAGE_ATTRIBUTES = {"lang", "charset", "class", "title", "alt", "src"}
+
+
+class Markup(html.parser.HTMLParser):
+    """The elements and attributes of a page, and its text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.attributes, self.text = set(), [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attributes += attrs
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def hostile_store(root):
+    """Two configurations × two seeds whose every string the page shows carries markup: names, settings (a
+    common one and a swept one, and a setting whose name is markup), the worst state, recipe references, an
+    attack named by a stored key, artefact paths that are missing or damaged, a picture's seed."""
+    store = ResultStore(root)
+    for value in (1, 2):
+        for seed in (0, 1):
+            run_id = store.begin(f"x{value}{seed}".ljust(16, "x"), {
+                "seed": seed, "defense": {"name": XSS, "mask": f"{XSS}{value}"}, "train": {"optimizer": XSS}})
+            folder = store.run_dir(run_id)
+            (folder / f"{FILE_XSS}.json").write_text("{not json")
+            Image.fromarray(np.full((8, 8), 9 * value + seed, np.uint8)).save(folder / "picture.png")
+            store.finish(run_id, {
+                "run_id": run_id, "dataset": XSS, "model": XSS, "defense": XSS, "attack": "ig", "seed": seed,
+                "defense.mask": f"{XSS}{value}", f"defense.{XSS}": value, "privacy.epsilon": 3.0,
+                "privacy.delta": 1e-5, "utility.test_accuracy": 0.8 + value / 100 + seed / 1000,
+                "leakage.ig.psnr": 20.0 + value, "leakage.ig.baseline_psnr": 12.0, "leakage.ig.verdict": "leaks",
+                "leakage.ig.state": XSS, "leakage.ig.p_value": 0.01, f"leakage.{ATTACK_XSS}.verdict": "leaks",
+                f"leakage.{ATTACK_XSS}.auc": 0.6, "paper.source": XSS, "paper.table": XSS, "paper.row": XSS,
+                "paper.test_accuracy": 0.8, "paper.accuracy_is": XSS, "artefacts.ig.png": f"runs/{run_id}/picture.png",
+                f"artefacts.{ATTACK_XSS}.roc": f"runs/{run_id}/{FILE_XSS}.json",
+                "artefacts.ig.missing": f"runs/{run_id}/{XSS}.png"})
+
+
+def test_the_page_shows_every_stored_string_as_text(tmp_path):
+    hostile_store(tmp_path / "r")
+    out = tmp_path / "report.html"
+    result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    markup = Markup()
+    markup.feed(page)
+    assert markup.tags <= PAGE_TAGS, markup.tags - PAGE_TAGS
+    assert {name for name, _ in markup.attributes} <= PAGE_ATTRIBUTES, markup.attributes
+    assert all(value.startswith("data:image/png;base64,") for name, value in markup.attributes if name == "src")
+    assert "<script" not in page.lower() and "<svg" not in page.lower() and "<i " not in page
+    shown = "".join(markup.text)
+    for where in (f"All runs: dataset {XSS}, model {XSS}, defense {XSS}", f"{XSS}1", f"{FILE_XSS}.json",
+                  f"{ATTACK_XSS} verdict", f"artefacts.{ATTACK_XSS}.roc = ", f"/{XSS}.png",
+                  f"{XSS} ({XSS}, {XSS}): best of 2 DP", f"ig — {XSS}=1, mask={XSS}1, seed 0",
+                  f"Accuracy and leakage vs defense.{XSS}"):
+        assert where in shown, where
+    assert XSS in "".join(value for name, value in markup.attributes if name == "title")  # a header's raw key
+    for svg in tmp_path.glob("report_*.svg"):  # a figure opened on its own is inert too
+        tree = ElementTree.parse(svg)
+        assert not [e for e in tree.iter() if e.tag.endswith("script")
+                    or any(a.lower().startswith("on") for a in e.attrib)], svg
