@@ -65,9 +65,23 @@ def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def finite(v: Any) -> bool:
+    """A finite number: what a figure can draw and a comparison can rank. A run without a test set
+    (``data.test_fraction = 0``) records its test accuracy as NaN."""
+    return is_number(v) and math.isfinite(v)
+
+
+def untested(record: dict[str, Any]) -> bool:
+    """Whether a run (or seed group) had no test set: its test accuracy is NaN."""
+    accuracy = record.get("utility.test_accuracy")
+    return is_number(accuracy) and math.isnan(accuracy)
+
+
 def fmt(value: Any, digits: int = 4) -> str:
     if not is_number(value):
         return "" if value is None else str(value)
+    if math.isnan(value):
+        return "n/a"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.{digits}g}"

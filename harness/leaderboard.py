@@ -38,7 +38,15 @@ from dpeval.core.accounting import composition, gaussian_rdp, random_stopping_co
 from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.verdicts import Verdict
-from dpeval.headlines import attacks_in, headline, headline_label, is_number, read  # noqa: F401 (re-exported)
+from dpeval.headlines import (  # noqa: F401 (re-exported)
+    attacks_in,
+    finite,
+    fmt,
+    headline,
+    headline_label,
+    is_number,
+    read,
+)
 from dpeval.store import ResultStore
 
 LEADING = [
@@ -79,7 +87,7 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     flat = {"run_id": row["run_id"], "run_key": row["run_key"], "status": row["status"]}
     flat.update({k: v for k, v in row["metrics"].items() if not isinstance(v, (list, dict))})
     curve = row["metrics"].get("utility.test_accuracy_by_epoch")
-    if curve and all(is_number(v) for v in curve):  # what papers that report the best epoch compare with
+    if curve and all(finite(v) for v in curve):  # what papers that report the best epoch compare with
         flat["utility.best_test_accuracy"] = max(curve)
     dp = is_number(flat.get("privacy.epsilon")) and math.isfinite(flat["privacy.epsilon"])
     for key, value in setting_columns(row.get("config") or {}, dp).items():
@@ -222,7 +230,7 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
         points = []
         for r in records:
             acc, h = r.get("utility.test_accuracy"), read(r, attack)
-            if not (is_number(acc) and h is not None and is_number(h.value)):
+            if not (finite(acc) and h is not None and is_number(h.value)):  # NaN: no test set, no accuracy
                 continue
             beats = h.leaks is not False
             leak = (h.value if h.higher_leaks else -h.value) if beats else -math.inf
@@ -237,11 +245,14 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
     if records and not any(column in r for r in records):
         raise ConfigError(f"--sort: no column {brief(column)}; columns: {', '.join(ordered_columns(records))}")
 
-    present = [r for r in records if r.get(column) is not None]
-    missing = [r for r in records if r.get(column) is None]
+    def missing(r: dict[str, Any]) -> bool:
+        value = r.get(column)
+        return value is None or (is_number(value) and math.isnan(value))  # NaN: not measured (no test set)
+
+    present = [r for r in records if not missing(r)]
     ordered = sorted(present, key=lambda r: (0, r[column], "") if is_number(r[column]) else (1, 0, str(r[column])),
                      reverse=descending)
-    return ordered + missing  # rows without the column go last either way
+    return ordered + [r for r in records if missing(r)]  # rows without the value go last either way
 
 
 SETTING_PREFIXES = ("defense.", "attack.", "train.", "data.", "model.", "privacy.target_epsilon", "privacy.delta",
@@ -313,7 +324,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     def show(r: dict[str, Any], c: str) -> str:
         v = r.get(c)
         if isinstance(v, float):
-            text = "inf" if v == math.inf else f"{v:.4g}"
+            text = fmt(v)
             sem = r.get(f"{c}.sem")
             return f"{text} ± {sem:.2g}" if grouped and is_number(sem) and math.isfinite(v) else text
         if isinstance(v, bool):
@@ -326,10 +337,6 @@ def format_table(records: list[dict[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
-
-
-def _finite(value: Any) -> bool:
-    return is_number(value) and math.isfinite(value)
 
 
 def selection_group(record: dict[str, Any]) -> str:
@@ -346,7 +353,7 @@ def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     configs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for row in latest_per_key([r for r in rows if r["status"] == "done"]):
         m = row["metrics"]
-        if _finite(m.get("privacy.epsilon")):
+        if finite(m.get("privacy.epsilon")):
             configs.setdefault(selection_group(m), {}).setdefault(group_key(row), []).append(m)
     out = {}
     for dataset, groups in configs.items():
@@ -364,7 +371,7 @@ def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for m in members:
                 sigma = m.get("privacy.accounted_noise_multiplier", m.get("privacy.noise_multiplier"))
                 q, steps = m.get("privacy.sample_rate"), m.get("privacy.steps")
-                if not (_finite(sigma) and sigma > 0 and _finite(q) and 0 < q <= 1 and is_number(steps)):
+                if not (finite(sigma) and sigma > 0 and finite(q) and 0 < q <= 1 and is_number(steps)):
                     parts = None
                     break
                 parts.append(gaussian_rdp(float(sigma), float(q), int(steps)))
@@ -401,7 +408,7 @@ def selection_sentences(costs: dict[str, dict[str, Any]]) -> list[str]:
 def mark_selection(records: list[dict[str, Any]], costs: dict[str, dict[str, Any]]) -> None:
     for r in records:
         c = costs.get(selection_group(r))
-        if c is None or not _finite(r.get("privacy.epsilon")):
+        if c is None or not finite(r.get("privacy.epsilon")):
             continue
         r["privacy.selection_configs"] = c["configs"]
         r["privacy.selection_epsilon"] = c["epsilon"]

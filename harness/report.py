@@ -57,7 +57,18 @@ from dpeval.core.files import save_figure  # noqa: E402
 from dpeval.core.result_keys import AttackKey  # noqa: E402
 from dpeval.core.states import in_order  # noqa: E402
 from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
-from dpeval.headlines import attack_class, fmt, headline_label, is_number, metric_label, read, smallest_p, states_of  # noqa: E402
+from dpeval.headlines import (  # noqa: E402
+    attack_class,
+    finite,
+    fmt,
+    headline_label,
+    is_number,
+    metric_label,
+    read,
+    smallest_p,
+    states_of,
+    untested,
+)
 from dpeval.store import ResultStore  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
@@ -338,8 +349,7 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         if not found:
             continue
         metric, _ = found
-        points = [r for r in records if is_number(r.get(metric)) and math.isfinite(r[metric])
-                  and is_number(r.get(UTILITY))]
+        points = [r for r in records if finite(r.get(metric)) and finite(r.get(UTILITY))]
         if not points:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -418,9 +428,9 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
         rated = [r for r in rated if len(per_defense[str(r.get("defense"))]) > 1]  # a line needs two values
         if not rated:
             continue
-        keys = {c for r in rated for c in r}
-        heads = [(a, h[0]) for a in lb.attacks_in(rated) if (h := lb.headline(keys, a))]
-        metrics = [(UTILITY, UTILITY_LABEL, None)] + [(m, headline_label(a), a) for a, m in heads]
+        metrics = _metrics_of(rated)
+        if not metrics:
+            continue
         cols = min(2, len(metrics))
         rows = math.ceil(len(metrics) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.3 * rows), squeeze=False)
@@ -429,7 +439,7 @@ def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tupl
         for ax, (metric, label, attack) in zip(axes.flat, metrics):
             lines: dict[str, list] = defaultdict(list)
             for r in rated:
-                if is_number(r.get(metric)):
+                if finite(r.get(metric)):
                     lines[str(r.get("defense"))].append(r)
             for name, rs in sorted(lines.items()):
                 rs.sort(key=lambda r: r[param])
@@ -652,10 +662,11 @@ def line_colours(records: list[dict[str, Any]], swept: list[str]) -> dict[str, s
 
 
 def _metrics_of(records: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
-    """(column, axis label, attack): accuracy, then each attack's headline."""
+    """(column, axis label, attack): accuracy (unless no run had a test set), then each attack's headline."""
     keys = {c for r in records for c in r}
     heads = [(h[0], headline_label(a), a) for a in lb.attacks_in(records) if (h := lb.headline(keys, a))]
-    return [(UTILITY, UTILITY_LABEL, None)] + heads
+    accuracy = [(UTILITY, UTILITY_LABEL, None)] if any(finite(r.get(UTILITY)) for r in records) else []
+    return accuracy + heads
 
 
 def _non_private_lines(ax: plt.Axes, records: list[dict[str, Any]], metric: str, swept: list[str]) -> None:
@@ -686,10 +697,10 @@ def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> l
     and its other varying settings), the non-private runs as reference lines: drawn when the private runs
     ask for at least two values of ε."""
     dp = [r for r in records if requested_epsilon(r) is not None]
-    if len({requested_epsilon(r) for r in dp}) < 2:
+    metrics = _metrics_of(records)
+    if len({requested_epsilon(r) for r in dp}) < 2 or not metrics:
         return []
     swept = swept_columns(records)
-    metrics = _metrics_of(records)
     cols = min(2, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.4 * rows), squeeze=False)
@@ -702,7 +713,7 @@ def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> l
     ticks = sorted({requested_epsilon(r) for r in dp})
     for ax, (metric, label, attack) in zip(axes.flat, metrics):
         for name, rs in sorted(lines.items()):
-            rs = sorted((r for r in rs if is_number(r.get(metric))), key=requested_epsilon)
+            rs = sorted((r for r in rs if finite(r.get(metric))), key=requested_epsilon)
             if rs:
                 ax.errorbar([requested_epsilon(r) for r in rs], [r[metric] for r in rs],
                             yerr=[r.get(f"{metric}.sem", 0) for r in rs], marker="o", capsize=3,
@@ -735,9 +746,9 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
         if requested_epsilon(r) is not None:
             by_eps[requested_epsilon(r)].append(r)
     groups = {e: rs for e, rs in sorted(by_eps.items()) if len(rs) >= 2}
-    if not groups:
-        return []
     metrics = _metrics_of(records)
+    if not groups or not metrics:
+        return []
     palette = line_colours(records, swept)
     width = max(4.8, 0.55 * max(len(rs) for rs in groups.values()) + 2.0)
     fig, axes = plt.subplots(len(metrics), len(groups), figsize=(width * len(groups), 3.9 * len(metrics)),
@@ -748,7 +759,7 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
         for i, (metric, label, attack) in enumerate(metrics):
             ax = axes[i][j]
             for x, r in enumerate(rs):
-                if not is_number(r.get(metric)):
+                if not finite(r.get(metric)):
                     continue
                 marker, fill = CATEGORIES[category(r, attack)] if attack else ("o", "full")
                 colour = palette[names[x]]
@@ -780,7 +791,7 @@ def _curves(rows: list[dict[str, Any]], key: str) -> dict[str, list[list[float]]
     found: dict[str, list] = defaultdict(list)
     for row in rows:
         curve = row["metrics"].get(key)
-        if isinstance(curve, list) and len(curve) >= 2 and all(is_number(v) for v in curve):
+        if isinstance(curve, list) and len(curve) >= 2 and all(finite(v) for v in curve):
             found[lb.group_key(row)].append(curve)
     return found
 
@@ -885,7 +896,7 @@ def utility_lines(records: list[dict[str, Any]], swept: list[str]) -> list[str]:
     are below it by more than the combined SEM, and the cost against the non-private reference."""
     groups: dict[Any, list] = defaultdict(list)
     for r in records:
-        if is_number(r.get(UTILITY)):
+        if finite(r.get(UTILITY)):  # runs without a test set have no accuracy to compare (summary_lines)
             groups[requested_epsilon(r)].append(r)
     reference = max(groups.get(None, []), key=lambda r: r[UTILITY], default=None)
     lines = []
@@ -927,11 +938,14 @@ def summary_lines(records: list[dict[str, Any]]) -> list[Line]:
         return []
     swept = swept_columns(records)
     lines = leak_lines(records, swept) + utility_lines(records, swept)
-    sizes = sorted({int(r["data.test_size"]) for r in records if is_number(r.get("data.test_size"))})
+    sizes = sorted({int(r["data.test_size"]) for r in records if finite(r.get("data.test_size"))} - {0})
     if sizes:
         steps = ", ".join(f"1/{n} = {fmt(1 / n, 2)}" for n in sizes)
         lines.append(f"Test-set resolution: one test example moves accuracy by {steps}; smaller differences "
                      "are ties.")
+    if blind := [point_label(r, swept) for r in records if untested(r)]:
+        lines.append(f"No test set (data.test_fraction = 0): test accuracy is n/a for {', '.join(blind)}; they "
+                     "are left out of the accuracy comparisons and the utility–leakage figures and fronts.")
     same: dict[str, list] = defaultdict(list)
     for r in records:
         if r.get("identical_results"):

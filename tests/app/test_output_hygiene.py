@@ -323,3 +323,54 @@ def test_the_page_shows_every_stored_string_as_text(tmp_path):
         tree = ElementTree.parse(svg)
         assert not [e for e in tree.iter() if e.tag.endswith("script")
                     or any(a.lower().startswith("on") for a in e.attrib)], svg
+
+
+# ---------------------------------------------------------------------------------------------------
+# a run without a test set (data.test_fraction = 0): accuracy is n/a, never a division by zero
+
+
+def no_test_set_store(root, with_test_set=False):
+    """dpsgd at two ε and a non-private baseline, two seeds, each run without a test set (test accuracy NaN, as
+    training records it, and per-epoch accuracy NaN); ``with_test_set`` adds an rs configuration that has one."""
+    store = ResultStore(root)
+    defenses = [("dpsgd", 1.0), ("dpsgd", 3.0), ("none", None)] + ([("rs", 3.0)] if with_test_set else [])
+    for defense, eps in defenses:
+        for seed in (0, 1):
+            measured = defense == "rs"
+            acc = 0.8 + seed / 100 if measured else math.nan
+            record(store, f"{defense}{eps}{seed}", {
+                "defense": defense, "seed": seed, "privacy.epsilon": eps or math.inf, "privacy.delta": 1e-5,
+                "privacy.noise_multiplier": 1.0, "privacy.sample_rate": 0.1, "privacy.steps": 10,
+                "data.test_size": 100 if measured else 0, "utility.test_accuracy": acc,
+                "utility.test_accuracy_by_epoch": [acc, acc], "utility.train_loss_by_epoch": [2.0, 1.0],
+                "leakage.lira.auc": 0.6 + seed / 100, "leakage.lira.verdict": "leaks"},
+                   config={"seed": seed, "defense": {"name": defense}, "privacy": {"epsilon": eps},
+                           "data": {"name": "digits", "test_fraction": 0.2 if measured else 0}})
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["no-run-has-one", "some-runs-have-one"])
+def test_report_on_runs_without_a_test_set_says_so(mixed, tmp_path):
+    no_test_set_store(tmp_path / "r", with_test_set=mixed)
+    out = tmp_path / "report.html"
+    result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    summary = page.split("<h2>Summary</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "no test set" in summary.lower() and "nan" not in summary.lower()
+    table = page.split("<table>", 1)[1].split("</table>", 1)[0]
+    assert "n/a" in table and ">nan<" not in table
+    if mixed:
+        assert "1/100 = 0.01" in summary and "most accurate rs" in summary
+
+
+def test_leaderboard_on_runs_without_a_test_set(tmp_path):
+    no_test_set_store(tmp_path / "r", with_test_set=True)
+    for grouped in ([], ["--group-seeds"]):
+        board = invoke("leaderboard", "--results", tmp_path / "r", "--json", *grouped)
+        assert board.exit_code == 0, board.output
+        records = json.loads(board.stdout.replace("NaN", "null"))
+        # without an accuracy a configuration is on no utility–leakage front (it used to be on every one)
+        assert {r["defense"] for r in records if r.get("pareto.lira")} <= {"rs"}
+        assert all(r.get("utility.best_test_accuracy") is None for r in records if r["defense"] != "rs")
+    table = invoke("leaderboard", "--results", tmp_path / "r", "--group-seeds")
+    assert table.exit_code == 0 and "n/a" in table.stdout and "nan" not in table.stdout
