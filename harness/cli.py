@@ -759,8 +759,9 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
     if out:
         store.refuse_output(out, "--out")
     rows = readable(store.rows())
-    records = lb.leaderboard(rows, group_seeds, sort_by, descending)
-    selection = "".join(f"\n{printable(line)}" for line in lb.selection_sentences(lb.selection_costs(rows)))
+    costs = lb.selection_costs(rows)
+    records = lb.leaderboard(rows, group_seeds, sort_by, descending, costs)
+    selection = "".join(f"\n{printable(line)}" for line in lb.selection_sentences(costs))
     if out:
         with writing("--out", out):
             lb.write_leaderboard(records, Path(out), store)

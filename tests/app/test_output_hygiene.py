@@ -374,3 +374,74 @@ def test_leaderboard_on_runs_without_a_test_set(tmp_path):
         assert all(r.get("utility.best_test_accuracy") is None for r in records if r["defense"] != "rs")
     table = invoke("leaderboard", "--results", tmp_path / "r", "--group-seeds")
     assert table.exit_code == 0 and "n/a" in table.stdout and "nan" not in table.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# a large store lists fast: the cached accountant curves give exactly what computing every run's gives
+
+
+def test_the_cached_accountant_curve_is_the_accountants_own():
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from dpeval.core.accounting import RDP_ORDERS, gaussian_rdp
+
+    for sigma, q, steps in [(2.275, 0.1017, 180), (2.275, 0.1017, 181), (0.7, 0.01, 3000), (1.0, 1.0, 5),
+                            (4.0, 0.0, 10), (2.275, 0.1017, 180)]:
+        expected = [float(v) for v in compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(RDP_ORDERS))]
+        assert gaussian_rdp(sigma, q, steps) == expected  # bit for bit, also from the cache
+
+
+def uncached_rdp(noise_multiplier, sample_rate, steps):
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from dpeval.core.accounting import RDP_ORDERS
+
+    return [float(v) for v in compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
+                                          orders=list(RDP_ORDERS))]
+
+
+def selection_store(root):
+    """Two recipe cells and a plain grid, DP runs with σ, q, T (so random stopping is priced), seeds, a baseline."""
+    store = ResultStore(root)
+    for cell, clips in (("A", (0.5, 1.0)), ("B", (0.5, 1.0, 2.0)), (None, (1.0, 3.0))):
+        for clip in clips:
+            for seed in (0, 1):
+                paper = {"paper.table": "Table 1", "paper.row": cell} if cell else {}
+                record(store, f"{cell}{clip}{seed}", {
+                    "defense": "dpsgd", "seed": seed, "defense.clip": clip, "privacy.epsilon": 2.0 + clip,
+                    "privacy.delta": 1e-5, "privacy.noise_multiplier": 1.0 + clip / 3, "privacy.sample_rate": 0.02,
+                    "privacy.steps": 500 + 100 * seed, "utility.test_accuracy": 0.7 + clip / 10 + seed / 100,
+                    "leakage.lira.auc": 0.55 + clip / 100, **paper},
+                       {"seed": seed, "defense": {"name": "dpsgd", "clip": clip}, "paper": cell})
+    record(store, "none", {"defense": "none", "privacy.epsilon": math.inf}, {"seed": 0, "defense": "none"})
+
+
+def test_leaderboard_and_report_read_the_same_with_and_without_the_cache(tmp_path, monkeypatch):
+    selection_store(tmp_path / "r")
+
+    def outputs(tag):
+        board = invoke("leaderboard", "--results", tmp_path / "r", "--group-seeds")
+        csv_out = tmp_path / f"{tag}.csv"
+        assert invoke("leaderboard", "--results", tmp_path / "r", "--out", csv_out).exit_code == 0
+        page = tmp_path / tag / "report.html"
+        assert invoke("report", "--results", tmp_path / "r", "--out", page).exit_code == 0
+        return board.stdout, csv_out.read_text(), page.read_text()
+
+    cached = outputs("cached")
+    assert "random number of trials" in cached[0] and cached[0].count("best of") == 3
+    monkeypatch.setattr("dpeval.leaderboard.gaussian_rdp", uncached_rdp)
+    assert outputs("uncached") == cached
+
+
+def test_the_pareto_sweep_marks_what_comparing_every_pair_marks():
+    import random
+
+    from dpeval.leaderboard import dominated_points
+
+    rng = random.Random(0)
+    for _ in range(300):
+        values = [0.5, 0.6, 0.7, -math.inf, math.inf, math.nan, 0.65]
+        points = [(rng.choice([0.8, 0.85, 0.9, 0.95]), rng.choice(values)) for _ in range(rng.randint(0, 12))]
+        pairwise = [any(a2 >= a and l2 <= leak and (a2 > a or l2 < leak) for a2, l2 in points) for a, leak in points]
+        assert dominated_points(points) == pairwise, points
+
