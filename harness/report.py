@@ -72,6 +72,9 @@ from dpeval.headlines import (  # noqa: E402
 from dpeval.store import ResultStore  # noqa: E402
 
 MAX_PICTURES = 24        # pictures shown one by one (runs without an image array)
+# Configurations one figure tells apart (point labels, lines with a legend entry, panel columns, grid rows): a
+# figure of more is unreadable and takes minutes to lay out; the page says why it is not drawn instead.
+MAX_DRAWN = 40
 CELL_IMAGES = 6          # targets shown per run in a reconstruction grid
 SUMMARY = ["dataset", "model", "defense", "attack", "privacy.target_epsilon", "train.optimizer", "train.lr",
            "train.momentum", "train.epochs", "train.batch_size", "data.test_size"]
@@ -274,6 +277,13 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------
 # Figures
 
+Figures = list[tuple[str, "Path | str"]]  # (title, the PNG drawn, or why the figure is not drawn)
+
+
+def too_many(title: str, count: int) -> Figures:
+    return [(title, f"not drawn: {count} configurations, more than one figure tells apart ({MAX_DRAWN}); the "
+                    "leaderboard lists them all")]
+
 
 def _reference_line(ax: plt.Axes, records: list[dict[str, Any]], attack: str, vertical: bool) -> None:
     """The data-free baseline (mean over the configurations) or the chance level, as a dashed line."""
@@ -340,7 +350,7 @@ def place_labels(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:
             note.remove()
 
 
-def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Figures:
     plots = []
     keys = {c for r in records for c in r}
     swept = swept_columns(records)
@@ -368,8 +378,9 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
                             yerr=[r.get(f"{UTILITY}.sem", 0) for r in group], fmt=marker, color=color, capsize=3,
                             fillstyle=fill, markerfacecolor=color if fill != "none" else "white",
                             markerfacecoloralt="white", label=f"{defense}: {name}{_states_text(group, attack)}")
-            labels += [(r[metric], r[UTILITY], point_label(r, [c for c in swept if c != "defense"]) or defense)
-                       for r in rs]
+            if len(points) <= MAX_DRAWN:
+                labels += [(r[metric], r[UTILITY], point_label(r, [c for c in swept if c != "defense"]) or defense)
+                           for r in rs]
         _reference_line(ax, points, attack, vertical=True)
         front = sorted((r for r in points if r.get(f"pareto.{attack}")), key=lambda r: r[metric])
         if front:
@@ -378,7 +389,8 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         ax.margins(x=0.15, y=0.12)  # room for the labels of the outermost points
         ax.set_xlabel(headline_label(attack))
         ax.set_ylabel(UTILITY_LABEL)
-        ax.set_title(f"Utility vs leakage: {attack} ({spread_note(points)})", fontsize=10)
+        unlabelled = f"; {len(points)} configurations, unlabelled" if len(points) > MAX_DRAWN else ""
+        ax.set_title(f"Utility vs leakage: {attack} ({spread_note(points)}{unlabelled})", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
         place_labels(ax, labels)
@@ -386,7 +398,7 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
     return plots
 
 
-def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Figures:
     """Per attack with per-state results: the headline at each attacked state, one line per configuration."""
     plots = []
     swept = swept_columns(records)
@@ -397,11 +409,14 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
             continue
         metric = attack_class(attack).headline
         columns = [str(AttackKey.at_state(attack, s, metric)) for s in states]
+        drawn = [r for r in sorted(records, key=lambda r: _sort_key(r, swept))
+                 if any(is_number(r.get(c)) for c in columns)]
+        if len(drawn) > MAX_DRAWN:
+            plots += too_many(f"Leakage over training ({attack})", len(drawn))
+            continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for r in sorted(records, key=lambda r: _sort_key(r, swept)):
+        for r in drawn:
             xs = [i for i, c in enumerate(columns) if is_number(r.get(c))]
-            if not xs:
-                continue
             ys = [r[columns[i]] for i in xs]
             err = [r.get(f"{columns[i]}.sem", 0) for i in xs]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=point_label(r, swept))
@@ -416,7 +431,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> lis
     return plots
 
 
-def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+def trends(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Figures:
     """Accuracy and each attack's headline leakage against every swept numeric setting, one line per
     defense (mean ± SEM over seeds), with each attack's baseline or chance level."""
     plots = []
@@ -470,7 +485,7 @@ def read_roc(path: Path) -> tuple[list[float], list[float], float | None]:
 
 
 def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
-               stem: str, damaged: list[str] | None = None) -> list[tuple[str, Path]]:
+               stem: str, damaged: list[str] | None = None) -> Figures:
     """One log-log ROC figure per membership attack; a ROC file that cannot be read adds a line to
     ``damaged``."""
     damaged = [] if damaged is None else damaged
@@ -492,6 +507,9 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
                 curves[owner.attack].append((lb.flat_row(row), fpr, tpr, floor))
     plots = []
     for attack, items in sorted(curves.items()):
+        if len(items) > MAX_DRAWN:  # one line per run
+            plots += too_many(f"ROC curves ({attack})", len(items))
+            continue
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
         floor = min(i[3] for i in items)  # below 1/n_nonmembers no curve resolves a rate: the axes stop there
         configs = list(dict.fromkeys(point_label(i[0], swept)
@@ -543,7 +561,7 @@ def read_cell(path: Path, state: Any) -> tuple[np.ndarray, np.ndarray, float, st
 
 
 def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
-                         stem: str, damaged: list[str] | None = None) -> tuple[list[tuple[str, Path]], set[str]]:
+                         stem: str, damaged: list[str] | None = None) -> tuple[Figures, set[str]]:
     """One figure per gradient attack: rows = configurations (swept values), columns = seeds; each cell the
     run's first targets (originals over the worst state's reconstructions) with its PSNR and state.
     Returns the figures and the run ids they cover; an images file that cannot be read adds a line to
@@ -573,6 +591,9 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
     plots, covered = [], set()
     for attack, found in sorted(cells.items()):
         configs = sorted({(v["sort"], label) for (label, _), v in found.items()})
+        if len(configs) > MAX_DRAWN:  # one row per configuration
+            plots += too_many(f"Reconstructions ({attack})", len(configs))
+            continue
         seeds = sorted({seed for _, seed in found}, key=str)
         shape = next(iter(found.values()))["image"].shape
         width = 2.4  # inches per cell; the height follows the cell's aspect, plus its caption
@@ -608,8 +629,9 @@ def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
     """(pictures of runs not in a grid, one line per artefact that cannot be found)."""
     found, missing = [], []
     for row in rows:
-        record = lb.flat_row(row)
-        for key, value in sorted(row["metrics"].items()):
+        artefacts = sorted((k, v) for k, v in row["metrics"].items() if k.startswith("artefacts."))
+        record = lb.flat_row(row) if artefacts else {}  # only for a run that has artefacts: a store has thousands
+        for key, value in artefacts:
             owner = AttackKey.parse(key, "artefacts")
             if owner is None:
                 continue
@@ -692,7 +714,7 @@ def _line_label(record: dict[str, Any], swept: list[str]) -> str:
     return point_label(record, [c for c in swept if c != EPSILON])
 
 
-def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Figures:
     """Accuracy and each attack's headline against the requested ε, one line per configuration (defense
     and its other varying settings), the non-private runs as reference lines: drawn when the private runs
     ask for at least two values of ε."""
@@ -701,14 +723,16 @@ def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> l
     if len({requested_epsilon(r) for r in dp}) < 2 or not metrics:
         return []
     swept = swept_columns(records)
+    lines: dict[str, list] = defaultdict(list)
+    for r in dp:
+        lines[_line_label(r, swept)].append(r)
+    if len(lines) > MAX_DRAWN:
+        return too_many("Accuracy and leakage vs ε", len(lines))
     cols = min(2, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat[len(metrics):]:
         ax.set_axis_off()
-    lines: dict[str, list] = defaultdict(list)
-    for r in dp:
-        lines[_line_label(r, swept)].append(r)
     palette = line_colours(records, swept)
     ticks = sorted({requested_epsilon(r) for r in dp})
     for ax, (metric, label, attack) in zip(axes.flat, metrics):
@@ -736,7 +760,7 @@ def versus_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> l
     return [("Accuracy and leakage vs ε", _save(fig, out_dir, stem, "versus_epsilon"))]
 
 
-def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> list[tuple[str, Path]]:
+def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Figures:
     """Configurations side by side at each requested ε that at least two of them share: accuracy and each
     attack's headline as points with error bars (filled = leaks), the non-private runs as reference
     lines and the attack's baseline or chance level."""
@@ -749,6 +773,8 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
     metrics = _metrics_of(records)
     if not groups or not metrics:
         return []
+    if max(len(rs) for rs in groups.values()) > MAX_DRAWN:
+        return too_many("Configurations at matched ε", max(len(rs) for rs in groups.values()))
     palette = line_colours(records, swept)
     width = max(4.8, 0.55 * max(len(rs) for rs in groups.values()) + 2.0)
     fig, axes = plt.subplots(len(metrics), len(groups), figsize=(width * len(groups), 3.9 * len(metrics)),
@@ -813,11 +839,13 @@ def _draw_curves(ax: plt.Axes, curves: dict[str, list], labels: dict[str, str], 
 
 
 def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
-                    stem: str) -> list[tuple[str, Path]]:
+                    stem: str) -> Figures:
     """Test accuracy and mean training loss per epoch, one line per configuration."""
     accuracy, loss = _curves(rows, "utility.test_accuracy_by_epoch"), _curves(rows, "utility.train_loss_by_epoch")
     if not accuracy and not loss:
         return []
+    if len(accuracy.keys() | loss.keys()) > MAX_DRAWN:
+        return too_many("Learning curves", len(accuracy.keys() | loss.keys()))
     swept = swept_columns(records)
     labels = {str(r.get("group_key")): point_label(r, swept) for r in records}
     palette = colours(records, swept)
@@ -826,8 +854,8 @@ def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], o
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
     for ax, (curves, name) in zip(axes[0], panels):
         _draw_curves(ax, curves, labels, palette)
-        finite = [v for runs in curves.values() for c in runs for v in c if math.isfinite(v) and v > 0]
-        if "loss" in name and finite and max(finite) / min(finite) > 50:
+        positive = [v for runs in curves.values() for c in runs for v in c if math.isfinite(v) and v > 0]
+        if "loss" in name and positive and max(positive) / min(positive) > 50:
             ax.set_yscale("log")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -840,12 +868,14 @@ def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], o
 
 
 def density_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
-                   stem: str) -> list[tuple[str, Path]]:
+                   stem: str) -> Figures:
     """The released density per epoch for the configurations that sparsify (any epoch below 1)."""
     curves = {k: runs for k, runs in _curves(rows, "comm.density_by_epoch").items()
               if any(v < 1 for c in runs for v in c)}
     if not curves:
         return []
+    if len(curves) > MAX_DRAWN:
+        return too_many("Communication density over training", len(curves))
     swept = swept_columns(records)
     labels = {str(r.get("group_key")): point_label(r, swept) for r in records}
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -1047,7 +1077,8 @@ def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Pat
     """The page, and what ``write_report`` says it wrote (``plots``, ``vector``: the figures in ``figures``)."""
     damaged: list[str] = []
     done = lb.latest_per_key([r for r in rows if r["status"] == "done"])
-    records = lb.leaderboard(done, seeds_grouped=True)
+    costs = lb.selection_costs(done)
+    records = lb.leaderboard(done, seeds_grouped=True, costs=costs)
     swept = swept_columns(records)
     grids, covered = reconstruction_grids(done, root, swept, figures, stem, damaged)
     plots = versus_epsilon(records, figures, stem) + matched_epsilon(records, figures, stem) \
@@ -1055,6 +1086,8 @@ def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Pat
         + utility_vs_leakage(records, figures, stem) + trajectories(records, figures, stem) \
         + trends(records, figures, stem) + roc_curves(done, root, swept, figures, stem, damaged) + grids
     pics, missing = pictures(done, root, swept, covered)
+    not_drawn = [f"{title}: {why}" for title, why in plots if isinstance(why, str)]
+    plots = [(title, path) for title, path in plots if isinstance(path, Path)]
     common, board = table(records) if records else ("", paragraph("No finished runs."))
     summary = summary_lines(records)
     sections = [heading("dpeval report", 1),
@@ -1064,9 +1097,11 @@ def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Pat
     if summary:
         sections += [heading("Summary"), bullets(summary, "summary")]
     sections += [paragraph(RULES, "note"), heading("Leaderboard"), board]
-    sections += [paragraph(line, "selection") for line in lb.selection_sentences(lb.selection_costs(done))]
+    sections += [paragraph(line, "selection") for line in lb.selection_sentences(costs)]
     for title, path in plots:
         sections += [heading(title), image(path.read_bytes(), title)]
+    if not_drawn:
+        sections += [heading("Figures not drawn"), bullets(not_drawn, "missing")]
     if pics:
         sections += [heading("Pictures")] + [figure(p.read_bytes(), c) for c, p in pics]
     if missing:

@@ -445,3 +445,15 @@ def test_the_pareto_sweep_marks_what_comparing_every_pair_marks():
         pairwise = [any(a2 >= a and l2 <= leak and (a2 > a or l2 < leak) for a2, l2 in points) for a, leak in points]
         assert dominated_points(points) == pairwise, points
 
+
+def test_a_figure_of_more_configurations_than_it_tells_apart_is_named_not_drawn(tmp_path, monkeypatch):
+    monkeypatch.setattr("dpeval.report.MAX_DRAWN", 1)
+    small_store(tmp_path / "r")
+    out = tmp_path / "report.html"
+    result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plots"] == []
+    page = out.read_text()
+    assert "<h2>Figures not drawn</h2>" in page and page.count("the leaderboard lists them all") == 2
+    assert "Accuracy and leakage vs ε: not drawn: 2 configurations" in page
+    assert page.split("<tbody>", 1)[1].count("<tr>") == 4  # the table keeps every configuration
