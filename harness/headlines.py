@@ -29,7 +29,8 @@ def attack_class(attack: str) -> Any:
 def attacks_in(records: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
     """Attacks with ``leakage.<attack>.*`` keys in a record or a list of records."""
     rows = [records] if isinstance(records, dict) else records
-    return sorted({key.attack for r in rows for c in r if (key := AttackKey.parse(c))})
+    columns = set().union(*rows)  # each distinct column parsed once, not once per record
+    return sorted({key.attack for c in columns if (key := AttackKey.parse(c))})
 
 
 def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:

@@ -293,7 +293,7 @@ def varying_settings(records: list[dict[str, Any]]) -> list[str]:
     whose value differs between the records they apply to: what was swept, or what differs in the recipe. A
     setting that only some records carry (another defense's or attack's) is not a sweep, and two defenses'
     parameters of the same name (GEP's and groupwise's ``groups``) are not one setting."""
-    keys = {c for r in records for c in r if c.startswith(SETTING_PREFIXES) and not c.endswith(".sem")
+    keys = {c for c in set().union(*records) if c.startswith(SETTING_PREFIXES) and not c.endswith(".sem")
             and c not in NOT_VARYING}
 
     def varies(c: str) -> bool:  # a defense's parameter is compared among that defense's runs only
