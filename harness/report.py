@@ -13,7 +13,10 @@ data-free baseline or chance level as a line, the Pareto front through the marke
 over the training trajectory per attack (per-state headline against the attacked states); accuracy and
 leakage vs each swept numeric setting; ROC curves (log-log) of membership attacks; reconstructions as
 one compact grid per attack (swept value × seed, originals over the worst state's reconstructions); and
-the pictures a run names that cannot be found.
+the pictures a run names that cannot be found. A figure that would tell more than ``MAX_DRAWN``
+configurations apart is listed under "Figures not drawn" instead. Everything read from the store is text on
+the page: the page builder (``heading`` … ``page_html``) is the one place that writes HTML, and escapes it.
+The page and the figures are written only where ``ResultStore.write_outputs`` allows (``write_report``).
 
 Artefact paths in results are relative to the results folder (``dpeval.runner.artefact_path``), so a
 moved or copied folder still reports its pictures; absolute paths of older runs are read under the
@@ -277,7 +280,7 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------
 # Figures
 
-Figures = list[tuple[str, "Path | str"]]  # (title, the PNG drawn, or why the figure is not drawn)
+Figures = list[tuple[str, Path | str]]  # (title, the PNG drawn, or why the figure is not drawn)
 
 
 def too_many(title: str, count: int) -> Figures:
