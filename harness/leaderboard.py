@@ -90,7 +90,7 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     curve = row["metrics"].get("utility.test_accuracy_by_epoch")
     if curve and all(finite(v) for v in curve):  # what papers that report the best epoch compare with
         flat["utility.best_test_accuracy"] = max(curve)
-    dp = is_number(flat.get("privacy.epsilon")) and math.isfinite(flat["privacy.epsilon"])
+    dp = finite(flat.get("privacy.epsilon"))
     for key, value in setting_columns(row.get("config") or {}, dp).items():
         flat.setdefault(key, value)
     flat["results_digest"] = results_digest(row["metrics"])
@@ -243,7 +243,7 @@ def mark_pareto(records: list[dict[str, Any]]) -> None:
 def dominated_points(points: list[tuple[float, float]]) -> list[bool]:
     """For each (accuracy, leakage) point, whether another has accuracy ≥ and leakage ≤, one of them strictly (a
     NaN leakage neither dominates nor is dominated). A sweep from the most accurate, keeping the least leakage
-    seen at higher accuracy: n log n, where comparing every pair took minutes on a store of thousands of runs."""
+    seen at higher accuracy: n log n (comparing every pair is 10⁸ comparisons for 10,000 runs)."""
     order = sorted(range(len(points)), key=lambda i: -points[i][0])
     out = [False] * len(points)
     least_above = None  # the least leakage of the points more accurate than those at hand (None: there are none)
@@ -284,8 +284,7 @@ def applies(record: dict[str, Any], column: str) -> bool:
     is private (finite ε)."""
     if column not in record:
         return False
-    eps = record.get("privacy.epsilon")
-    return not column.startswith(DP_ONLY) or (is_number(eps) and math.isfinite(eps))
+    return not column.startswith(DP_ONLY) or finite(record.get("privacy.epsilon"))
 
 
 def varying_settings(records: list[dict[str, Any]]) -> list[str]:

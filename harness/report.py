@@ -396,7 +396,8 @@ def utility_vs_leakage(records: list[dict[str, Any]], out_dir: Path, stem: str) 
         ax.set_title(f"Utility vs leakage: {attack} ({spread_note(points)}{unlabelled})", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
-        place_labels(ax, labels)
+        if labels:
+            place_labels(ax, labels)
         plots.append((f"Utility vs leakage ({attack})", _save(fig, out_dir, stem, f"utility_vs_{attack}")))
     return plots
 
@@ -660,8 +661,7 @@ def requested_epsilon(record: dict[str, Any]) -> float | None:
 
 
 def private(record: dict[str, Any]) -> bool:
-    eps = record.get("privacy.epsilon")
-    return is_number(eps) and math.isfinite(eps)
+    return finite(record.get("privacy.epsilon"))
 
 
 def spread_note(records: list[dict[str, Any]]) -> str:

@@ -254,8 +254,8 @@ class ResultStore:
             raise ConfigError(f"{option}: {out} is a symbolic link; dpeval never writes through one: remove it "
                               f"or name another file")
         if foreign:
-            raise ConfigError(f"{option}: {out} exists and was not written by dpeval; it is left as it is: move "
-                              f"it aside or name another file")
+            raise ConfigError(f"{option}: {out} exists and is not an earlier output of this command; dpeval "
+                              f"leaves it as it is: move it aside or name another file")
 
     def write_outputs(self, outputs: dict[Path, bytes], option: str,
                       ours: Callable[[Path], bool] | None = None) -> None:
