@@ -33,7 +33,9 @@ from typing import Any, Callable, Iterator
 
 from dpeval import __version__
 from dpeval.core import files
-from dpeval.core.errors import ConfigError, RunFailure, printable
+from dpeval.core.errors import ConfigError, RunFailure, brief, printable
+from dpeval.core.result_keys import VERDICT, AttackKey
+from dpeval.core.verdicts import Verdict
 
 STORE_FILE = "results.sqlite"
 LOCK_FILE = ".sweep.lock"
@@ -566,4 +568,19 @@ class ResultStore:
             row[key] = value
         if damaged:
             row["damaged"] = f"{' and '.join(damaged)} not a JSON object"
+        elif unreadable := _unreadable_verdict(row["metrics"]):
+            row["damaged"] = unreadable
         return row
+
+
+def _unreadable_verdict(metrics: dict[str, Any]) -> str | None:
+    """What is wrong with the first stored verdict that is not one (``dpeval.core.verdicts``), else None: every
+    command that reads verdicts would fail on it, so its run is a damaged record."""
+    for key, value in metrics.items():
+        owner = AttackKey.parse(key) if key.endswith(VERDICT) else None  # a store holds millions of other keys
+        if owner is not None and owner.is_verdict:
+            try:
+                Verdict.parse(value)
+            except (ValueError, TypeError):  # TypeError: a list or object is not even hashable
+                return f"{key} = {brief(value)} not a verdict"
+    return None

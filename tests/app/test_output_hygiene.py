@@ -325,6 +325,22 @@ def test_the_page_shows_every_stored_string_as_text(tmp_path):
                     or any(a.lower().startswith("on") for a in e.attrib)], svg
 
 
+
+def test_a_stored_verdict_that_is_not_one_marks_its_run_damaged(tmp_path):
+    """A verdict field holding anything but a verdict (markup, a number) made leaderboard and report fail with a
+    traceback; the run is now a damaged record: left out with one note, shown by show with what is wrong."""
+    store = ResultStore(tmp_path / "r")
+    record(store, "good", {"leakage.ig.psnr": 20.0, "leakage.ig.verdict": "leaks"})
+    bad = record(store, "bad", {"leakage.ig.psnr": 21.0, "leakage.ig.verdict": XSS}, {"seed": 1})
+    for args in (["leaderboard"], ["leaderboard", "--group-seeds"], ["report", "--out", tmp_path / "r.html"]):
+        result = invoke(*args, "--results", tmp_path / "r")
+        assert result.exit_code == 0, (args, result.output)
+        (note,) = result.stderr.splitlines()
+        assert note.startswith("dpeval: note: left out 1 run(s) whose stored record is damaged") and bad in note
+    shown = invoke("show", bad, "--results", tmp_path / "r")
+    assert shown.exit_code == 0 and "damaged: leakage.ig.verdict = '<script>" in shown.stdout
+
+
 # ---------------------------------------------------------------------------------------------------
 # a run without a test set (data.test_fraction = 0): accuracy is n/a, never a division by zero
 
