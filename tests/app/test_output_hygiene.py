@@ -1,7 +1,8 @@
-"""What dpeval writes from hostile input stays inert: strings from a store or the command line reach the terminal
-escaped and short, the report's page and figures never replace a file that is not theirs, the page shows every
-stored string as text, CSV cells cannot start a spreadsheet formula, a run without a test set reports "no test
-set" instead of dividing by zero, and the leaderboard's cached accounting gives what the uncached one gives."""
+"""What dpeval writes from hostile input stays inert, and a large store stays quick: strings from a store or the
+command line reach the terminal escaped and short; CSV cells cannot start a spreadsheet formula; the report's page
+and figures never replace a file that is not theirs; the page shows every stored string as text (a stored verdict
+that is not one marks its run damaged); a run without a test set reads "no test set" / n/a instead of dividing by
+zero; the cached accountant curves, the Pareto sweep and the figures not drawn change no result."""
 
 import csv
 import hashlib
@@ -473,3 +474,25 @@ def test_a_figure_of_more_configurations_than_it_tells_apart_is_named_not_drawn(
     assert "<h2>Figures not drawn</h2>" in page and page.count("the leaderboard lists them all") == 2
     assert "Accuracy and leakage vs ε: not drawn: 2 configurations" in page
     assert page.split("<tbody>", 1)[1].count("<tr>") == 4  # the table keeps every configuration
+
+
+def test_the_scale_benchmark_builds_a_store_like_a_sweeps(tmp_path):
+    """bench/store_scale.py's synthetic rows: recorded through the store, a run key each, recipe cells and grids
+    whose selection is priced (random stopping included), seeds grouped five to a configuration."""
+    import importlib.util
+
+    from dpeval import leaderboard as lb
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "store_scale.py"
+    spec = importlib.util.spec_from_file_location("store_scale", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.build(tmp_path, 70)
+    rows = ResultStore(tmp_path).rows()
+    assert len(rows) == 70 and len({r["run_key"] for r in rows}) == 70 and not any(r.get("damaged") for r in rows)
+    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    assert {g["n"] for g in grouped} == {5} and len(grouped) == 14
+    costs = lb.selection_costs(rows)
+    assert costs and all("random_stopping" in c for c in costs.values())
+    recipe = next(paper for _, paper in bench.configurations() if paper)  # every other study (the second on)
+    assert {"paper.source", "paper.table", "paper.row"} <= recipe.keys()
