@@ -195,8 +195,8 @@ def test_report_on_a_full_disk_leaves_no_empty_figure_and_keeps_the_old_page(tmp
                           "defense": "none", "attack": "none", "seed": 0, "privacy.epsilon": 3.0,
                           "utility.test_accuracy": 0.9, "utility.test_accuracy_by_epoch": [0.5, 0.9]})
     out = tmp_path / "page" / "report.html"
-    out.parent.mkdir()
-    out.write_text("<p>the old report</p>")
+    assert CliRunner().invoke(main, ["report", "--results", str(tmp_path / "r"), "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
     if where == "write":
         monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, target, **kw: half_then_full(target))
     else:
@@ -205,8 +205,7 @@ def test_report_on_a_full_disk_leaves_no_empty_figure_and_keeps_the_old_page(tmp
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
     assert "--out" in line and "No space left on device" in line
-    assert out.read_text() == "<p>the old report</p>"
-    assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before  # the earlier report, whole
 
 
 # -- two processes resuming one run ------------------------------------------------------------------------------
