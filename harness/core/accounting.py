@@ -13,11 +13,15 @@ papers' 1e-5 whenever N ≤ 50,000, and always well below 1/N.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import math
+import sys
 import warnings
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-from opacus.accountants import create_accountant
 
 from dpeval.core.errors import ConfigError
 
@@ -44,6 +48,8 @@ Release = tuple[float, float, int]  # (σ, q, T): T subsampled Gaussian releases
 def _accountant(name: str):
     if name not in ("rdp", "prv"):
         raise ConfigError(f"privacy.accountant: must be one of rdp, prv, got {name!r}")
+    from opacus.accountants import create_accountant  # here: Opacus brings torch, which leaderboard never needs
+
     return create_accountant(mechanism=name)
 
 
@@ -171,13 +177,30 @@ def gaussian_rdp(noise_multiplier: float, sample_rate: float, steps: int,
     return [float(v) for v in np.asarray(_one_step_rdp(noise_multiplier, sample_rate, orders)) * steps]
 
 
+@functools.cache
+def _opacus_rdp() -> Any:
+    """Opacus' RDP analysis (``opacus.accountants.analysis.rdp``: numpy and scipy only). Where the opacus package
+    is not imported yet, the module is loaded from its file alone: the package's ``__init__`` imports torch,
+    seconds that ``leaderboard`` and ``report`` (which price selections, never train) would spend for nothing.
+    The same file either way, so the same numbers."""
+    if "opacus" in sys.modules:
+        return importlib.import_module("opacus.accountants.analysis.rdp")
+    package = importlib.util.find_spec("opacus")  # finds the package without running its __init__
+    if package is None or package.origin is None:
+        raise ImportError("dpeval needs opacus: pip install opacus")
+    path = Path(package.origin).parent / "accountants" / "analysis" / "rdp.py"
+    spec = importlib.util.spec_from_file_location("dpeval._opacus_rdp", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.lru_cache(maxsize=4096)
 def _one_step_rdp(noise_multiplier: float, sample_rate: float, orders: tuple[float, ...]) -> tuple[float, ...]:
     """One step's RDP curve, cached by its parameters: the leaderboard prices the selection of every run in a
     store, thousands of runs that share a few (σ, q), and one curve costs tens of milliseconds."""
-    from opacus.accountants.analysis.rdp import compute_rdp
-
-    return tuple(np.atleast_1d(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+    return tuple(np.atleast_1d(_opacus_rdp().compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
                                            orders=list(orders))))
 
 
