@@ -163,3 +163,23 @@ def test_calibration_after_an_earlier_release_composes_both():
 def test_a_budget_spent_before_training_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="spent before training"):
         noise_for(0.1, 1e-5, 0.01, 100, before=((0.5, 1.0, 1),))
+
+
+def test_rdp_curves_without_importing_opacus_are_opacus_curves_and_leave_torch_unloaded():
+    """The leaderboard prices selections from RDP curves: loaded from Opacus' analysis file alone they match the
+    imported module's to the bit, against the first-principles curve too, and neither torch nor opacus' engine is
+    imported on the way (a fresh process, as the CLI starts)."""
+    import json
+    import subprocess
+    import sys
+
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    code = ("import json, sys\nfrom dpeval.core.accounting import gaussian_rdp\n"
+            "curve = gaussian_rdp(1.3, 0.02, 500, (2.0, 3.0, 8.0, 32.0))\n"
+            "print(json.dumps({'curve': curve, 'torch': 'torch' in sys.modules, 'opacus': 'opacus' in sys.modules}))")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert out["torch"] is False and out["opacus"] is False
+    assert out["curve"] == [float(v) for v in compute_rdp(q=0.02, noise_multiplier=1.3, steps=500,
+                                                          orders=[2.0, 3.0, 8.0, 32.0])]
+    assert out["curve"][0] == pytest.approx(independent_rdp(1.3, 0.02, 500, 2), rel=1e-9)
