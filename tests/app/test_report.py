@@ -285,3 +285,62 @@ def test_artefacts_resolve_only_inside_their_run_folder(tmp_path):
         assert embedded not in page, value
         inside = value.endswith("ig-reconstruction.png")
         assert (written["missing"] == []) == inside, (value, written["missing"])
+
+
+def scored_store(root, exposed_in_none=5):
+    """Runs of `none` and `dpsgd` on digits (two seeds each) whose LiRA games saved per-example scores: the
+    undefended model names its first ``exposed_in_none`` training records far ahead of every non-member, the
+    defended one names none of them."""
+    from dpeval.config import build_spec
+    from dpeval.core.datasets import load_task
+
+    pool = load_task(build_spec({"data": {"name": "digits"}}).data).train.source_index.tolist()
+    rng = np.random.default_rng(0)
+    store = ResultStore(root)
+    for defense, eps in (("none", float("inf")), ("dpsgd", 3.0)):
+        for seed in (0, 1):
+            run_id = store.begin(f"{defense}-{seed}".ljust(16, "x"), {"data": {"name": "digits"},
+                                                                        "defense": {"name": defense}, "seed": seed})
+            folder = store.run_dir(run_id) / "lira"
+            folder.mkdir(parents=True)
+            members = rng.normal(0, 1, 400)
+            if defense == "none":
+                members[:exposed_in_none] = 50.0
+            lines = ["target,split,index,label,member,score"]
+            lines += [f"-1,train,{pool[i]},{i % 10},1,{float(s)!r}" for i, s in enumerate(members)]
+            lines += [f"-1,test,{i},{i % 10},0,{float(s)!r}" for i, s in enumerate(rng.normal(0, 1, 300))]
+            (folder / "scores.csv").write_text("\n".join(lines) + "\n")
+            store.finish(run_id, {"dataset": "digits", "model": "cnn3", "defense": defense, "attack": "lira",
+                                  "seed": seed, "privacy.epsilon": eps, "utility.test_accuracy": 0.9,
+                                  "leakage.lira.auc": 0.6, "artefacts.lira.scores": f"runs/{run_id}/lira/scores.csv"})
+    return pool
+
+
+def test_the_report_shows_which_records_leak_and_what_a_defense_does_to_them(tmp_path):
+    pool = scored_store(tmp_path / "r")
+    written = report(tmp_path / "r", tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()
+    assert "<h2>Which records leak</h2>" in page and "<h3>Exposure under lira</h3>" in page
+    table = page.split("<h3>Exposure under lira</h3>", 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in table.split("<tr>")[2:]]
+    by_defense = {r[0]: r[1:] for r in rows}
+    assert set(by_defense) == {"none", "dpsgd"}
+    # seeds, members, named at 0.1 % and 1 % FPR, of none's top 50 still named at 1 %, their median FPR
+    assert by_defense["none"][:2] == ["2", "400"] and float(by_defense["none"][2]) >= 5
+    assert float(by_defense["dpsgd"][4]) < float(by_defense["none"][2]) and by_defense["none"][4] == "–"
+    assert any(p.endswith("report_exposed_lira.png") for p in written["plots"])
+    assert "Most exposed training records (lira)" in page
+    assert f"#{pool[0]} FPR 0" in (tmp_path / "report_exposed_lira.svg").read_text()  # none's first: FPR 0
+
+
+def test_a_positive_control_none_leaks_more_records_than_a_defense_that_names_none(tmp_path):
+    """The table is not a constant: without planted records, the undefended model's count at 0.1 % FPR drops."""
+    scored_store(tmp_path / "a", exposed_in_none=40)
+    scored_store(tmp_path / "b", exposed_in_none=0)
+    counts = []
+    for name in ("a", "b"):
+        report(tmp_path / name, tmp_path / f"{name}.html")
+        table = (tmp_path / f"{name}.html").read_text().split("<h3>Exposure under lira</h3>", 1)[1]
+        row = next(r for r in table.split("<tr>")[2:] if r.startswith("<td>none</td>"))
+        counts.append(float(re.findall(r"<td[^>]*>([^<]*)</td>", row)[3]))
+    assert counts[0] >= 40 > counts[1]
