@@ -16,6 +16,7 @@ from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, sk
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs" / "papers").glob("*.yaml"))
+TUNING = sorted((ROOT / "configs" / "papers" / "tuning").glob("*.yaml"))
 REPRODUCING = ROOT / "docs" / "reproducing.md"
 TINY = 8  # private examples = batch size: one step per epoch
 
@@ -72,6 +73,17 @@ def test_recipe_header_and_paper_section(recipe: Path) -> None:
     assert len(specs) == configurations * len(seeds)
     assert configurations == 1 or "grid" in text, f"{recipe.name}: a tuned recipe says how its grid was chosen"
     assert specs[0].data.root == "./data" and specs[0].privacy.delta is not None
+
+
+@pytest.mark.parametrize("grid", TUNING, ids=lambda p: p.stem)
+def test_tuning_grids_are_valid_seed_zero_grids_named_by_their_recipes(grid: Path) -> None:
+    """A tuning grid (stage 1 of a tuned cell) expands to valid runs at seed 0 only, carries its cell's paper
+    section, and the recipe of its cell names it (the recipe's header says how its values were chosen)."""
+    specs = load_sweep(grid)
+    assert {s.seed for s in specs} == {0} and len(specs) >= 2
+    columns = load_paper(grid)
+    assert {"paper.source", "paper.table", "paper.row", "paper.test_accuracy"} <= set(columns)
+    assert any(grid.name in recipe.read_text() for recipe in RECIPES), f"no recipe names {grid.name}"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
