@@ -71,17 +71,10 @@ class Attack(ABC):
     higher_leaks: ClassVar[bool] = True    # whether a higher headline value means more leakage
     headline_label: ClassVar[str] = ""     # e.g. "IG PSNR (dB)"; "" = the metric's key
     baseline: ClassVar[str] = ""           # a reported metric: the headline of a data-free guess
-    chance: ClassVar[float | None] = None  # the headline's value when nothing leaks (a constant)
+    chance: ClassVar[float | None] = None  # the headline's value when nothing leaks (None: 0.5 for an auc)
 
     def __init__(self, params: Any) -> None:
         self.params = params
-
-    @classmethod
-    def chance_level(cls) -> float | None:
-        """The declared ``chance``; an AUC headline's chance level is 0.5 by definition."""
-        if cls.chance is not None:
-            return cls.chance
-        return 0.5 if cls.headline == "auc" else None
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:

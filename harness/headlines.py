@@ -2,13 +2,14 @@
 compared with (a data-free baseline or a chance level), the verdict, the worst attacked state.
 
 Everything comes from the attack's declaration (``Attack.headline``, ``higher_leaks``, ``headline_label``,
-``baseline``, ``chance_level()``) and the flat result keys, so a plug-in attack needs no edit here; an
-attack that reports no ``verdict`` yet reads as "no verdict". Shared by ``dpeval run``, the sweep's status
-lines, the leaderboard and the report.
+``baseline``, ``chance``; a built-in attack's are read from its source, without importing it and torch) and the
+flat result keys, so a plug-in attack needs no edit here; an attack that reports no ``verdict`` yet reads as "no
+verdict". Shared by ``dpeval run``, the sweep's status lines, the leaderboard and the report.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -18,12 +19,54 @@ from dpeval.core.result_keys import AttackKey
 from dpeval.core.states import in_order
 from dpeval.core.verdicts import Mixed, Verdict
 
+FACTS = ("headline", "higher_leaks", "headline_label", "baseline", "chance")  # Attack's declarations about its result
 
-def attack_class(attack: str) -> Any:
-    """The registered class of ``attack``, or None (a result of an attack that is no longer installed)."""
+
+@dataclass(frozen=True)
+class Facts:
+    """What an attack declares about its headline (``dpeval.attacks.base.Attack``)."""
+
+    headline: str          # the metric that ranks configurations under this attack
+    higher_leaks: bool     # whether a higher headline value means more leakage
+    headline_label: str    # e.g. "IG PSNR (dB)"; "" = the metric's key
+    baseline: str          # a reported metric: the headline of a data-free guess
+    chance: float | None   # the headline's value when nothing leaks (a constant)
+
+    def chance_level(self) -> float | None:
+        """The declared ``chance``; an AUC headline's chance level is 0.5 by definition."""
+        if self.chance is not None:
+            return self.chance
+        return 0.5 if self.headline == "auc" else None
+
+
+@functools.cache
+def _declared_facts(attack: str) -> Facts | None:
+    """A built-in attack's facts read from its source, without importing it (attack modules import torch, which
+    a listing of results never needs): the literals its class body sets over ``Attack``'s defaults. Built-in
+    attacks only, whose families set none of these (tests/attacks/test_contract.py compares every built-in
+    attack's read facts with its imported class's); None where the source does not tell them all."""
+    from dpeval.attacks import ATTACKS
+    from dpeval.core.registry import class_source_literals
+
+    declaration = ATTACKS.declared().get(attack)
+    if declaration is None or not declaration.module.startswith("dpeval.attacks."):
+        return None
+    values = {**class_source_literals("dpeval.attacks.base", "Attack"), **declaration.attributes}
+    if not all(k in values for k in FACTS):
+        return None
+    return Facts(*(values[k] for k in FACTS))
+
+
+def attack_facts(attack: str) -> Facts | None:
+    """The headline facts of ``attack``, or None (a result of an attack that is no longer installed)."""
     from dpeval.attacks import ATTACKS
 
-    return ATTACKS.get(attack) if attack in ATTACKS else None
+    if attack not in ATTACKS:
+        return None
+    if not ATTACKS.loaded(attack) and (declared := _declared_facts(attack)) is not None:
+        return declared
+    cls = ATTACKS.get(attack)
+    return Facts(*(getattr(cls, k) for k in FACTS))
 
 
 def attacks_in(records: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
@@ -36,23 +79,23 @@ def attacks_in(records: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
 def headline(record_keys: set[str], attack: str) -> tuple[str, bool] | None:
     """The attack's declared headline column (``Attack.headline``) and whether higher means more leakage;
     None when the attack is not registered or its records lack the column."""
-    cls = attack_class(attack)
-    if cls is None or not cls.headline:
+    facts = attack_facts(attack)
+    if facts is None or not facts.headline:
         return None
-    column = str(AttackKey(attack, cls.headline))
-    return (column, cls.higher_leaks) if column in record_keys else None
+    column = str(AttackKey(attack, facts.headline))
+    return (column, facts.higher_leaks) if column in record_keys else None
 
 
 def metric_label(attack: str) -> str:
     """The human name of an attack's headline metric, e.g. "IG PSNR (dB)"."""
-    cls = attack_class(attack)
-    return (cls.headline_label or str(AttackKey(attack, cls.headline))) if cls else f"leakage.{attack}"
+    facts = attack_facts(attack)
+    return (facts.headline_label or str(AttackKey(attack, facts.headline))) if facts else f"leakage.{attack}"
 
 
 def headline_label(attack: str) -> str:
     """The headline's name with its direction, for axes and legends."""
-    cls = attack_class(attack)
-    direction = "higher" if cls is None or cls.higher_leaks else "lower"
+    facts = attack_facts(attack)
+    direction = "higher" if facts is None or facts.higher_leaks else "lower"
     return f"{metric_label(attack)}, {direction} = more leakage"
 
 
@@ -164,21 +207,21 @@ class Headline:
 
 def read(record: dict[str, Any], attack: str) -> Headline | None:
     """The headline of ``attack`` in a flat record (a run's result or a leaderboard row)."""
-    cls = attack_class(attack)
-    if cls is None or not cls.headline:
+    facts = attack_facts(attack)
+    if facts is None or not facts.headline:
         return None
     def get(metric: str) -> Any:
         return record.get(str(AttackKey(attack, metric)))
 
     reference, name = None, ""
-    if cls.baseline and is_number(get(cls.baseline)):
-        reference, name = float(get(cls.baseline)), "best data-free guess"
-    elif cls.chance_level() is not None:
-        reference, name = cls.chance_level(), "chance"
+    if facts.baseline and is_number(get(facts.baseline)):
+        reference, name = float(get(facts.baseline)), "best data-free guess"
+    elif facts.chance_level() is not None:
+        reference, name = facts.chance_level(), "chance"
     rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
-    low, high = get(f"{cls.headline}_ci_low"), get(f"{cls.headline}_ci_high")
-    return Headline(attack, cls.headline, metric_label(attack), get(cls.headline),
-                    cls.higher_leaks, Verdict.parse(record.get(str(AttackKey.verdict(attack)))), reference, name,
+    low, high = get(f"{facts.headline}_ci_low"), get(f"{facts.headline}_ci_high")
+    return Headline(attack, facts.headline, metric_label(attack), get(facts.headline),
+                    facts.higher_leaks, Verdict.parse(record.get(str(AttackKey.verdict(attack)))), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None)

@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import statistics
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
@@ -114,20 +115,21 @@ def setting_columns(config: dict[str, Any], dp: bool) -> dict[str, Any]:
     not apply are left out: SGD momentum under Adam, the synthetic data's shape for another dataset, the
     image size outside ``imagefolder``, a model setting left at null (the model's default), the DP-PCA's settings
     of a model without one."""
+    data, model = config.get("data") or {}, config.get("model") or {}
+    dataset = data.get("name")
+    skip = set(NOT_SETTINGS) | {"model.name"}  # the `model` column
+    if (config.get("train") or {}).get("optimizer") != "sgd":
+        skip.add("train.momentum")
+    if dataset != "imagefolder":
+        skip.add("data.image_size")
+    pca = (model.get("pca") or {}).get("dims") if isinstance(model.get("pca"), dict) else None
     flat = {}
-    for section in ("train", "data", "model"):
-        for key, value in _flatten(config.get(section) or {}, section):
+    for section, tree in (("train", config.get("train") or {}), ("data", data), ("model", model)):
+        for key, value in _flatten(tree, section):
+            if key in skip or (section == "model" and (value is None or (not pca and key.startswith("model.pca.")))) \
+                    or (section == "data" and dataset != "synthetic" and key.startswith("data.synthetic.")):
+                continue
             flat[key] = ", ".join(map(str, value)) if isinstance(value, list) else value
-    flat.pop("model.name", None)  # the `model` column
-    if not flat.get("model.pca.dims"):
-        flat = {k: v for k, v in flat.items() if not k.startswith("model.pca.")}
-    flat = {k: v for k, v in flat.items() if not (k.startswith("model.") and v is None)}
-    dataset = (config.get("data") or {}).get("name")
-    if flat.get("train.optimizer") != "sgd":
-        flat.pop("train.momentum", None)
-    flat = {k: v for k, v in flat.items() if k not in NOT_SETTINGS
-            and not (k.startswith("data.synthetic.") and dataset != "synthetic")
-            and not (k == "data.image_size" and dataset != "imagefolder")}
     target = (config.get("privacy") or {}).get("epsilon")
     if dp and is_number(target):
         flat["privacy.target_epsilon"] = target
@@ -294,16 +296,16 @@ def varying_settings(records: list[dict[str, Any]]) -> list[str]:
     parameters of the same name (GEP's and groupwise's ``groups``) are not one setting."""
     keys = {c for c in set().union(*records) if c.startswith(SETTING_PREFIXES) and not c.endswith(".sem")
             and c not in NOT_VARYING}
-
-    def varies(c: str) -> bool:  # a defense's parameter is compared among that defense's runs only
-        owner = "defense" if c.startswith("defense.") else None
-        values: dict[Any, set[str]] = {}
-        for r in records:
-            if applies(r, c):
-                values.setdefault(r.get(owner) if owner else None, set()).add(repr(r[c]))
-        return any(len(v) > 1 for v in values.values())
-
-    return sorted(c for c in keys if varies(c))
+    # column → owner → the values it takes where it applies (``applies``); a defense's parameter is compared
+    # among that defense's runs only (owner: the defense), every other setting among all runs (owner: None)
+    values: dict[str, dict[Any, set[str]]] = defaultdict(dict)
+    for r in records:
+        private_run = finite(r.get("privacy.epsilon"))
+        for c in keys.intersection(r):
+            if private_run or not c.startswith(DP_ONLY):
+                owner = r.get("defense") if c.startswith("defense.") else None
+                values[c].setdefault(owner, set()).add(repr(r[c]))
+    return sorted(c for c, by_owner in values.items() if any(len(v) > 1 for v in by_owner.values()))
 
 
 def mark_identical(records: list[dict[str, Any]]) -> None:

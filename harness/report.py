@@ -61,7 +61,7 @@ from dpeval.core.result_keys import AttackKey  # noqa: E402
 from dpeval.core.states import in_order  # noqa: E402
 from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
 from dpeval.headlines import (  # noqa: E402
-    attack_class,
+    attack_facts,
     finite,
     fmt,
     headline_label,
@@ -411,7 +411,7 @@ def trajectories(records: list[dict[str, Any]], out_dir: Path, stem: str) -> Fig
         states = in_order({s for r in records for s in states_of(r, attack)})
         if not found or len(states) < 2:
             continue
-        metric = attack_class(attack).headline
+        metric = attack_facts(attack).headline
         columns = [str(AttackKey.at_state(attack, s, metric)) for s in states]
         drawn = [r for r in sorted(records, key=lambda r: _sort_key(r, swept))
                  if any(is_number(r.get(c)) for c in columns)]

@@ -174,7 +174,13 @@ def gaussian_rdp(noise_multiplier: float, sample_rate: float, steps: int,
                  orders: tuple[float, ...] = RDP_ORDERS) -> list[float]:
     """RDP ε(λ) of ``steps`` subsampled Gaussian steps (Opacus' analysis, as the RDP accountant uses): ``steps``
     times one step's curve, as Opacus computes it, so the same numbers to the bit."""
-    return [float(v) for v in np.asarray(_one_step_rdp(noise_multiplier, sample_rate, orders)) * steps]
+    return list(_rdp_curve(noise_multiplier, sample_rate, steps, orders))
+
+
+@functools.lru_cache(maxsize=65536)
+def _rdp_curve(noise_multiplier: float, sample_rate: float, steps: int, orders: tuple[float, ...]) -> tuple[float, ...]:
+    """``gaussian_rdp``'s curve, cached: a store's runs share a few mechanisms (σ, q, T)."""
+    return tuple(float(v) for v in np.asarray(_one_step_rdp(noise_multiplier, sample_rate, orders)) * steps)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ import ast
 import importlib
 import importlib.util
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
@@ -37,6 +37,7 @@ class Declaration:
     module: str
     description: str
     details: dict[str, Any]  # the literal keywords of its decorator
+    attributes: dict[str, Any] = field(default_factory=dict)  # literal attributes set in the decorated class's body
 
 
 class Registry(Generic[T]):
@@ -76,8 +77,8 @@ class Registry(Generic[T]):
         if self._declared is None:
             self._declared = {}
             for module, path in _source_files(self.scan):
-                for name, description, details in _declarations(path, self.var):
-                    self._declared[name] = Declaration(module, description, details)
+                for name, description, details, attributes in _declarations(path, self.var):
+                    self._declared[name] = Declaration(module, description, details, attributes)
             for name, declaration in _entry_point_declarations(self.group, self.var).items():
                 if name in self._declared:
                     log.warning("warning: the %s %r of the plug-in module %s is ignored: a built-in %s has that "
@@ -113,6 +114,10 @@ class Registry(Generic[T]):
         self.check(name, field)
         details = self._details[name] if name in self._items else self.declared()[name].details
         return details.get(key)
+
+    def loaded(self, name: str) -> bool:
+        """Whether ``name``'s object is registered (its module imported), not only declared."""
+        return name in self._items
 
     def names(self) -> list[str]:
         return sorted(set(self._items) | set(self.declared()))
@@ -169,17 +174,18 @@ def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declarat
         path = _module_source(ep.dist, module) if ep.dist is not None else None
         description, details = f"(plug-in from {ep.dist.name if ep.dist else module})", {}
         if path is not None and path.is_file():
-            for name, text, keywords in _declarations(path, var):
+            for name, text, keywords, _ in _declarations(path, var):
                 if name == ep.name:
                     description, details = text, keywords
         found[ep.name] = Declaration(module, description, details)
     return found
 
 
-def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, description, literal keywords) of every ``@<var>.register("name", "description", key=literal)``
-    decorator in a file (a keyword whose value is not a literal is left out: :meth:`Registry.detail` of an
-    imported entry still has it)."""
+def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(name, description, literal keywords, literal class attributes) of every ``@<var>.register("name",
+    "description", key=literal)`` decorator in a file (a keyword whose value is not a literal is left out:
+    :meth:`Registry.detail` of an imported entry still has it); the attributes are those the decorated class's
+    own body sets to literals (``headline, higher_leaks = "auc", True``), not inherited ones."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         for deco in getattr(node, "decorator_list", ()):
@@ -190,8 +196,35 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any]]]
             if isinstance(name, str) and isinstance(description, str):
                 details = {k.arg: k.value.value for k in deco.keywords
                            if k.arg is not None and isinstance(k.value, ast.Constant)}
-                found.append((name, description, details))
+                attributes = class_literals(node) if isinstance(node, ast.ClassDef) else {}
+                found.append((name, description, details, attributes))
     return found
+
+
+def class_literals(node: ast.ClassDef) -> dict[str, Any]:
+    """The attributes a class body sets to literals: ``a = 1``, ``a: int = 1``, ``a, b = 1, "x"``."""
+    found: dict[str, Any] = {}
+    for statement in node.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
+                and isinstance(statement.value, ast.Constant):
+            found[statement.target.id] = statement.value.value
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+            if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                found[target.id] = value.value
+            elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+                found.update({t.id: v.value for t, v in zip(target.elts, value.elts)
+                              if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
+    return found
+
+
+def class_source_literals(module: str, name: str) -> dict[str, Any]:
+    """``class_literals`` of the class ``name`` in ``module``'s source (read, not imported); {} when absent."""
+    ((_, path),) = _source_files(module)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return class_literals(node)
+    return {}
 
 
 DATASETS: Registry = Registry("dataset", scan="dpeval.core.datasets", var="DATASETS", group="dpeval.datasets")

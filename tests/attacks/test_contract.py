@@ -30,6 +30,38 @@ def test_declarations(name):
         assert f.metadata.get("help"), f"attack {name}: parameter {f.name} has no help text"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_headline_facts_read_from_the_source_are_the_imported_classs(name):
+    """The leaderboard reads a built-in attack's headline facts from its source (no torch import): they must be
+    what the class says once imported, inherited values included, or the source must not claim to tell them."""
+    from dpeval.headlines import FACTS, _declared_facts
+
+    declared = _declared_facts(name)
+    assert declared is not None, f"{name}: its class body and Attack's must give every headline fact as a literal"
+    cls = ATTACKS.get(name)
+    assert dataclasses.astuple(declared) == tuple(getattr(cls, k) for k in FACTS)
+
+
+def test_listing_results_of_built_in_attacks_imports_neither_attacks_nor_torch(tmp_path):
+    """What each built-in attack's results read as (headline, direction, chance or baseline) in a fresh process,
+    as the CLI's leaderboard starts: the same facts as above, and torch is never imported."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom dpeval.headlines import attack_facts\n"
+            "def read(a):\n    f = attack_facts(a)\n    return [f.headline, f.higher_leaks, f.chance_level()]\n"
+            f"facts = {{a: read(a) for a in {NAMES!r}}}\n"
+            "print(json.dumps({'facts': facts, 'torch': 'torch' in sys.modules}))")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert out["torch"] is False
+    for name in NAMES:
+        cls = ATTACKS.get(name)
+        assert out["facts"][name][:2] == [cls.headline, cls.higher_leaks]
+        assert out["facts"][name][-1] == (0.5 if cls.headline == "auc" and cls.chance is None else cls.chance)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return tmp_path_factory.mktemp("results")
