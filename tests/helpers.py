@@ -47,3 +47,26 @@ def noiseless(cls: type[Defense]) -> type[Defense]:
 
     Noiseless.__name__ = Noiseless.__qualname__ = f"Noiseless{cls.__name__}"
     return Noiseless
+
+
+def load_bench_script(name: str):
+    """A script of bench/ as a module (bench/ is not a package): ``load_bench_script("paper_tables")``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up while it is defined
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_rows_csv(path, rows: list[dict]) -> None:
+    """``rows`` as a CSV with every key of any row as a column (sorted), as a leaderboard export has them."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -3,14 +3,9 @@ seeds, the seed-0 attacks online and offline), and the readings against DP-SGD w
 
 from __future__ import annotations
 
-import csv
-import importlib.util
-from pathlib import Path
+from tests.helpers import load_bench_script, write_rows_csv
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("benchmark_page", ROOT / "bench/benchmark_page.py")
-benchmark_page = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(benchmark_page)
+benchmark_page = load_bench_script("benchmark_page")
 
 
 def run(defense, eps, seed, acc, lira_auc=None, online=True, groups=""):
@@ -26,12 +21,8 @@ def run(defense, eps, seed, acc, lira_auc=None, online=True, groups=""):
 
 
 def cells(tmp_path, rows):
-    path = tmp_path / "board.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
-        writer.writeheader()
-        writer.writerows(rows)
-    return benchmark_page.cells(benchmark_page.read(path))
+    write_rows_csv(tmp_path / "board.csv", rows)
+    return benchmark_page.cells(benchmark_page.read(tmp_path / "board.csv"))
 
 
 def test_a_row_per_defense_and_epsilon_with_utility_over_seeds_and_the_seed_0_attacks(tmp_path):

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import importlib.util
-from pathlib import Path
+from tests.helpers import load_bench_script, write_rows_csv
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("membership_table", ROOT / "bench/membership_table.py")
-membership_table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(membership_table)
+membership_table = load_bench_script("membership_table")
 
 
 def run(key, defense, eps, online, lira_auc, lira_tpr, eps_lb=0.0, members=5000):
@@ -24,12 +19,8 @@ def run(key, defense, eps, online, lira_auc, lira_tpr, eps_lb=0.0, members=5000)
 
 
 def table(tmp_path, rows) -> str:
-    path = tmp_path / "board.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
-        writer.writeheader()
-        writer.writerows(rows)
-    return membership_table.table(membership_table.runs(path))
+    write_rows_csv(tmp_path / "board.csv", rows)
+    return membership_table.table(membership_table.runs(tmp_path / "board.csv"))
 
 
 def test_checks_hold(tmp_path):

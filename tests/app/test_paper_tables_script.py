@@ -1,23 +1,11 @@
 """bench/paper_tables.py chooses a row's point by the seeds every point ran: after a two-stage grid (every point
 at seed 0, the chosen one at seeds 1 and 2 as well), a point run once never wins for having fewer, luckier seeds."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "paper_tables.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("paper_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_bench_script
 
 
 def test_a_point_is_chosen_by_the_seeds_every_point_ran():
-    tables = load()
+    tables = load_bench_script("paper_tables")
     group = [{"group_key": "a", "utility.test_accuracy": 0.9107}, {"group_key": "b", "utility.test_accuracy": 0.913}]
     per_seed = {"a": {0: 0.914, 1: 0.909, 2: 0.909}, "b": {0: 0.913}}
     scores = {r["group_key"]: tables.choice_score(r, group, per_seed) for r in group}
