@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dpeval.core.result_keys import AttackKey
 from dpeval.core.states import in_order
 from dpeval.core.verdicts import Mixed, Verdict
-
-FACTS = ("headline", "higher_leaks", "headline_label", "baseline", "chance")  # Attack's declarations about its result
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,9 @@ class Facts:
         if self.chance is not None:
             return self.chance
         return 0.5 if self.headline == "auc" else None
+
+
+FACTS = tuple(f.name for f in fields(Facts))  # the Attack class attributes they are read from
 
 
 @functools.cache
