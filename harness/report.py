@@ -60,6 +60,7 @@ from dpeval.core.files import save_figure  # noqa: E402
 from dpeval.core.result_keys import AttackKey  # noqa: E402
 from dpeval.core.states import in_order  # noqa: E402
 from dpeval.core.verdicts import Mixed, Verdict  # noqa: E402
+from dpeval.exposure import Exposure, exposed, exposures, shrink  # noqa: E402
 from dpeval.headlines import (  # noqa: E402
     attack_facts,
     finite,
@@ -664,15 +665,13 @@ class Game:
     row: dict[str, Any]
     record: dict[str, Any]
     label: str
-    records: list[Any]  # dpeval.exposure.Exposure
+    records: list[Exposure]
 
 
 def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
                  damaged: list[str]) -> dict[str, list[Game]]:
     """Attack → the runs whose game saved per-example scores (``artefacts.<attack>.scores``, a CSV), each read into
     exposures; a file that cannot be read adds a line to ``damaged``."""
-    from dpeval.exposure import exposures
-
     games: dict[str, list[Game]] = defaultdict(list)
     for row in rows:
         for key, value in sorted(row["metrics"].items()):
@@ -701,8 +700,6 @@ def _reference(game: Game, games: list[Game]) -> Game | None:
 def exposure_rows(games: list[Game]) -> list[list[str]]:
     """One row per configuration: seeds, members, records named at each FPR (mean over seeds), and of the
     non-private model's top k, how many the configuration still names at 1 % FPR and their median FPR."""
-    from dpeval.exposure import exposed, shrink
-
     by_label: dict[str, list[Game]] = defaultdict(list)
     for g in games:
         by_label[g.label].append(g)
