@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dpeval.core.result_keys import AttackKey
+from dpeval.core.result_keys import VERDICT, AttackKey, leakage_key
 from dpeval.core.states import in_order
 from dpeval.core.verdicts import Mixed, Verdict
 
@@ -212,7 +212,7 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
     if facts is None or not facts.headline:
         return None
     def get(metric: str) -> Any:
-        return record.get(str(AttackKey(attack, metric)))
+        return record.get(leakage_key(attack, metric))
 
     reference, name = None, ""
     if facts.baseline and is_number(get(facts.baseline)):
@@ -222,7 +222,7 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
     rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
     low, high = get(f"{facts.headline}_ci_low"), get(f"{facts.headline}_ci_high")
     return Headline(attack, facts.headline, metric_label(attack), get(facts.headline),
-                    facts.higher_leaks, Verdict.parse(record.get(str(AttackKey.verdict(attack)))), reference, name,
+                    facts.higher_leaks, Verdict.parse(get(VERDICT)), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None)

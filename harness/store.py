@@ -576,11 +576,11 @@ class ResultStore:
 def _unreadable_verdict(metrics: dict[str, Any]) -> str | None:
     """What is wrong with the first stored verdict that is not one (``dpeval.core.verdicts``), else None: every
     command that reads verdicts would fail on it, so its run is a damaged record."""
-    for key, value in metrics.items():
-        owner = AttackKey.parse(key) if key.endswith(VERDICT) else None  # a store holds millions of other keys
+    for key in [k for k in metrics if k.endswith(VERDICT)]:  # a store holds millions of other keys
+        owner = AttackKey.parse(key)
         if owner is not None and owner.is_verdict:
             try:
-                Verdict.parse(value)
+                Verdict.parse(metrics[key])
             except (ValueError, TypeError):  # TypeError: a list or object is not even hashable
-                return f"{key} = {brief(value)} not a verdict"
+                return f"{key} = {brief(metrics[key])} not a verdict"
     return None

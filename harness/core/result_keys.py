@@ -8,6 +8,7 @@ part is a recorded model state (``init``, ``epoch:N``, ``final``; ``dpeval.core.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dpeval.core.states import AttackState
@@ -67,3 +68,9 @@ class AttackKey:
     def state_metric(self) -> str:
         """The metric without its state (``psnr`` of ``epoch:3.psnr``); the whole metric when not per-state."""
         return self.metric.partition(".")[2] if self.state else self.metric
+
+
+@functools.lru_cache(maxsize=4096)
+def leakage_key(attack: str, metric: str) -> str:
+    """``str(AttackKey(attack, metric))``, remembered: a table reads the same few keys of thousands of records."""
+    return str(AttackKey(attack, metric))

@@ -33,6 +33,8 @@ class Verdict(StrEnum):
         ValueError on anything else."""
         if value is None or isinstance(value, (Verdict, Mixed)):
             return value
+        if isinstance(value, str) and (known := _BY_TEXT.get(value)) is not None:  # tables parse thousands
+            return known
         try:
             return cls(value)
         except ValueError:
@@ -46,6 +48,9 @@ class Verdict(StrEnum):
         if len(set(parsed)) == 1:
             return parsed[0]
         return Mixed(sum(v is cls.LEAKS for v in parsed), len(parsed))
+
+
+_BY_TEXT = {v.value: v for v in Verdict}
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,19 @@ def test_failed_runs_are_not_on_the_board():
     assert [r["run_id"] for r in lb.leaderboard([row("a", 0, 0.5), failed])] == ["a"]
 
 
+def test_results_digest_compares_values_as_stored():
+    curve = [0.5, 0.75, math.nan]
+    metrics = {"utility.test_accuracy": 0.75, "utility.test_accuracy_by_epoch": curve, "leakage.ig.verdict": "leaks",
+               "time.train_s": 3.0, "seed": 0}
+    same = {"seed": 1, "time.train_s": 9.0, "leakage.ig.verdict": Verdict.LEAKS,  # another order, time and seed
+            "utility.test_accuracy_by_epoch": [0.5, 0.75, float("nan")], "utility.test_accuracy": 0.75}
+    assert lb.results_digest(metrics) == lb.results_digest(same)
+    for key, value in (("utility.test_accuracy_by_epoch", [0.5, 0.75, 0.7]), ("utility.test_accuracy", 0.7500001),
+                       ("leakage.ig.verdict", "no-leak-detected"), ("leakage.ig.psnr", 12.0)):
+        assert lb.results_digest({**metrics, key: value}) != lb.results_digest(metrics), key
+    assert lb.results_digest({"utility.x": 1}) != lb.results_digest({"utility.x": 1.0})
+
+
 def test_identical_run_keys_count_once_when_grouping():
     """The same configuration and seed run twice is one observation: n = 2 for seeds 0 and 1, not 3."""
     rows = [row("a", 0, 0.8), row("b", 1, 0.9), row("c", 0, 0.6)]
@@ -108,6 +121,13 @@ def test_identical_run_keys_count_once_when_grouping():
     (group,) = lb.leaderboard(rows, seeds_grouped=True)
     assert group["n"] == 2 and group["seeds"] == "0 1"
     assert group["utility.test_accuracy"] == pytest.approx((0.6 + 0.9) / 2)  # the later run of the two counts
+
+
+@pytest.mark.parametrize("values", [[0.8, 0.9], [0.91, 0.915, 0.9125], [1e-9, 3e-9, 2e-9, 5e-9, 8e-9],
+                                    [1e6 + 0.1, 1e6 + 0.3, 1e6 + 0.2]])
+def test_standard_error_matches_exact_arithmetic(values):
+    import statistics
+    assert lb.standard_error(values) == pytest.approx(statistics.stdev(values) / math.sqrt(len(values)), rel=1e-9)
 
 
 def test_sem_only_where_values_vary():
@@ -173,6 +193,14 @@ def test_a_setting_only_some_records_carry_is_not_a_sweep():
     assert lb.varying_settings(records) == ["defense.clip", "defense.final_rate"]
     assert lb.varying_settings(records[:3]) == ["defense.final_rate"]
 
+
+
+@pytest.mark.parametrize("values, varies", [([1, 1.0], True), ([1, True], True), ([0.1, 0.1], False),
+                                            ([math.nan, float("nan")], False), (["a", "a", "b"], True),
+                                            ([None, None], False), ([2, 2, 2], False)])
+def test_a_setting_varies_when_its_written_values_differ(values, varies):
+    records = [{"defense": "dpsgd", "train.lr": v} for v in values]
+    assert (lb.varying_settings(records) == ["train.lr"]) is varies
 
 # ---------------------------------------------------------------------------------------------------
 # the price of selecting a configuration on the private data
