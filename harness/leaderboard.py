@@ -365,15 +365,13 @@ def format_table(records: list[dict[str, Any]]) -> str:
     columns = base[:base.index("attack") + 1] + varying + base[base.index("attack") + 1:] + leak + pareto
     columns = with_paper(columns, keys, brief=True)
 
-    sem_of = {c: f"{c}.sem" for c in columns}
-
     def show(r: dict[str, Any], c: str) -> str:
         v = r.get(c)
         if v is None:
             return ""
         if isinstance(v, float):
             text = fmt(v)
-            if grouped and is_number(sem := r.get(sem_of[c])) and math.isfinite(v):
+            if grouped and is_number(sem := r.get(f"{c}.sem")) and math.isfinite(v):  # a spread in grouped rows only
                 return f"{text} ± {sem:.2g}"
             return text
         if isinstance(v, bool):
