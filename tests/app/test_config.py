@@ -162,6 +162,25 @@ def test_every_shipped_config_loads_and_validates():
     assert {s.train.optimizer for s in load_sweep(configs / "sweeps" / "rs_rates.yaml")} == {"sgd"}
 
 
+def test_benchmark_recipes_share_one_training_recipe():
+    """The benchmark's private rows differ only in their defense (docs/benchmark.md: no defense tuned more than
+    another); every file, the learning-rate grid included, is a valid sweep."""
+    import json
+    from pathlib import Path
+
+    from dpeval.sweep.grid import load_sweep
+
+    folder = Path(__file__).resolve().parents[2] / "configs" / "benchmark" / "fashionmnist"
+    sweeps = {path.stem: load_sweep(path) for path in sorted(folder.glob("*.yaml"))}
+    assert {"none", "dpsgd", "rs", "random-freeze", "gep", "adaclip", "groupwise-all", "groupwise-layer"} <= set(sweeps)
+    private = {name: points for name, points in sweeps.items() if name not in ("none", "tuning-lr")}
+    recipes = {json.dumps({k: s.canonical()[k] for k in ("train", "data", "model")}, sort_keys=True)
+               for points in private.values() for s in points}
+    assert len(recipes) == 1, recipes
+    tuned = {s.train.lr for s in sweeps["tuning-lr"]}
+    assert next(iter(private.values()))[0].train.lr in tuned and len(tuned) > 1
+
+
 def test_yaml_cannot_construct_objects(tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("seed: !!python/object/apply:os.system ['true']\n")
