@@ -352,6 +352,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
                        prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
                        on_epoch_end=save_checkpoint if checkpoints else None,
                        resume=resume["loop"] if resume is not None else None)
+        warn_divergence([h["train_loss"] for h in result.history], spec.train.lr)
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
         write_atomic(run_dir / "model.pt", lambda f: torch.save(states["final"], f))
@@ -445,6 +446,23 @@ def warn_sampling(plan: PrivacyLedger) -> None:
                     "at q = %.4g (the customary figure for fixed-size shuffled batches, not a proven bound); "
                     "recorded as privacy.accounted_sampling = %s", plan.sampling, plan.epsilon,
                     plan.sample_rate, ACCOUNTED_SAMPLING)
+
+
+DIVERGED = 1.5  # the last epoch's training loss above this multiple of the first's: the run went the wrong way
+
+
+def warn_divergence(losses: list[float], lr: float) -> None:
+    """A run whose training loss ends well above where its first epoch left it (or not finite) says so: its
+    utility and the attacks on it measure a diverged model, not the recipe. Training goes on and is recorded
+    (the number is real); the warning names the usual cause. The first epoch, not the start, is the reference:
+    a loss still falling inside epoch 1 is not divergence."""
+    if len(losses) < 2:
+        return
+    first, last = losses[0], losses[-1]
+    if not math.isfinite(last) or (math.isfinite(first) and last > DIVERGED * first):
+        log.warning("warning: training diverged: the training loss rose from %.3g after epoch 1 to %.3g after "
+                    "epoch %d; the utility and the attacks measure that model (a smaller train.lr than %g usually "
+                    "fixes it)", first, last, len(losses), lr)
 
 
 def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:

@@ -251,6 +251,31 @@ def test_shuffle_sampling_warns_and_records_what_epsilon_assumes(tmp_path):
     assert warning in (tmp_path / "runs" / m["run_id"] / "log.txt").read_text()
 
 
+@pytest.mark.parametrize("lr, diverges", [(20.0, True), (None, False)])
+def test_a_diverging_run_says_so(tmp_path, lr, diverges):
+    """DP-SGD at lr 20 on digits ends with a training loss far above its first epoch's: the run warns (on the
+    terminal and in its log) and is still recorded; the default recipe, the control, does not warn."""
+    extra = ["--set", f"train.lr={lr}"] if lr is not None else []
+    result = CliRunner().invoke(main, ["run", "--defense", "dpsgd", "--epochs", "4", *extra, "--results",
+                                       str(tmp_path), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout)
+    losses = m["utility.train_loss_by_epoch"]
+    assert (losses[-1] > 1.5 * losses[0]) is diverges
+    log = (tmp_path / "runs" / m["run_id"] / "log.txt").read_text()
+    assert ("training diverged" in result.stderr) is diverges and ("training diverged" in log) is diverges
+
+
+def test_divergence_warning_reads_the_first_and_last_epochs(caplog):
+    from dpeval.runner import warn_divergence
+
+    for losses, warns in [([2.0, 6.4], True), ([2.0, 2.9], False), ([2.0, 0.5], False), ([2.0, float("nan")], True),
+                          ([9.0], False), ([float("inf"), 3.0], False)]:
+        caplog.clear()
+        warn_divergence(losses, 0.1)
+        assert ("training diverged" in caplog.text) is warns, losses
+
+
 def test_privacy_counts_the_steps_training_takes():
     """q = 32/2976: training takes ⌊2976/32⌋ = 93 steps an epoch; ⌊1/q⌋ in floats would give 92."""
     from dpeval.core.accounting import epsilon_for
