@@ -6,7 +6,9 @@
 ``--export`` reads the results folder through dpeval's leaderboard (one row per run, its settings and every
 metric) into docs/results/benchmark-fashionmnist.csv, scores every membership run's per-example file with
 ``dpeval.exposure`` into docs/results/benchmark-fashionmnist-exposure.csv, and draws the most exposed training
-images per defense (docs/results/benchmark-fashionmnist-exposed.png; it needs the runs' score files and the data).
+images per defense (docs/results/benchmark-fashionmnist-exposed.png; it needs the runs' score files and the data),
+and gathers the one-run audits (RESULTS/audits/<defense>-eps<ε>.json, ``dpeval audit --scope run --json``) into
+docs/results/benchmark-fashionmnist-audit.csv.
 Without it, the page, its table and its figures are made from the committed CSVs alone, so anyone can regenerate
 them. A row of the page is a defense at an ε: utility over every seed (mean ± SEM), the attacks of its seed-0 run
 (online and offline LiRA come from the two points of the grid, which train the same victim), communication and
@@ -36,6 +38,7 @@ class Files:
     def __init__(self, docs: Path) -> None:
         self.csv = docs / "results/benchmark-fashionmnist.csv"
         self.exposure = docs / "results/benchmark-fashionmnist-exposure.csv"
+        self.audit = docs / "results/benchmark-fashionmnist-audit.csv"
         self.grid = docs / "results/benchmark-fashionmnist-exposed.png"
         self.figures = docs / "results/benchmark-fashionmnist.svg"
         self.page = docs / "benchmark.md"
@@ -105,6 +108,30 @@ def export(results: Path, files: Files) -> None:
         writer.writerows(rows)
     print(f"wrote {files.exposure} ({len(rows)} games)")
     draw_grid(records, {k: v for k, v in by_record.items() if k[2] == "lira" and k[3]}, files.grid)
+    export_audits(results / "audits", files.audit)
+
+
+AUDIT_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "audit.epsilon_lower_bound", "audit.verdict",
+                 "audit.guesses", "audit.correct", "audit.canaries", "utility.test_accuracy", "time.audit_s"]
+
+
+def export_audits(folder: Path, out: Path) -> None:
+    """One CSV row per one-run audit (``<defense>-eps<ε>.json``: the ε the run was calibrated for is in the name;
+    the JSON holds the accounted one)."""
+    import json
+
+    rows = []
+    for path in sorted(folder.glob("*-eps*.json")):
+        audit = json.loads(path.read_text())
+        rows.append({**{k: audit.get(k) for k in AUDIT_COLUMNS}, "defense": label(audit),
+                     "privacy.target_epsilon": float(path.stem.rsplit("-eps", 1)[1])})
+    if not rows:
+        return
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, AUDIT_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {out} ({len(rows)} audits)")
 
 
 def draw_grid(records: list[dict], lira: dict, out: Path) -> None:
@@ -176,6 +203,7 @@ class Cell:
         self.epoch_s: list[float] = []
         self.online: dict | None = None
         self.offline: dict | None = None
+        self.audit: dict | None = None  # the one-run audit of this defense at this ε
 
     def add(self, row: dict) -> None:
         self.accuracy[int(num(row["seed"]))] = num(row["utility.test_accuracy"])
@@ -202,6 +230,21 @@ def cells(rows: list[dict]) -> dict[tuple[str, float], Cell]:
                                                        kv[0][1])))
 
 
+def attach_audits(all_cells: dict[tuple[str, float], Cell], path: Path) -> None:
+    if path.is_file():
+        for row in read(path):
+            cell = all_cells.get((row["defense"], num(row["privacy.target_epsilon"])))
+            if cell is not None:
+                cell.audit = row
+
+
+def audit(cell: Cell) -> str:
+    """The one-run audit's ε lower bound and verdict (against the run's accounted ε)."""
+    if cell.audit is None:
+        return "–"
+    return f"{num(cell.audit['audit.epsilon_lower_bound']):.2f} {cell.audit['audit.verdict']}"
+
+
 def pct(x: float, digits: int = 1) -> str:
     return "–" if not math.isfinite(x) else f"{100 * x:.{digits}f}"
 
@@ -216,8 +259,8 @@ def auc(cell: Cell, attack: str, online: bool = True) -> str:
 
 def table(all_cells: dict[tuple[str, float], Cell]) -> str:
     lines = ["| defense | ε | test acc. % (n) | density | s / epoch | LiRA online AUC [95%] | LiRA TPR @ 0.1 % / 1 % "
-             "FPR | LiRA offline AUC | RMIA AUC | LOSS AUC | ε lower bound (best) / 2ε | grad-MIA AUC | IG PSNR init / "
-             "mid / final (data-free) |", "|" + "---|" * 13]
+             "FPR | LiRA offline AUC | RMIA AUC | LOSS AUC | ε lower bound (best) / 2ε | one-run audit ε_LB | "
+             "grad-MIA AUC | IG PSNR init / mid / final (data-free) |", "|" + "---|" * 14]
     for c in all_cells.values():
         m, s, n = mean_sem(list(c.accuracy.values()))
         bounds = [c.metric(f"leakage.{a}.epsilon_lower_bound", o) for a in MIA for o in (True, False)]
@@ -233,7 +276,7 @@ def table(all_cells: dict[tuple[str, float], Cell]) -> str:
         epoch = f"{statistics.fmean(c.epoch_s):.1f}" if c.epoch_s else "–"
         lines.append(f"| {c.name} | {c.eps:g} | {pct(m)} ± {pct(s)} ({n}) | {density:.2f} | {epoch} | "
                      f"{auc(c, 'lira')} | {tpr} | {auc(c, 'lira', False)} | {auc(c, 'rmia')} | {auc(c, 'loss')} | "
-                     f"{lb} | {auc(c, 'grad-mia')} | {ig} |")
+                     f"{lb} | {audit(c)} | {auc(c, 'grad-mia')} | {ig} |")
     return "\n".join(lines)
 
 
@@ -323,6 +366,7 @@ def main() -> None:
     if args.export:
         export(args.export, files)
     all_cells = cells([r for r in read(files.csv) if r.get("status", "done") == "done"])
+    attach_audits(all_cells, files.audit)
     figures(all_cells, files.figures)
     figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
     write_into(files.page, "benchmark-table", table(all_cells) + figure)

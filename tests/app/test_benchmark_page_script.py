@@ -49,3 +49,27 @@ def test_readings_resolve_only_what_the_intervals_separate(tmp_path):
     assert "density 0.55" in rs
     rf = next(line for line in text.splitlines() if "**random-freeze" in line)
     assert "(not resolved)" in rf and "intervals overlap: not resolved" in rf
+
+
+def test_the_one_run_audit_joins_its_row(tmp_path):
+    """Each audit JSON (the name carries the ε the row was calibrated for) becomes a CSV row and the table's audit
+    column of that defense and ε only; a row without an audit shows a dash."""
+    import json
+
+    audits = tmp_path / "audits"
+    audits.mkdir()
+    for name, eps, bound, verdict in [("dpsgd", 3.0, 0.25, "PASS"), ("groupwise", 8.0, 9.5, "FAIL")]:
+        (audits / f"{name}-eps{eps}.json").write_text(json.dumps({
+            "defense": name, "defense.groups": "layer" if name == "groupwise" else None,
+            "privacy.epsilon": eps * 0.998, "audit.epsilon_lower_bound": bound, "audit.verdict": verdict,
+            "audit.guesses": 200, "audit.correct": 130, "audit.canaries": 1000, "utility.test_accuracy": 0.7,
+            "time.audit_s": 90.0}))
+    out = tmp_path / "audit.csv"
+    benchmark_page.export_audits(audits, out)
+    all_cells = cells(tmp_path, [run("dpsgd", 3.0, 0, 0.8), run("dpsgd", 8.0, 0, 0.85),
+                                 run("groupwise", 8.0, 0, 0.84, groups="layer")])
+    benchmark_page.attach_audits(all_cells, out)
+    header, _, *rows = benchmark_page.table(all_cells).splitlines()
+    column = [c.strip() for c in header.split("|")].index("one-run audit ε_LB")
+    got = {tuple(c.strip() for c in row.split("|")[1:3]): row.split("|")[column].strip() for row in rows}
+    assert got == {("dpsgd", "3"): "0.25 PASS", ("dpsgd", "8"): "–", ("groupwise (layer)", "8"): "9.50 FAIL"}
