@@ -78,10 +78,11 @@ def export(results: Path, files: Files) -> None:
     from dpeval.leaderboard import leaderboard, write_leaderboard
     from dpeval.store import ResultStore
 
-    records = leaderboard(ResultStore(results).rows(status="done"))
+    store = ResultStore(results)
+    records = leaderboard(store.rows(status="done"))
     kept = [{k: v for k, v in r.items() if not k.startswith(("artefacts.", "data.tokens.", "data.synthetic."))}
             for r in records]
-    write_leaderboard(kept, files.csv)
+    write_leaderboard(kept, files.csv, store)
     print(f"wrote {files.csv} ({len(kept)} runs)")
     scored = [r for r in records if r.get("artefacts.lira.scores")]
     by_record: dict[tuple[str, float, str, bool], list] = {}
@@ -325,6 +326,20 @@ def exposure_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+EPSILONS = (1.0, 3.0, 8.0)
+
+
+def progress(all_cells: dict[tuple[str, float], Cell]) -> str:
+    """How much of the planned benchmark the table holds: one line while it is incomplete, nothing once complete."""
+    planned = [("none", math.inf)] + [(name, eps) for name in ORDER[1:] for eps in EPSILONS]
+    attacked = sum(1 for key in planned if key in all_cells and all_cells[key].online is not None)
+    seeded = sum(1 for key in planned if key in all_cells and len(all_cells[key].accuracy) >= 3)
+    if attacked == seeded == len(planned):
+        return ""
+    return (f"**Partial**: {attacked} of the {len(planned)} planned rows attacked, {seeded} with utility at three "
+            f"seeds; the runs go on (`bench/benchmark.sh` resumes) and rows appear as they finish.\n\n")
+
+
 def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
     import matplotlib
 
@@ -369,7 +384,7 @@ def main() -> None:
     attach_audits(all_cells, files.audit)
     figures(all_cells, files.figures)
     figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
-    write_into(files.page, "benchmark-table", table(all_cells) + figure)
+    write_into(files.page, "benchmark-table", progress(all_cells) + table(all_cells) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)

@@ -73,3 +73,49 @@ def test_the_one_run_audit_joins_its_row(tmp_path):
     column = [c.strip() for c in header.split("|")].index("one-run audit ε_LB")
     got = {tuple(c.strip() for c in row.split("|")[1:3]): row.split("|")[column].strip() for row in rows}
     assert got == {("dpsgd", "3"): "0.25 PASS", ("dpsgd", "8"): "–", ("groupwise (layer)", "8"): "9.50 FAIL"}
+
+
+def test_export_reads_a_real_results_folder(tmp_path):
+    """--export on a folder written by dpeval itself: the leaderboard CSV (one row per run, no artefact paths) and
+    the audits' CSV; the page then renders from those files alone."""
+    import csv
+    import json
+
+    from click.testing import CliRunner
+
+    from dpeval.cli import main
+
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    for seed in ("0", "1"):
+        done = CliRunner().invoke(main, ["run", "--defense", "dpsgd", "--epochs", "1", "--seed", seed,
+                                         "--results", str(results), "--quiet"])
+        assert done.exit_code == 0, done.output
+    (results / "audits").mkdir()
+    (results / "audits" / "dpsgd-eps3.0.json").write_text(json.dumps(
+        {"defense": "dpsgd", "audit.epsilon_lower_bound": 0.3, "audit.verdict": "PASS"}))
+    files = benchmark_page.Files(docs)
+    files.csv.parent.mkdir(parents=True)
+    files.page.write_text("<!-- benchmark-table:start -->\n<!-- benchmark-table:end -->\n")
+    benchmark_page.export(results, files)
+    with files.csv.open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["seed"] for r in rows) == ["0", "1"] and {r["defense"] for r in rows} == {"dpsgd"}
+    assert not any(c.startswith("artefacts.") for c in rows[0])
+    with files.audit.open() as f:
+        assert [(r["defense"], r["privacy.target_epsilon"], r["audit.verdict"]) for r in csv.DictReader(f)] == [
+            ("dpsgd", "3.0", "PASS")]
+    all_cells = benchmark_page.cells(benchmark_page.read(files.csv))
+    assert [c.accuracy.keys() for c in all_cells.values()] == [{0, 1}]
+
+
+def test_an_incomplete_benchmark_says_how_much_it_holds(tmp_path):
+    partial = [run("none", float("inf"), 0, 0.85, 0.63), run("dpsgd", 1.0, 0, 0.73, 0.50)]
+    assert "2 of the 22 planned rows attacked, 0 with utility at three seeds" in benchmark_page.progress(
+        cells(tmp_path, partial))
+    names = ["dpsgd", "rs", "random-freeze", "gep", "adaclip", ("groupwise", "all"), ("groupwise", "layer")]
+    full = [run("none", float("inf"), s, 0.85, 0.63 if s == 0 else None) for s in range(3)]
+    for name in names:
+        defense, groups = name if isinstance(name, tuple) else (name, "")
+        full += [run(defense, eps, s, 0.7, 0.5 if s == 0 else None, groups=groups)
+                 for eps in (1.0, 3.0, 8.0) for s in range(3)]
+    assert benchmark_page.progress(cells(tmp_path, full)) == ""
