@@ -23,53 +23,60 @@ import torch
 import yaml
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a run folder (RESULTS/runs/RUN_ID) of a gep run")
-    parser.add_argument("--batches", type=int, default=5, help="private batches averaged per state (default 5)")
-    args = parser.parse_args()
-
+def measure(run: Path, batches: int) -> dict:
+    """The run's facts and, per state (init, final), the batch averages and the two noise norms."""
     import dpeval
     from dpeval.defenses.gep import clip_rows
     from dpeval.runner import prepare
 
-    config = yaml.safe_load((args.run / "config.yaml").read_text())
-    metrics = json.loads((args.run / "metrics.json").read_text())
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
     spec = dpeval.configure({**config, "device": "cpu"})
     if spec.defense_name != "gep":
-        raise SystemExit(f"{args.run}: a {spec.defense_name} run; this reads gep runs only")
+        raise SystemExit(f"{run}: a {spec.defense_name} run; this reads gep runs only")
     prep = prepare(spec)
     defense = prep.make_defense(prep.streams.scope("victim"))
     p, b = spec.defense, spec.train.batch_size
     sigma = float(metrics["privacy.noise_multiplier"])
     states = {"init": {k: v.clone() for k, v in prep.model.state_dict().items()},
-              "final": torch.load(args.run / "model.pt", map_location="cpu")}
+              "final": torch.load(run / "model.pt", map_location="cpu")}
     pool = prep.task.train
-    print(f"{args.run.name}: {'B-GEP' if p.biased else 'GEP'}, k = {p.num_bases}, d = {defense.d}, σ = {sigma:.3f}, "
-          f"B = {b}, {args.batches} batches per state")
+    out: dict = {"biased": p.biased, "d": defense.d, "sigma": sigma, "batch": b, "states": {}}
     for name, state in states.items():
         prep.model.load_state_dict(state)
         defense.refresh_anchors()
-        k = defense.k
+        out["k"] = defense.k  # the bases computed (num_bases, or fewer where the anchors cap them)
         rows = []
-        for i in range(args.batches):
+        for i in range(min(batches, len(pool) // b)):
             x, y = pool.x[i * b:(i + 1) * b], pool.y[i * b:(i + 1) * b]
             g = defense.flatten(defense._psg(x, y))
             theta = defense.embed(g)
             residual = g - defense.lift(theta)
-            mean = g.mean(0)
             rows.append({
-                "projection_error": float((residual.mean(0)).norm() / mean.norm()),
+                "projection_error": float(residual.mean(0).norm() / g.mean(0).norm()),
                 "embedding_signal": float(clip_rows(theta, p.clip0).mean(0).norm()),
                 "residual_signal": float(clip_rows(residual, p.clip1).mean(0).norm()),
             })
-        emb_noise = (sigma / math.sqrt(2) if p.biased else sigma) * p.clip0 * math.sqrt(k) / b
-        res_noise = sigma * p.clip1 * math.sqrt(defense.d) / b
         avg = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
-        print(f"  {name:5}  projection error ‖r̄‖/‖ḡ‖ = {avg['projection_error']:.3f}   "
-              f"embedding signal {avg['embedding_signal']:.4f} vs noise {emb_noise:.4f}   "
-              f"residual signal {avg['residual_signal']:.4f} vs noise {res_noise:.4f} "
-              f"(ratio {avg['residual_signal'] / res_noise:.3f}{'; B-GEP drops it' if p.biased else ''})")
+        avg["embedding_noise"] = (sigma / math.sqrt(2) if p.biased else sigma) * p.clip0 * math.sqrt(defense.k) / b
+        avg["residual_noise"] = sigma * p.clip1 * math.sqrt(defense.d) / b
+        out["states"][name] = avg
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run folder (RESULTS/runs/RUN_ID) of a gep run")
+    parser.add_argument("--batches", type=int, default=5, help="private batches averaged per state (default 5)")
+    args = parser.parse_args()
+    m = measure(args.run, args.batches)
+    print(f"{args.run.name}: {'B-GEP' if m['biased'] else 'GEP'}, k = {m['k']}, d = {m['d']}, σ = {m['sigma']:.3f}, "
+          f"B = {m['batch']}, {args.batches} batches per state")
+    for name, s in m["states"].items():
+        print(f"  {name:5}  projection error ‖r̄‖/‖ḡ‖ = {s['projection_error']:.3f}   "
+              f"embedding signal {s['embedding_signal']:.4f} vs noise {s['embedding_noise']:.4f}   "
+              f"residual signal {s['residual_signal']:.4f} vs noise {s['residual_noise']:.4f} "
+              f"(ratio {s['residual_signal'] / s['residual_noise']:.3f}{'; B-GEP drops it' if m['biased'] else ''})")
 
 
 if __name__ == "__main__":
