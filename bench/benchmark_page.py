@@ -340,6 +340,15 @@ def progress(all_cells: dict[tuple[str, float], Cell]) -> str:
             f"seeds; the runs go on (`bench/benchmark.sh` resumes) and rows appear as they finish.\n\n")
 
 
+def compute(rows: list[dict], audits: list[dict]) -> str:
+    """What the page's runs cost: training and attacks (shadow models included) of every run, and every audit, in
+    hours of one thread (each run's own clock: the runs shared the machine's cores)."""
+    seconds = sum(num(r.get("time.train_s") or 0) + num(r.get("time.attack_s") or 0) for r in rows)
+    seconds += sum(num(a.get("time.audit_s") or 0) for a in audits)
+    return (f"Compute: {seconds / 3600:.1f} h of one thread for these {len(rows)} runs and {len(audits)} audits "
+            f"(`time.train_s` + `time.attack_s`, `time.audit_s`; one thread each, two sharing the 2 cores).")
+
+
 def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
     import matplotlib
 
@@ -380,11 +389,14 @@ def main() -> None:
     files.csv.parent.mkdir(parents=True, exist_ok=True)
     if args.export:
         export(args.export, files)
-    all_cells = cells([r for r in read(files.csv) if r.get("status", "done") == "done"])
+    rows = [r for r in read(files.csv) if r.get("status", "done") == "done"]
+    audits = read(files.audit) if files.audit.is_file() else []
+    all_cells = cells(rows)
     attach_audits(all_cells, files.audit)
     figures(all_cells, files.figures)
     figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
-    write_into(files.page, "benchmark-table", progress(all_cells) + table(all_cells) + figure)
+    write_into(files.page, "benchmark-table",
+               progress(all_cells) + table(all_cells) + "\n\n" + compute(rows, audits) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)

@@ -119,3 +119,9 @@ def test_an_incomplete_benchmark_says_how_much_it_holds(tmp_path):
         full += [run(defense, eps, s, 0.7, 0.5 if s == 0 else None, groups=groups)
                  for eps in (1.0, 3.0, 8.0) for s in range(3)]
     assert benchmark_page.progress(cells(tmp_path, full)) == ""
+
+
+def test_compute_adds_every_run_and_audit():
+    rows = [{"time.train_s": "1800", "time.attack_s": "5400"}, {"time.train_s": "3600", "time.attack_s": ""}]
+    assert benchmark_page.compute(rows, [{"time.audit_s": "3600"}]).startswith(
+        "Compute: 4.0 h of one thread for these 2 runs and 1 audits")
