@@ -15,7 +15,6 @@ fraction of its noise adds little to the release, so B-GEP loses little by dropp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -30,14 +29,13 @@ def measure(run: Path, batches: int) -> dict:
     from dpeval.runner import prepare
 
     config = yaml.safe_load((run / "config.yaml").read_text())
-    metrics = json.loads((run / "metrics.json").read_text())
     spec = dpeval.configure({**config, "device": "cpu"})
     if spec.defense_name != "gep":
         raise SystemExit(f"{run}: a {spec.defense_name} run; this reads gep runs only")
     prep = prepare(spec)
     defense = prep.make_defense(prep.streams.scope("victim"))
     p, b = spec.defense, spec.train.batch_size
-    sigma = float(metrics["privacy.noise_multiplier"])
+    sigma = defense.noise_multiplier  # the run's σ, planned from its config as training planned it
     states = {"init": {k: v.clone() for k, v in prep.model.state_dict().items()},
               "final": torch.load(run / "model.pt", map_location="cpu")}
     pool = prep.task.train
@@ -58,7 +56,7 @@ def measure(run: Path, batches: int) -> dict:
                 "residual_signal": float(clip_rows(residual, p.clip1).mean(0).norm()),
             })
         avg = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
-        avg["embedding_noise"] = (sigma / math.sqrt(2) if p.biased else sigma) * p.clip0 * math.sqrt(defense.k) / b
+        avg["embedding_noise"] = defense.embedding_multiplier * p.clip0 * math.sqrt(defense.k) / b
         avg["residual_noise"] = sigma * p.clip1 * math.sqrt(defense.d) / b
         out["states"][name] = avg
     return out
