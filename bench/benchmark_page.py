@@ -231,12 +231,11 @@ def cells(rows: list[dict]) -> dict[tuple[str, float], Cell]:
                                                        kv[0][1])))
 
 
-def attach_audits(all_cells: dict[tuple[str, float], Cell], path: Path) -> None:
-    if path.is_file():
-        for row in read(path):
-            cell = all_cells.get((row["defense"], num(row["privacy.target_epsilon"])))
-            if cell is not None:
-                cell.audit = row
+def attach_audits(all_cells: dict[tuple[str, float], Cell], audits: list[dict]) -> None:
+    for row in audits:
+        cell = all_cells.get((row["defense"], num(row["privacy.target_epsilon"])))
+        if cell is not None:
+            cell.audit = row
 
 
 def audit(cell: Cell) -> str:
@@ -392,7 +391,7 @@ def main() -> None:
     rows = [r for r in read(files.csv) if r.get("status", "done") == "done"]
     audits = read(files.audit) if files.audit.is_file() else []
     all_cells = cells(rows)
-    attach_audits(all_cells, files.audit)
+    attach_audits(all_cells, audits)
     figures(all_cells, files.figures)
     figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
     write_into(files.page, "benchmark-table",

@@ -68,7 +68,7 @@ def test_the_one_run_audit_joins_its_row(tmp_path):
     benchmark_page.export_audits(audits, out)
     all_cells = cells(tmp_path, [run("dpsgd", 3.0, 0, 0.8), run("dpsgd", 8.0, 0, 0.85),
                                  run("groupwise", 8.0, 0, 0.84, groups="layer")])
-    benchmark_page.attach_audits(all_cells, out)
+    benchmark_page.attach_audits(all_cells, benchmark_page.read(out))
     header, _, *rows = benchmark_page.table(all_cells).splitlines()
     column = [c.strip() for c in header.split("|")].index("one-run audit ε_LB")
     got = {tuple(c.strip() for c in row.split("|")[1:3]): row.split("|")[column].strip() for row in rows}
