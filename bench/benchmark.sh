@@ -5,6 +5,7 @@
 # defense and ε under RESULTS/audits), into one results folder; resumable (run it again after an interruption:
 # finished points and audits are skipped). Then the page:
 #   bench/benchmark.sh [RESULTS]            # default runs/benchmark-fashionmnist; one thread per run
+#   WORKERS=2 bench/benchmark.sh [RESULTS]  # two runs at a time (each sweep's points in parallel), one thread each
 #   python bench/benchmark_page.py RESULTS  # docs/benchmark.md, its CSV and figures
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,14 +13,15 @@ results=${1:-runs/benchmark-fashionmnist}
 mkdir -p "$results/utility-recipes"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DPEVAL=${DPEVAL:-dpeval}
+WORKERS=${WORKERS:-1}
 defenses="none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep"  # cheapest first, GEP last
 for d in $defenses; do  # the membership and gradient attacks, seed 0
-    $DPEVAL sweep "configs/benchmark/fashionmnist/$d.yaml" --results "$results" --quiet
+    $DPEVAL sweep "configs/benchmark/fashionmnist/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
 done
 for d in $defenses; do  # utility at two more seeds: the same recipe, no attack
     sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
         "configs/benchmark/fashionmnist/$d.yaml" > "$results/utility-recipes/$d.yaml"
-    $DPEVAL sweep "$results/utility-recipes/$d.yaml" --results "$results" --quiet
+    $DPEVAL sweep "$results/utility-recipes/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
 done
 for d in $defenses; do  # the one-run audit of every private row at every ε
     [ "$d" = none ] && continue

@@ -1,0 +1,62 @@
+"""bench/benchmark.sh, the benchmark's runner, with a stand-in for dpeval that records its calls: every defense's
+attack sweep, then its utility at seeds 1 and 2 with no attack, then the one-run audit of every private row at
+every ε — each sweep with the workers asked for, and nothing rerun that a finished audit already holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIVATE = ["dpsgd", "rs", "random-freeze", "adaclip", "groupwise-all", "groupwise-layer", "gep"]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="the runner is a bash script")
+
+FAKE = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+if [ "$1" = audit ]; then echo '{"audit": "stand-in"}'; fi
+"""
+
+
+def run_benchmark(tmp_path: Path, workers: str | None) -> tuple[list[str], Path]:
+    fake = tmp_path / "dpeval"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    env = os.environ | {"DPEVAL": str(fake), "CALLS": str(tmp_path / "calls")}
+    env.pop("WORKERS", None)
+    if workers is not None:
+        env["WORKERS"] = workers
+    results = tmp_path / "results"
+    subprocess.run(["bash", str(ROOT / "bench" / "benchmark.sh"), str(results)], env=env, check=True,
+                   capture_output=True, text=True)
+    return (tmp_path / "calls").read_text().splitlines(), results
+
+
+def test_attacks_then_utility_seeds_then_audits_each_sweep_with_the_workers_asked_for(tmp_path):
+    calls, results = run_benchmark(tmp_path, "2")
+    sweeps = [c for c in calls if c.startswith("sweep ")]
+    audits = [c for c in calls if c.startswith("audit ")]
+    assert len(sweeps) == 2 * (len(PRIVATE) + 1) and len(audits) == 3 * len(PRIVATE)
+    assert calls == sweeps + audits  # every attack and utility sweep before the first audit
+    assert all(c.endswith(f"--results {results} --workers 2 --quiet") for c in sweeps)
+    assert sweeps[0].startswith("sweep configs/benchmark/fashionmnist/none.yaml")
+    utility = yaml.safe_load((results / "utility-recipes" / "gep.yaml").read_text())
+    assert utility["seeds"] == [1, 2] and utility["attacks"] == [] and "attack" not in utility
+    audit_recipe = yaml.safe_load((results / "audits" / "rs-eps8.0.yaml").read_text())
+    assert audit_recipe["privacy"]["epsilon"] == 8.0 and "attacks" not in audit_recipe
+    assert any(c.startswith("audit --defense groupwise --scope run") for c in audits)
+    assert json.loads((results / "audits" / "gep-eps1.0.json").read_text()) == {"audit": "stand-in"}
+
+
+def test_one_worker_by_default_and_a_finished_audit_is_not_rerun(tmp_path):
+    calls, _ = run_benchmark(tmp_path, None)
+    assert all("--workers 1 " in c for c in calls if c.startswith("sweep "))
+    (tmp_path / "calls").unlink()
+    calls, _ = run_benchmark(tmp_path, None)
+    assert not [c for c in calls if c.startswith("audit ")]  # every audit's JSON is there: none run again
