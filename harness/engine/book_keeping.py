@@ -10,7 +10,8 @@ One forward and one backward pass per micro-batch, no per-sample gradient of the
 2. In that hook the layer's per-sample statistics are computed and added to its group's: plain squared
    norms by the ghost norm (‖g_i‖² = ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, no per-sample gradient) where that needs
    less memory, else by instantiating the layer's per-sample gradient (for a conv: one grouped
-   convolution, one group per sample, in chunks of samples); masked or whitened norms
+   convolution, one group per sample, on the CPU; one batched product with the unfolded input on CUDA;
+   in chunks of samples, small on the CPU, large on a GPU: ``workspace_budget``); masked or whitened norms
    ‖(g_i − shift) ⊙ scale‖² and linear probes (GEP's V^T g_i) from the instantiated per-sample gradient,
    chunk by chunk (a one-token Linear under a mask needs none: (ds_i²)ᵀ m² (a_i²)).
 3. When the last layer of a group has been seen (backprop runs output → input, so a group closes at its
@@ -40,6 +41,7 @@ ever dropped silently. Like the torch.func path, it assumes samples do not inter
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -52,7 +54,25 @@ from dpeval.core.per_sample import fixed_front
 from dpeval.defenses.base import Defense
 from dpeval.defenses.lean import LeanBatch, LeanPlan
 
-WORKSPACE_BUDGET = 1 << 21  # elements (8 MiB in float32) of unfolded conv input per chunk of samples
+WORKSPACE_BUDGET = 1 << 21  # CPU: elements (8 MiB in float32) of transient workspace per chunk of samples
+CUDA_WORKSPACE_SHARE = 1 / 64  # a CUDA device: the share of its memory one chunk's workspace may take
+
+
+@functools.cache
+def _cuda_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+def workspace_budget(device: torch.device) -> int:
+    """Elements of transient workspace one chunk of samples may take: 8 MiB on the CPU, where chunks of cache
+    size suit mkldnn's convolutions; ``CUDA_WORKSPACE_SHARE`` of a CUDA device's memory (2.2 GB on a 140 GB
+    card), because there each chunk costs several kernel launches: 8 MiB chunks cut a DP-CNN's 512-sample
+    micro-batch into 166 of them, and lean DP-SGD measured 13.6x non-private SGD's step on an H200 with them
+    (docs/performance.md)."""
+    if device.type == "cuda":
+        return int(_cuda_memory(device.index if device.index is not None else torch.cuda.current_device())
+                   * CUDA_WORKSPACE_SHARE) // 4
+    return WORKSPACE_BUDGET
 
 
 class LayerKernel:
@@ -119,7 +139,17 @@ class Conv2dKernel(LayerKernel):
         return cols.transpose(1, 2), ds.reshape(b, ds.shape[1], -1).transpose(1, 2)
 
     def weight_grads(self, module, a, ds):
-        # b samples as one convolution with b groups (no unfold needed)
+        if a.is_cuda:  # cuDNN's grouped convolution is slow with a group per sample; one batched product is not
+            return self.weight_grads_by_matmul(module, a, ds)
+        return self.weight_grads_by_grouped_conv(module, a, ds)
+
+    def weight_grads_by_matmul(self, module, a, ds):
+        """g_i = ds_i^T · unfold(a_i): [p, T] × [T, d], one batched matrix product over the chunk."""
+        cols, d = self.tokens(module, a, ds)  # [b, T, d], [b, T, p]
+        return torch.bmm(d.transpose(1, 2), cols).view(a.shape[0], *module.weight.shape)
+
+    def weight_grads_by_grouped_conv(self, module, a, ds):
+        """b samples as one convolution with b groups (no unfold needed; mkldnn's fast path on the CPU)."""
         b, w = a.shape[0], module.weight
         g = torch.nn.grad.conv2d_weight(a.reshape(1, -1, *a.shape[2:]), (b * w.shape[0], *w.shape[1:]),
                                         ds.reshape(1, -1, *ds.shape[2:]), module.stride, module.padding,
@@ -413,13 +443,13 @@ class BookKeeping:
 
     @staticmethod
     def _chunk(kernel: LayerKernel, module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
-        """Samples per chunk, so a transient workspace stays within ``WORKSPACE_BUDGET`` elements whatever
+        """Samples per chunk, so a transient workspace stays within ``workspace_budget`` elements whatever
         the micro-batch size: the kernel's own (a conv's unfolded input, k²× the activation) and, when
         instantiating per-sample weight gradients (``weight``), the chunk of those."""
         per_sample = kernel.workspace(module, a)
         if weight is not None:
             per_sample = max(per_sample, weight.numel())
-        return max(1, WORKSPACE_BUDGET // per_sample) if per_sample else a.shape[0]
+        return max(1, workspace_budget(a.device) // per_sample) if per_sample else a.shape[0]
 
     def _weighted_sum(self, module: nn.Module, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
         """Σ_i c_i·g_i for parameter ``attr`` of ``module`` from what the layer kept."""

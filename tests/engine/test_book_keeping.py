@@ -65,6 +65,10 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_book_keeping_matches_the_torch_func_path(case):
+    assert_matches_torch_func(case)
+
+
+def assert_matches_torch_func(case: str) -> None:
     build, shape = CASES[case]
     torch.manual_seed(0)
     model = build()
@@ -78,6 +82,46 @@ def test_book_keeping_matches_the_torch_func_path(case):
             for n in names:
                 scale = ref[n].abs().max().clamp(min=1e-12)
                 assert float((ref[n] - got[n]).abs().max() / scale) < 1e-5, (case, spec, fn, n)
+
+
+@pytest.mark.parametrize("case", ["cnn3", "resnet20-gn", "dpcnn", "dilated-conv-groupnorm"])
+def test_the_cuda_conv_path_matches_the_torch_func_path(case, monkeypatch):
+    """What a CUDA device runs — convolution weight gradients by one batched product, chunks of the device's
+    budget — forced on the CPU: the same sums as torch.func, every conv's micro-batch in one chunk."""
+    from dpeval.engine import book_keeping
+
+    chunks = []
+
+    def by_matmul(self, module, a, ds):
+        chunks.append(a.shape[0])
+        return self.weight_grads_by_matmul(module, a, ds)
+
+    monkeypatch.setattr(book_keeping.Conv2dKernel, "weight_grads", by_matmul)
+    monkeypatch.setattr(book_keeping, "workspace_budget", lambda device: 1 << 30)
+    assert_matches_torch_func(case)
+    assert chunks and set(chunks) == {5}
+
+
+@pytest.mark.parametrize("stride,padding,dilation,kernel", [(1, 0, 1, 3), (2, (1, 2), 2, (3, 2)), (3, 1, 1, 1)])
+def test_both_conv_weight_gradient_kernels_equal_autograd_per_sample(stride, padding, dilation, kernel):
+    from dpeval.engine.book_keeping import Conv2dKernel
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, kernel, stride=stride, padding=padding, dilation=dilation).double()
+    a = torch.randn(4, 3, 11, 9, dtype=torch.float64)
+    ds = torch.randn_like(conv(a))
+    expected = torch.stack([torch.autograd.grad((conv(a[i:i + 1]) * ds[i:i + 1]).sum(), conv.weight)[0]
+                            for i in range(4)])
+    for method in (Conv2dKernel().weight_grads_by_matmul, Conv2dKernel().weight_grads_by_grouped_conv):
+        torch.testing.assert_close(method(conv, a, ds), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_the_workspace_budget_is_8_mib_on_the_cpu_and_a_share_of_a_cuda_devices_memory(monkeypatch):
+    from dpeval.engine import book_keeping
+
+    assert book_keeping.workspace_budget(torch.device("cpu")) == 1 << 21
+    monkeypatch.setattr(book_keeping, "_cuda_memory", lambda index: 2**37 if index == 1 else 0)
+    assert book_keeping.workspace_budget(torch.device("cuda", 1)) == int(2**37 * book_keeping.CUDA_WORKSPACE_SHARE) // 4
 
 
 def test_finer_groups_hold_fewer_layers_at_once():
