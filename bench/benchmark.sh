@@ -4,37 +4,53 @@
 # each private row (dpeval audit --scope run: the recipe trained once more with 1,000 canaries; one JSON per
 # defense and ε under RESULTS/audits), into one results folder; resumable (run it again after an interruption:
 # finished points and audits are skipped). Then the page:
-#   bench/benchmark.sh [RESULTS]            # default runs/benchmark-fashionmnist; one thread per run
+#   bench/benchmark.sh [RESULTS [PHASES]]   # default runs/benchmark-fashionmnist, all three phases; one thread per run
 #   WORKERS=2 bench/benchmark.sh [RESULTS]  # two runs at a time (each sweep's points in parallel), one thread each
-#   python bench/benchmark_page.py RESULTS  # docs/benchmark.md, its CSV and figures
+#   bench/benchmark.sh RESULTS audits       # one phase (attacks, utility or audits) or several ("attacks utility"):
+#                                           # the audits write no results folder, so they can run beside the sweeps
+#   python bench/benchmark_page.py --export RESULTS  # docs/benchmark.md, its CSVs and figures
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/benchmark-fashionmnist}
+phases=${2:-attacks utility audits}
+for phase in $phases; do
+    case $phase in attacks | utility | audits) ;; *) echo "unknown phase '$phase' (attacks, utility, audits)" >&2; exit 2 ;; esac
+done
+runs() { [[ " $phases " == *" $1 "* ]]; }
 mkdir -p "$results/utility-recipes"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DPEVAL=${DPEVAL:-dpeval}
 WORKERS=${WORKERS:-1}
 defenses="none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep"  # cheapest first, GEP last
-for d in $defenses; do  # the membership and gradient attacks, seed 0
-    $DPEVAL sweep "configs/benchmark/fashionmnist/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
-done
-for d in $defenses; do  # utility at two more seeds: the same recipe, no attack
-    sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
-        "configs/benchmark/fashionmnist/$d.yaml" > "$results/utility-recipes/$d.yaml"
-    $DPEVAL sweep "$results/utility-recipes/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
-done
-for d in $defenses; do  # the one-run audit of every private row at every ε
-    [ "$d" = none ] && continue
-    mkdir -p "$results/audits"
-    for eps in 1.0 3.0 8.0; do
-        out="$results/audits/$d-eps$eps.json"
-        [ -s "$out" ] && continue
-        sed -e '/^attacks: /d' -e '/^attack: /d' -e '/^seeds: /d' -e "s/epsilon: \[[^]]*\]/epsilon: $eps/" \
-            "configs/benchmark/fashionmnist/$d.yaml" > "$results/audits/$d-eps$eps.yaml"
-        name=$(sed -n 's/^defense: {name: \([a-z-]*\).*/\1/p' "$results/audits/$d-eps$eps.yaml")
-        # exit 1 is a failed audit (its result still printed and kept); anything else is an error
-        $DPEVAL audit --defense "$name" --scope run --config "$results/audits/$d-eps$eps.yaml" --json --quiet \
-            > "$out.part" || [ $? -eq 1 ]
-        mv "$out.part" "$out"
+attacks() {  # the membership and gradient attacks, seed 0
+    for d in $defenses; do
+        $DPEVAL sweep "configs/benchmark/fashionmnist/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
     done
+}
+utility() {  # utility at two more seeds: the same recipe, no attack
+    for d in $defenses; do
+        sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
+            "configs/benchmark/fashionmnist/$d.yaml" > "$results/utility-recipes/$d.yaml"
+        $DPEVAL sweep "$results/utility-recipes/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
+    done
+}
+audits() {  # the one-run audit of every private row at every ε
+    for d in $defenses; do
+        [ "$d" = none ] && continue
+        mkdir -p "$results/audits"
+        for eps in 1.0 3.0 8.0; do
+            out="$results/audits/$d-eps$eps.json"
+            [ -s "$out" ] && continue
+            sed -e '/^attacks: /d' -e '/^attack: /d' -e '/^seeds: /d' -e "s/epsilon: \[[^]]*\]/epsilon: $eps/" \
+                "configs/benchmark/fashionmnist/$d.yaml" > "$results/audits/$d-eps$eps.yaml"
+            name=$(sed -n 's/^defense: {name: \([a-z-]*\).*/\1/p' "$results/audits/$d-eps$eps.yaml")
+            # exit 1 is a failed audit (its result still printed and kept); anything else is an error
+            $DPEVAL audit --defense "$name" --scope run --config "$results/audits/$d-eps$eps.yaml" --json --quiet \
+                > "$out.part" || [ $? -eq 1 ]
+            mv "$out.part" "$out"
+        done
+    done
+}
+for phase in attacks utility audits; do  # in this order, whatever order PHASES names them
+    if runs $phase; then $phase; fi
 done

@@ -1,6 +1,7 @@
 """bench/benchmark.sh, the benchmark's runner, with a stand-in for dpeval that records its calls: every defense's
 attack sweep, then its utility at seeds 1 and 2 with no attack, then the one-run audit of every private row at
-every ε — each sweep with the workers asked for, and nothing rerun that a finished audit already holds."""
+every ε — each sweep with the workers asked for, nothing rerun that a finished audit already holds, and one phase
+alone when asked (the audits beside the sweeps)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if [ "$1" = audit ]; then echo '{"audit": "stand-in"}'; fi
 """
 
 
-def run_benchmark(tmp_path: Path, workers: str | None) -> tuple[list[str], Path]:
+def run_benchmark(tmp_path: Path, workers: str | None, *phases: str) -> tuple[list[str], Path]:
     fake = tmp_path / "dpeval"
     fake.write_text(FAKE)
     fake.chmod(0o755)
@@ -33,9 +34,10 @@ def run_benchmark(tmp_path: Path, workers: str | None) -> tuple[list[str], Path]
     if workers is not None:
         env["WORKERS"] = workers
     results = tmp_path / "results"
-    subprocess.run(["bash", str(ROOT / "bench" / "benchmark.sh"), str(results)], env=env, check=True,
+    subprocess.run(["bash", str(ROOT / "bench" / "benchmark.sh"), str(results), *phases], env=env, check=True,
                    capture_output=True, text=True)
-    return (tmp_path / "calls").read_text().splitlines(), results
+    calls = tmp_path / "calls"
+    return (calls.read_text().splitlines() if calls.exists() else []), results
 
 
 def test_attacks_then_utility_seeds_then_audits_each_sweep_with_the_workers_asked_for(tmp_path):
@@ -60,3 +62,14 @@ def test_one_worker_by_default_and_a_finished_audit_is_not_rerun(tmp_path):
     (tmp_path / "calls").unlink()
     calls, _ = run_benchmark(tmp_path, None)
     assert not [c for c in calls if c.startswith("audit ")]  # every audit's JSON is there: none run again
+
+
+def test_one_phase_runs_alone_and_an_unknown_phase_is_refused(tmp_path):
+    calls, _ = run_benchmark(tmp_path, None, "audits")
+    assert len(calls) == 3 * len(PRIVATE) and all(c.startswith("audit ") for c in calls)
+    (tmp_path / "calls").unlink()
+    calls, _ = run_benchmark(tmp_path, None, "utility attacks")
+    assert [c.split()[1].split("/")[-2] for c in calls] == ["fashionmnist"] * 8 + ["utility-recipes"] * 8
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        run_benchmark(tmp_path, None, "shadows")
+    assert failed.value.returncode == 2 and "unknown phase 'shadows'" in failed.value.stderr
