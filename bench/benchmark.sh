@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dpeval's benchmark on Fashion-MNIST (docs/benchmark.md): every defense of configs/benchmark/fashionmnist/ under
-# every attack at seed 0, its utility at seeds 1 and 2 (the same recipe with no attack), and the one-run audit of
+# every attack at seed 0 and its utility at seeds 1 and 2 (the same recipe with no attack), a defense's row done
+# before the next begins, cheapest first, then the one-run audit of
 # each private row (dpeval audit --scope run: the recipe trained once more with 1,000 canaries; one JSON per
 # defense and ε under RESULTS/audits), into one results folder; resumable (run it again after an interruption:
 # finished points and audits are skipped). Then the page:
@@ -22,17 +23,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DPEVAL=${DPEVAL:-dpeval}
 WORKERS=${WORKERS:-1}
 defenses="none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep"  # cheapest first, GEP last
-attacks() {  # the membership and gradient attacks, seed 0
-    for d in $defenses; do
-        $DPEVAL sweep "configs/benchmark/fashionmnist/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
-    done
+attacks() {  # the membership and gradient attacks of defense $1, seed 0
+    $DPEVAL sweep "configs/benchmark/fashionmnist/$1.yaml" --results "$results" --workers "$WORKERS" --quiet
 }
-utility() {  # utility at two more seeds: the same recipe, no attack
-    for d in $defenses; do
-        sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
-            "configs/benchmark/fashionmnist/$d.yaml" > "$results/utility-recipes/$d.yaml"
-        $DPEVAL sweep "$results/utility-recipes/$d.yaml" --results "$results" --workers "$WORKERS" --quiet
-    done
+utility() {  # the utility of defense $1 at two more seeds: the same recipe, no attack
+    sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
+        "configs/benchmark/fashionmnist/$1.yaml" > "$results/utility-recipes/$1.yaml"
+    $DPEVAL sweep "$results/utility-recipes/$1.yaml" --results "$results" --workers "$WORKERS" --quiet
 }
 audits() {  # the one-run audit of every private row at every ε
     for d in $defenses; do
@@ -51,6 +48,8 @@ audits() {  # the one-run audit of every private row at every ε
         done
     done
 }
-for phase in attacks utility audits; do  # in this order, whatever order PHASES names them
-    if runs $phase; then $phase; fi
+for d in $defenses; do  # a defense's row complete (attacks, then utility) before the next, whatever PHASES' order
+    if runs attacks; then attacks "$d"; fi
+    if runs utility; then utility "$d"; fi
 done
+if runs audits; then audits; fi

@@ -1,5 +1,5 @@
-"""bench/benchmark.sh, the benchmark's runner, with a stand-in for dpeval that records its calls: every defense's
-attack sweep, then its utility at seeds 1 and 2 with no attack, then the one-run audit of every private row at
+"""bench/benchmark.sh, the benchmark's runner, with a stand-in for dpeval that records its calls: per defense, its
+attack sweep, then its utility at seeds 1 and 2 with no attack; then the one-run audit of every private row at
 every ε — each sweep with the workers asked for, nothing rerun that a finished audit already holds, and one phase
 alone when asked (the audits beside the sweeps)."""
 
@@ -40,14 +40,17 @@ def run_benchmark(tmp_path: Path, workers: str | None, *phases: str) -> tuple[li
     return (calls.read_text().splitlines() if calls.exists() else []), results
 
 
-def test_attacks_then_utility_seeds_then_audits_each_sweep_with_the_workers_asked_for(tmp_path):
+def test_each_rows_attacks_then_its_utility_seeds_then_the_audits_each_sweep_with_the_workers_asked_for(tmp_path):
     calls, results = run_benchmark(tmp_path, "2")
     sweeps = [c for c in calls if c.startswith("sweep ")]
     audits = [c for c in calls if c.startswith("audit ")]
     assert len(sweeps) == 2 * (len(PRIVATE) + 1) and len(audits) == 3 * len(PRIVATE)
     assert calls == sweeps + audits  # every attack and utility sweep before the first audit
     assert all(c.endswith(f"--results {results} --workers 2 --quiet") for c in sweeps)
-    assert sweeps[0].startswith("sweep configs/benchmark/fashionmnist/none.yaml")
+    files = [c.split()[1] for c in sweeps]  # a defense's attacks, then its utility, then the next defense
+    assert files[:4] == ["configs/benchmark/fashionmnist/none.yaml", f"{results}/utility-recipes/none.yaml",
+                         "configs/benchmark/fashionmnist/dpsgd.yaml", f"{results}/utility-recipes/dpsgd.yaml"]
+    assert files[-1] == f"{results}/utility-recipes/gep.yaml"
     utility = yaml.safe_load((results / "utility-recipes" / "gep.yaml").read_text())
     assert utility["seeds"] == [1, 2] and utility["attacks"] == [] and "attack" not in utility
     audit_recipe = yaml.safe_load((results / "audits" / "rs-eps8.0.yaml").read_text())
@@ -69,7 +72,7 @@ def test_one_phase_runs_alone_and_an_unknown_phase_is_refused(tmp_path):
     assert len(calls) == 3 * len(PRIVATE) and all(c.startswith("audit ") for c in calls)
     (tmp_path / "calls").unlink()
     calls, _ = run_benchmark(tmp_path, None, "utility attacks")
-    assert [c.split()[1].split("/")[-2] for c in calls] == ["fashionmnist"] * 8 + ["utility-recipes"] * 8
+    assert [c.split()[1].split("/")[-2] for c in calls] == ["fashionmnist", "utility-recipes"] * 8  # in that order
     with pytest.raises(subprocess.CalledProcessError) as failed:
         run_benchmark(tmp_path, None, "shadows")
     assert failed.value.returncode == 2 and "unknown phase 'shadows'" in failed.value.stderr
