@@ -15,7 +15,10 @@
 #   bench/gpu_session.sh tests                 pytest -m cuda
 #   bench/gpu_session.sh bench                 bench/dp_step.py on CUDA: four models, every path
 #   bench/gpu_session.sh epochs                bench/recipe_epoch.py on CUDA for the CIFAR-10 recipes (synthetic data)
-#   bench/gpu_session.sh data                  join the CIFAR-10 pieces and install them, verified
+#   bench/gpu_session.sh stash                 keep the pieces this call carried (.gpu/*/cifar10.part-*) in /tmp/parts:
+#                                              a call carries at most 64 MiB, so three calls, back to back, each
+#                                              carrying one folder of .gpu/ (a warm machine keeps /tmp between calls)
+#   bench/gpu_session.sh data                  join the stashed pieces and install them, verified
 #   bench/gpu_session.sh sweep SECONDS RECIPE...   the recipes at seeds 0-2, all points at once, for at most SECONDS
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +55,11 @@ epochs)
     timeout 120 python3 bench/recipe_epoch.py configs/papers/gep-t5-cifar10-resnet20gn-eps8-gep.yaml --size 6000 \
         --device cuda | tail -1 | tee -a "$OUT/recipe-epochs.md"
     ;;
+stash)
+    mkdir -p /tmp/parts && cp .gpu/*/cifar10.part-* /tmp/parts/ && ls -l /tmp/parts
+    ;;
 data)
-    cat .gpu/*/cifar10.part-* > /tmp/cifar10.tgz
+    cat /tmp/parts/cifar10.part-* > /tmp/cifar10.tgz
     "${DPEVAL[@]}" data install cifar10 --from /tmp/cifar10.tgz && "${DPEVAL[@]}" data status | tee "$OUT/data.txt"
     ;;
 sweep)
