@@ -16,6 +16,8 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
   per-sample gradients (``train.engine=func``), for the ratio
 - ``gep-anchors-reused``: ``gep`` with its anchors computed once and reused (``anchor_every`` huge): the
   lean GEP step without the per-step anchor refresh
+- ``non-private-bf16``, ``func-bf16``: ``non-private`` and ``func`` with the forward and backward passes under
+  bfloat16 autocast (``train.precision=bf16``; float32 parameters, clipping and noise), the pair to compare
 
 Models: ``dpcnn``, ``resnet20-gn`` and ``vit`` (its defaults) on 3×32×32 images; ``gpt`` (4 blocks, width 256,
 4 heads) on sequences of 64 tokens from a vocabulary of 4,096.
@@ -56,7 +58,7 @@ DEFENSE_PARAMS = {"none": {}, "rs": {"schedule": "constant"}, "random-freeze": {
 # which separates the lean step's own cost from the anchor refresh Algorithm 2 makes every step
 VARIANTS = {"gep-anchors-reused": ("gep", {"anchor_every": 10**9})}
 PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param", *DEFENSE_PARAMS,
-         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"), *VARIANTS)
+         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"), *VARIANTS, "non-private-bf16", "func-bf16")
 GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
 PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example task's 10% public split)
 
@@ -85,7 +87,7 @@ def inputs(name: str, n: int, generator: torch.Generator | None = None) -> tuple
 
 # -- one measurement (runs in a child process) ---------------------------------------------------------
 def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
-    from dpeval.core.per_sample import micro_batches
+    from dpeval.core.per_sample import compute_precision, micro_batches
     from dpeval.core.streams import Streams
     from dpeval.defenses.dpsgd import DPSGD, ClipParams
     from dpeval.defenses.groupwise import Groupwise, GroupwiseParams
@@ -93,12 +95,16 @@ def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.T
 
     batch = x.shape[0]
     params = dict(model.named_parameters())
+    precision = "bf16" if path.endswith("-bf16") else "fp32"
+    path = path.removesuffix("-bf16")
     if path == "non-private":
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step() -> None:
             for xb, yb in micro_batches(x, y, micro):
-                (F.cross_entropy(model(xb), yb, reduction="sum") / batch).backward()
+                with compute_precision(precision, x.device):
+                    loss = F.cross_entropy(model(xb), yb, reduction="sum") / batch
+                loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
@@ -132,7 +138,7 @@ def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.T
     else:
         defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, streams, x.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    feed = clipped_sum_feeder("func" if path.startswith("func") else "lean", model, defense)
+    feed = clipped_sum_feeder("func" if path.startswith("func") else "lean", model, defense, precision)
 
     def step() -> None:
         for xb, yb in micro_batches(x, y, micro):

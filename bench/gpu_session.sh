@@ -20,6 +20,9 @@
 #                                              carrying one folder of .gpu/ (a warm machine keeps /tmp between calls)
 #   bench/gpu_session.sh data                  join the stashed pieces and install them, verified
 #   bench/gpu_session.sh sweep SECONDS RECIPE...   the recipes at seeds 0-2, all points at once, for at most SECONDS
+#   bench/gpu_session.sh precision [SECONDS]   bfloat16 autocast against float32: the step (dp_step's -bf16 pairs,
+#                                              four models), then the RS table's DP-CNN ε = 3 baseline at seeds 0-2
+#                                              with train.precision=bf16 (after `data`), for at most SECONDS
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -81,6 +84,21 @@ sweep)
         "${DPEVAL[@]}" leaderboard --results "/tmp/runs/$recipe" --group-seeds 2>&1 | tail -4
     done
     (cd /tmp && tar czf "$OUT/cifar10-runs.tgz" --exclude='*.pt' runs runs-*.txt)
+    ;;
+precision)
+    for model in dpcnn resnet20-gn vit gpt; do
+        micro=512 && [ $model = gpt ] && micro=256
+        timeout 90 python3 bench/dp_step.py --device cuda --models $model --batch 1024 --micro $micro --steps 10 \
+            --paths non-private non-private-bf16 func func-bf16 --json "$OUT/dp_step_bf16_$model.json" 2>&1 | tail -5
+    done
+    mkdir -p /tmp/recipes
+    recipe=rs-t2-cifar10-dpcnn-eps3-baseline  # its float32 runs: docs/results/rs-t2-cifar10-dpcnn-eps3-h200.csv
+    sed -e 's/^seeds: .*/seeds: [0, 1, 2]/' -e 's/^train: {/train: {precision: bf16, /' "configs/papers/$recipe.yaml" \
+        > "/tmp/recipes/$recipe-bf16.yaml"
+    timeout "${1:-300}" "${DPEVAL[@]}" sweep "/tmp/recipes/$recipe-bf16.yaml" --results /tmp/runs/bf16 --workers 3 \
+        --quiet > /tmp/runs-bf16.txt 2>&1
+    "${DPEVAL[@]}" leaderboard --results /tmp/runs/bf16 --out "$OUT/$recipe-bf16.csv" >/dev/null 2>&1
+    "${DPEVAL[@]}" leaderboard --results /tmp/runs/bf16 --group-seeds 2>&1 | tail -4
     ;;
 *)
     echo "unknown step $step" >&2

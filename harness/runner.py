@@ -158,7 +158,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
-        check_lean(defense_cls, model)
+        check_lean(defense_cls, model, spec.train.precision)
     shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
 
     sampler = BatchSampler(n, spec.train.batch_size, spec.train.sampling, victim.generator("sampler"))
@@ -254,7 +254,7 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
     finished shadow models are kept under the run's folder, for the run ``run_id`` only."""
     spec, task = prep.spec, prep.task
     oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
-                           int(spec.train.physical_batch_size))
+                           int(spec.train.physical_batch_size), spec.train.precision)
     return AttackerView(
         architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
         shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),

@@ -171,7 +171,7 @@ class InputCanaryPool(CanaryPool):
 
     def __init__(self, m: int, model: torch.nn.Module, shape: tuple[int, ...], classes: int, sampling: str,
                  pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
-                 device: torch.device) -> None:
+                 device: torch.device, precision: str = "fp32") -> None:
         self.m, self.sampling, self.n, self.batch_size = m, sampling, pool_size, batch_size
         self.steps_per_epoch, self.rng, self.device = steps_per_epoch, rng, device
         self.x = torch.from_numpy(rng.random((m, *shape), dtype=np.float32)).to(device)
@@ -180,7 +180,7 @@ class InputCanaryPool(CanaryPool):
         self.slots, self.epoch = None, -1
         self.sampled_count = np.zeros(m, dtype=np.int64)
         self.model = model
-        self.psg = PerSampleGradients(model)
+        self.psg = PerSampleGradients(model, precision=precision)  # as the pool's own examples (train.precision)
 
     def before_release(self, step: int, epoch: int, defense: Defense) -> None:
         chosen = self.sampled(step, epoch)
@@ -289,7 +289,8 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
     if options.kind == "input":
         pool: CanaryPool = InputCanaryPool(options.canaries, prep.model, tuple(prep.task.shape),
                                            prep.task.num_classes, spec.train.sampling, len(prep.task.train),
-                                           spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device)
+                                           spec.train.batch_size, prep.sampler.steps_per_epoch, rng, prep.device,
+                                           spec.train.precision)
         design = (f"black-box input canaries: {options.canaries} uniform-noise images with random labels, each "
                   f"included with probability 1/2 and sampled like a pool member ({spec.train.sampling}); "
                   f"scored by the final model's loss")

@@ -10,10 +10,16 @@ to the whole micro-batch once, outside ``vmap``, and only the rest (the *head*) 
 (``fixed_front``). The front has no parameter to differentiate and mixes no samples (the registry's modules
 are sample-wise), so the per-sample gradients are the same; the front need not support ``vmap`` (kymatio's
 scattering does not) and is not recomputed per sample.
+
+Precision (``train.precision``): ``bf16`` runs the per-sample forward and backward passes under bfloat16
+autocast; parameters stay float32 and so do the per-sample gradients handed to the defense, so clipping, the
+running sums and the noise stay float32 and the clip bound is exact for the gradients the defense is given —
+what bfloat16 changes is how accurately those gradients are computed, not the privacy guarantee.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -21,6 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def compute_precision(precision: str, device: torch.device | str) -> AbstractContextManager:
+    """The autocast context of ``train.precision`` for per-sample gradient passes on ``device`` (``fp32``:
+    autocast off)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 @dataclass
@@ -91,9 +107,12 @@ class PerSampleGradients:
     last call.
     """
 
-    def __init__(self, model: nn.Module, features: bool = False) -> None:
-        """``features=True``: callers pass ``front_features`` of their inputs, not raw inputs."""
+    def __init__(self, model: nn.Module, features: bool = False, precision: str = "fp32") -> None:
+        """``features=True``: callers pass ``front_features`` of their inputs, not raw inputs. ``precision``:
+        ``bf16`` computes under bfloat16 autocast; the gradients returned are float32 either way."""
+        compute_precision(precision, "cpu")  # validates the name
         self.model = model
+        self.precision = precision
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.split = fixed_front(model).applied() if features else fixed_front(model)
         head = self.split.head
@@ -111,8 +130,12 @@ class PerSampleGradients:
         head = self.split.head
         params = {n: p.detach() for n, p in head.named_parameters() if p.requires_grad}
         buffers = {n: b.detach() for n, b in head.named_buffers()}
-        grads, losses = self._per_sample(params, buffers, self.split.front(x), y)
+        features = self.split.front(x)  # float32, as training computes it (front_features, outside autocast)
+        with compute_precision(self.precision, x.device):
+            grads, losses = self._per_sample(params, buffers, features, y)
         self.loss_sum = losses.detach().sum()
+        # in the parameters' dtype whatever the precision: autocast casts a copy of each parameter to bfloat16
+        # inside an op, and the gradient flowing back through that cast is cast back to the parameter's dtype
         return {n: grads[self._head_name[n]] for n in self.names}
 
 

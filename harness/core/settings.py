@@ -162,6 +162,11 @@ class TrainConfig(Params):
                                 "where the defense and model allow it, except on a CUDA device where one "
                                 "micro-batch of per-sample gradients fits in a quarter of its memory (`func` "
                                 "is faster there)", choices=("auto", "func", "lean"))
+    precision: str = param("fp32", "`bf16`: per-sample forward and backward passes under bfloat16 autocast "
+                                   "(`func` engine; `auto` picks it); gradients, clipping, sums and noise stay "
+                                   "float32, so the clip bound and the accounting are exact; evaluation, GEP's "
+                                   "public anchors and the attacker's own passes stay float32",
+                           choices=("fp32", "bf16"), added=True)
     checkpoint_every: int = param(0, "besides the checkpoint at every epoch's end, one every N optimizer steps "
                                      "within an epoch (for long epochs; resume goes on from it bit-identically); "
                                      "0 = at epoch ends only; not part of the run key", low=0, keyed=False)

@@ -492,9 +492,12 @@ def _one_token_linear(a: torch.Tensor, ds: torch.Tensor, shift: torch.Tensor | N
     return total
 
 
-def check_lean(defense_cls: type[Defense], model: nn.Module) -> None:
-    """ConfigError unless ``lean`` can serve: the defense declares its per-sample statistics
-    (``Defense.lean_plan``) and every trainable parameter sits in a supported layer."""
+def check_lean(defense_cls: type[Defense], model: nn.Module, precision: str = "fp32") -> None:
+    """ConfigError unless ``lean`` can serve: float32 (``train.precision``), the defense declares its
+    per-sample statistics (``Defense.lean_plan``) and every trainable parameter sits in a supported layer."""
+    if precision != "fp32":
+        raise ConfigError(f"train.engine: lean runs in float32 only; train.precision {precision} needs the "
+                          f"func engine: use auto or func")
     if defense_cls.lean_plan is Defense.lean_plan:
         raise ConfigError(f"train.engine: lean needs a defense that declares its per-sample statistics "
                           f"(Defense.lean_plan); {defense_cls.__name__} needs materialised per-sample "
@@ -510,14 +513,15 @@ FUNC_SHARE_ON_CUDA = 0.25
 
 
 def select_engine(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
-                  micro_batch: int = 0) -> str:
+                  micro_batch: int = 0, precision: str = "fp32") -> str:
     """Resolve ``train.engine``: ``func`` always works; ``lean`` (book-keeping) where ``check_lean`` passes;
     ``auto`` = ``lean`` where it passes, except on a CUDA device where ``micro_batch`` per-sample gradients fit
-    in ``FUNC_SHARE_ON_CUDA`` of its memory (then ``func``, faster there), and ``func`` where it does not."""
+    in ``FUNC_SHARE_ON_CUDA`` of its memory (then ``func``, faster there), and ``func`` where it does not.
+    ``precision`` ``bf16`` runs on ``func`` only (``auto`` picks it; ``lean`` is refused)."""
     if name == "func":
         return "func"
     try:
-        check_lean(type(defense), model)
+        check_lean(type(defense), model, precision)
     except ConfigError:
         if name == "lean":
             raise

@@ -35,11 +35,12 @@ def step_on_release(model: nn.Module, optimizer: torch.optim.Optimizer, shared: 
 
 
 def observe_release(defense: Defense, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    physical_batch_size: int) -> SharedGradient:
+                    physical_batch_size: int, precision: str = "fp32") -> SharedGradient:
     """The release of one logical step whose batch is exactly (x, y), through the defense's
-    ``clip_and_accumulate`` (materialised per-sample gradients, the reference engine) and ``release``.
-    The caller has put the defense in the state to observe (``begin_epoch``, ``load_state_dict``)."""
-    psg = PerSampleGradients(model)
+    ``clip_and_accumulate`` (materialised per-sample gradients, the reference engine, at training's
+    ``precision``) and ``release``. The caller has put the defense in the state to observe (``begin_epoch``,
+    ``load_state_dict``)."""
+    psg = PerSampleGradients(model, precision=precision)
     device = next(model.parameters()).device
     for xb, yb in micro_batches(x.to(device), y.to(device), max(int(physical_batch_size), 1)):
         defense.clip_and_accumulate(psg(xb, yb))
@@ -60,6 +61,7 @@ class ReleaseOracle:
     defense_states: Mapping[str, dict[str, Any]]
     epochs: int
     physical_batch_size: int
+    precision: str = "fp32"                    # train.precision: the release is computed as training computed it
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, at: str,
                  streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
@@ -69,7 +71,7 @@ class ReleaseOracle:
         public_state = self.defense_states.get(at)
         if public_state:
             defense.load_state_dict(copy.deepcopy(public_state))
-        shared = observe_release(defense, model, x, y, self.physical_batch_size)
+        shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
         report: dict[str, Any] = {"state": at, "epoch": epoch, "density": float(shared.density),
                                   "noise_std": float(shared.noise_std)}
         if shared.rate is not None:

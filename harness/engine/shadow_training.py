@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm import tqdm
 
-from dpeval.core.per_sample import fixed_front, front_features
+from dpeval.core.per_sample import compute_precision, fixed_front, front_features
 from dpeval.core.settings import TrainConfig
 from dpeval.core.streams import Streams
 from dpeval.defenses.base import Defense
@@ -171,7 +171,9 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
                 current = {n: leaf[n].detach() for n in names}
                 # contiguous: slicing vmap's strided output per model is otherwise very slow
                 features = x_all[padded]
-                grads = {n: g.contiguous() for n, g in per_model(current, buffers, features, y_all[padded]).items()}
+                with compute_precision(cfg.precision, device):  # as the victim's per-sample passes
+                    grads = per_model(current, buffers, features, y_all[padded])
+                grads = {n: g.contiguous() for n, g in grads.items()}
                 for i, r in enumerate(rows):
                     if len(r):
                         defenses[i].clip_and_accumulate({rename[n]: g[i, :len(r)] for n, g in grads.items()})

@@ -81,11 +81,11 @@ class TrainResult:
     front_cpu_s: float = 0.0       # its CPU time (this process)
 
 
-def clipped_sum_feeder(engine: str, model: nn.Module,
-                       defense: Defense) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense,
+                       precision: str = "fp32") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``feed(features, y)``: add one micro-batch, given as the model's ``front_features``, to the defense's
     running sum with the chosen engine; returns the micro-batch's summed training loss, as the engine's
-    forward pass computed it (no extra pass)."""
+    forward pass computed it (no extra pass). ``precision``: ``train.precision`` (``func`` only)."""
     if engine == "lean":
         book_keeping = BookKeeping(model, features=True)
 
@@ -95,7 +95,7 @@ def clipped_sum_feeder(engine: str, model: nn.Module,
             return batch.loss_sum
 
         return feed_lean
-    psg = PerSampleGradients(model, features=True)
+    psg = PerSampleGradients(model, features=True, precision=precision)
 
     def feed_func(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         defense.clip_and_accumulate(psg(x, y))
@@ -329,9 +329,11 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
     training from its epoch (and step) exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
-    result = TrainResult(engine=select_engine(cfg.engine, model, defense, device, cfg.physical_batch_size))
-    log.info("per-sample engine: %s (train.engine=%s)", result.engine, cfg.engine)
-    feed = clipped_sum_feeder(result.engine, model, defense)
+    result = TrainResult(engine=select_engine(cfg.engine, model, defense, device, cfg.physical_batch_size,
+                                              cfg.precision))
+    log.info("per-sample engine: %s (train.engine=%s, train.precision=%s)", result.engine, cfg.engine,
+             cfg.precision)
+    feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
     schedule = make_schedule(optimizer, cfg, total_steps)

@@ -249,7 +249,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")] \
         == [None] * 7
     assert content["model"].pop("pca")["dims"] == 0 and content["data"].pop("public_source") is None
-    assert content["model"].pop("weights") is None
+    assert content["model"].pop("weights") is None and content["train"].pop("precision") == "fp32"
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
                              .encode()).hexdigest()[:16]
     assert spec.run_key == earlier
@@ -257,6 +257,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     assert spec_from(data__normalize="none").run_key != build_spec({}).run_key
     assert spec_from(data__tokens__length=8).run_key != build_spec({}).run_key
     assert spec_from(train__checkpoint_every=5).run_key == build_spec({}).run_key  # cannot change results
+    assert spec_from(train__precision="bf16").run_key != build_spec({}).run_key
     assert spec_from(model__name="vit", model__depth=3).run_key != spec_from(model__name="vit").run_key
     with pytest.raises(ConfigError, match="data.normalize"):
         spec_from(data__normalize="dataset")

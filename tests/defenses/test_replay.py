@@ -39,12 +39,12 @@ def plugin():
     DEFENSES.unregister(PLUGIN)
 
 
-def record_training(name: str):
+def record_training(name: str, precision: str = "fp32"):
     """Train a small digits run, recording at each epoch's first step: weights, public state, batch, noise
     generator state and the release training made."""
     spec = build_spec({"defense": {"name": name}, "data": {"max_train": 256},
                        "train": {"epochs": EPOCHS, "batch_size": 64, "physical_batch_size": 64, "engine": "func",
-                                 "sampling": "shuffle", "optimizer": "sgd", "lr": 0.5},
+                                 "sampling": "shuffle", "optimizer": "sgd", "lr": 0.5, "precision": precision},
                        "privacy": {"noise_multiplier": 1.0}})
     prep = prepare(spec)
     seed_globals(prep.streams)
@@ -93,31 +93,48 @@ def attacker_view(prep, records, noise_state):
     return dataclasses.replace(view, release=dataclasses.replace(view.release, make_defense=make_defense))
 
 
+def replay(prep, records, at):
+    """The release the attack path computes for the batch training drew at ``at``."""
+    view = attacker_view(prep, records, records[at]["noise"])
+    x, y = prep.task.train.x[records[at]["batch"]], prep.task.train.y[records[at]["batch"]]
+    return view.release(view.model_at(at), x, y, at, Streams(99).scope("replay"))[0]
+
+
 @pytest.mark.parametrize("name", [*DEFENSES.names(), PLUGIN])
-def test_attack_replay_is_the_release_training_made(name, request):
+def test_attack_replayedis_the_release_training_made(name, request):
     if name == PLUGIN:
         request.getfixturevalue("plugin")
     prep, trained, records = record_training(name)
     assert set(records) == {"init", *(f"epoch:{e}" for e in range(1, EPOCHS))}
     for at, record in records.items():
-        view = attacker_view(prep, records, record["noise"])
-        x, y = prep.task.train.x[record["batch"]], prep.task.train.y[record["batch"]]
-        replay, _ = view.release(view.model_at(at), x, y, at, Streams(99).scope("replay"))
+        replayed = replay(prep, records, at)
         made = record["release"]
-        assert set(replay.grads) == set(made.grads)
+        assert set(replayed.grads) == set(made.grads)
         for n in made.grads:
-            assert torch.equal(replay.grads[n], made.grads[n]), f"{name} at {at}: {n} differs"
-        assert (replay.mask is None) == (made.mask is None)
+            assert torch.equal(replayed.grads[n], made.grads[n]), f"{name} at {at}: {n} differs"
+        assert (replayed.mask is None) == (made.mask is None)
         if made.mask is not None:
-            assert all(torch.equal(replay.mask[n], made.mask[n]) for n in made.mask)
+            assert all(torch.equal(replayed.mask[n], made.mask[n]) for n in made.mask)
 
 
-def test_replay_check_catches_a_state_that_is_not_restored(monkeypatch):
+@pytest.mark.parametrize("name", ["dpsgd", "rs", "gep"])
+def test_attack_replayedcomputes_in_the_precision_training_used(name):
+    """train.precision bf16: the attack's replay is again the release training made, bit for bit — and it is
+    not the float32 release of the same state (the precision reached the replay, not only training)."""
+    prep, _, records = record_training(name, "bf16")
+    for at, record in records.items():
+        replayed, made = replay(prep, records, at), record["release"]
+        assert all(torch.equal(replayed.grads[n], made.grads[n]) for n in made.grads), f"{name} at {at}"
+    at = "epoch:1"
+    prep.spec.train.precision = "fp32"  # the same recorded state, replayed in float32
+    in_fp32 = replay(prep, records, at)
+    assert any(not torch.equal(in_fp32.grads[n], records[at]["release"].grads[n]) for n in in_fp32.grads)
+
+
+def test_replayedcheck_catches_a_state_that_is_not_restored(monkeypatch):
     """Positive control: a defense whose load_state_dict restores nothing (RS's masks) fails the check."""
     prep, trained, records = record_training("rs")
     monkeypatch.setattr(type(trained), "load_state_dict", lambda self, state: None)
     at = "epoch:2"
-    view = attacker_view(prep, records, records[at]["noise"])
-    x, y = prep.task.train.x[records[at]["batch"]], prep.task.train.y[records[at]["batch"]]
-    replay, _ = view.release(view.model_at(at), x, y, at, Streams(99).scope("replay"))
-    assert any(not torch.equal(replay.grads[n], records[at]["release"].grads[n]) for n in replay.grads)
+    replayed = replay(prep, records, at)
+    assert any(not torch.equal(replayed.grads[n], records[at]["release"].grads[n]) for n in replayed.grads)
