@@ -305,8 +305,11 @@ def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
         else:
             leak = "leakage not measured yet"
         density = c.metric("comm.density")
-        comm = f"density {density:.2f}" if math.isfinite(density) else ""
-        lines.append(f"- **{name}, ε = {eps:g}** against DP-SGD: {util}; {leak}" + (f"; {comm}" if comm else "")
+        costs = [f"density {density:.2f}"] if math.isfinite(density) else []
+        if c.epoch_s and base.epoch_s:  # one thread a run, the same machine: what the defense costs to train
+            ratio = statistics.fmean(c.epoch_s) / statistics.fmean(base.epoch_s)
+            costs.append(f"{ratio:.1f}× DP-SGD's training time per epoch")
+        lines.append(f"- **{name}, ε = {eps:g}** against DP-SGD: {util}; {leak}" + "".join(f"; {x}" for x in costs)
                      + ".")
     return "\n".join(lines) or "- (no defense has both its own and DP-SGD's runs at the same ε yet)"
 
