@@ -8,7 +8,8 @@ metric) into docs/results/benchmark-fashionmnist.csv, scores every membership ru
 ``dpeval.exposure`` into docs/results/benchmark-fashionmnist-exposure.csv, and draws the most exposed training
 images per defense (docs/results/benchmark-fashionmnist-exposed.png; it needs the runs' score files and the data),
 and gathers the one-run audits (RESULTS/audits/<defense>-eps<ε>.json, ``dpeval audit --scope run --json``) into
-docs/results/benchmark-fashionmnist-audit.csv.
+docs/results/benchmark-fashionmnist-audit.csv. The cost column comes from bench/benchmark_epoch.py's CSV
+(docs/results/benchmark-fashionmnist-epoch.csv: every row's recipe timed side by side) where it is there.
 Without it, the page, its table and its figures are made from the committed CSVs alone, so anyone can regenerate
 them. A row of the page is a defense at an ε: utility over every seed (mean ± SEM), the attacks of its seed-0 run
 (online and offline LiRA come from the two points of the grid, which train the same victim), communication and
@@ -41,11 +42,13 @@ class Files:
         self.audit = docs / "results/benchmark-fashionmnist-audit.csv"
         self.grid = docs / "results/benchmark-fashionmnist-exposed.png"
         self.figures = docs / "results/benchmark-fashionmnist.svg"
+        self.epoch = docs / "results/benchmark-fashionmnist-epoch.csv"  # bench/benchmark_epoch.py --out
         self.page = docs / "benchmark.md"
 
 
 ORDER = ["none", "dpsgd", "rs", "random-freeze", "gep", "adaclip", "groupwise (all)", "groupwise (layer)"]
 MIA = ("lira", "rmia", "loss")
+ROW_NAMES = {"groupwise-all": "groupwise (all)", "groupwise-layer": "groupwise (layer)"}  # recipe file → row
 FPRS = (0.001, 0.01)
 TOP_K = 50
 
@@ -201,7 +204,8 @@ class Cell:
     def __init__(self, name: str, eps: float) -> None:
         self.name, self.eps = name, eps
         self.accuracy: dict[int, float] = {}
-        self.epoch_s: list[float] = []
+        self.epoch_s: list[float] = []  # its runs' own wall time per epoch
+        self.epoch_cpu = math.nan       # CPU s per epoch of its recipe, side by side with the others (benchmark_epoch)
         self.online: dict | None = None
         self.offline: dict | None = None
         self.audit: dict | None = None  # the one-run audit of this defense at this ε
@@ -236,6 +240,23 @@ def attach_audits(all_cells: dict[tuple[str, float], Cell], audits: list[dict]) 
         cell = all_cells.get((row["defense"], num(row["privacy.target_epsilon"])))
         if cell is not None:
             cell.audit = row
+
+
+def attach_epoch_costs(all_cells: dict[tuple[str, float], Cell], costs: list[dict]) -> None:
+    """The side-by-side CPU time per epoch of each recipe (a file per row: ``groupwise-all`` is ``groupwise (all)``),
+    for every ε of its row."""
+    for row in costs:
+        name = ROW_NAMES.get(row["row"], row["row"])
+        for cell in all_cells.values():
+            if cell.name == name:
+                cell.epoch_cpu = num(row["cpu_s_per_epoch"])
+
+
+def epoch_seconds(cell: Cell) -> float:
+    """Seconds per epoch: the side-by-side CPU measurement where there is one, else the runs' own wall time."""
+    if math.isfinite(cell.epoch_cpu):
+        return cell.epoch_cpu
+    return statistics.fmean(cell.epoch_s) if cell.epoch_s else math.nan
 
 
 def audit(cell: Cell) -> str:
@@ -273,7 +294,7 @@ def table(all_cells: dict[tuple[str, float], Cell]) -> str:
         ig = f"{psnr} ({base:.1f})" if psnr else "–"
         tpr = " / ".join(pct(c.metric(f"leakage.lira.tpr_at_{p}pct_fpr"), 2) for p in ("0.1", "1"))
         density = c.metric("comm.density") if c.online else math.nan
-        epoch = f"{statistics.fmean(c.epoch_s):.1f}" if c.epoch_s else "–"
+        epoch = f"{epoch_seconds(c):.1f}" if math.isfinite(epoch_seconds(c)) else "–"
         lines.append(f"| {c.name} | {c.eps:g} | {pct(m)} ± {pct(s)} ({n}) | {density:.2f} | {epoch} | "
                      f"{auc(c, 'lira')} | {tpr} | {auc(c, 'lira', False)} | {auc(c, 'rmia')} | {auc(c, 'loss')} | "
                      f"{lb} | {audit(c)} | {auc(c, 'grad-mia')} | {ig} |")
@@ -306,8 +327,12 @@ def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
             leak = "leakage not measured yet"
         density = c.metric("comm.density")
         costs = [f"density {density:.2f}"] if math.isfinite(density) else []
-        if c.epoch_s and base.epoch_s:  # one thread a run, the same machine: what the defense costs to train
-            ratio = statistics.fmean(c.epoch_s) / statistics.fmean(base.epoch_s)
+        if math.isfinite(c.epoch_cpu) and math.isfinite(base.epoch_cpu):  # what the defense costs to train
+            ratio = c.epoch_cpu / base.epoch_cpu
+        else:  # the runs' wall times, where the side-by-side measurement lacks one of the two
+            ratio = statistics.fmean(c.epoch_s) / statistics.fmean(base.epoch_s) if c.epoch_s and base.epoch_s \
+                else math.nan
+        if math.isfinite(ratio):
             costs.append(f"{ratio:.1f}× DP-SGD's training time per epoch")
         lines.append(f"- **{name}, ε = {eps:g}** against DP-SGD: {util}; {leak}" + "".join(f"; {x}" for x in costs)
                      + ".")
@@ -395,10 +420,19 @@ def main() -> None:
     audits = read(files.audit) if files.audit.is_file() else []
     all_cells = cells(rows)
     attach_audits(all_cells, audits)
+    epoch_note = ("s / epoch: the runs' own wall time (they shared the cores, so rows measured under other loads "
+                  "differ by load)")
+    if files.epoch.is_file():
+        costs = read(files.epoch)
+        attach_epoch_costs(all_cells, costs)
+        epoch_note = (f"s / epoch: CPU seconds per training epoch of each row's recipe, every row measured side by "
+                      f"side in one process (`bench/benchmark_epoch.py`, {costs[0]['threads']} thread, ε = "
+                      f"{num(costs[0]['epsilon']):g}; `{files.epoch.relative_to(files.page.parent)}`), since the "
+                      f"runs' own wall times were taken under different loads")
     figures(all_cells, files.figures)
     figure = f"\n\n![utility and leakage vs ε](results/{files.figures.name})"
     write_into(files.page, "benchmark-table",
-               progress(all_cells) + table(all_cells) + "\n\n" + compute(rows, audits) + figure)
+               progress(all_cells) + table(all_cells) + "\n\n" + epoch_note + ". " + compute(rows, audits) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)

@@ -129,3 +129,27 @@ def test_compute_adds_every_run_and_audit():
     rows = [{"time.train_s": "1800", "time.attack_s": "5400"}, {"time.train_s": "3600", "time.attack_s": ""}]
     assert benchmark_page.compute(rows, [{"time.audit_s": "3600"}]).startswith(
         "Compute: 4.0 h of one thread for these 2 runs and 1 audits")
+
+
+def test_the_side_by_side_epoch_costs_replace_the_runs_wall_times(tmp_path):
+    """bench/benchmark_epoch.py's CSV (one row per recipe file, CPU s / epoch): the table's s / epoch and each
+    reading's cost against DP-SGD come from it, every ε of a row alike (``groupwise-layer`` is ``groupwise (layer)``);
+    a row it lacks keeps its runs' wall time, and its cost compares wall time with wall time."""
+    rows = [run("dpsgd", eps, s, 0.80 + s / 100, 0.52 if s == 0 else None) for eps in (1.0, 3.0) for s in range(3)]
+    rows += [run("groupwise", eps, s, 0.81 + s / 100, 0.52 if s == 0 else None, groups="layer", train_s=900.0)
+             for eps in (1.0, 3.0) for s in range(3)]
+    rows += [run("rs", 3.0, s, 0.80, 0.52 if s == 0 else None, train_s=120.0) for s in range(3)]
+    costs = tmp_path / "epoch.csv"
+    costs.write_text("row,cpu_s_per_epoch,x_dpsgd,threads,epsilon,epochs,repeats\n"
+                     "dpsgd,2.0,1.0,1,3.0,3,2\ngroupwise-layer,2.5,1.25,1,3.0,3,2\n")
+    all_cells = cells(tmp_path, rows)
+    benchmark_page.attach_epoch_costs(all_cells, benchmark_page.read(costs))
+    header, _, *lines = benchmark_page.table(all_cells).splitlines()
+    column = [c.strip() for c in header.split("|")].index("s / epoch")
+    got = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")[column].strip() for line in lines}
+    assert got == {("dpsgd", "1"): "2.0", ("dpsgd", "3"): "2.0", ("groupwise (layer)", "1"): "2.5",
+                   ("groupwise (layer)", "3"): "2.5", ("rs", "3"): "4.0"}  # rs: its runs' 120 s / 30 epochs
+    text = benchmark_page.readings(all_cells)
+    assert all("1.2× DP-SGD's training time per epoch" in line for line in text.splitlines() if "layer" in line)
+    # rs, not measured side by side: against DP-SGD's runs' wall time too (120 s vs 60 s), never across the two
+    assert "2.0× DP-SGD's training time per epoch" in next(line for line in text.splitlines() if "**rs" in line)
