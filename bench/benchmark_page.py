@@ -293,9 +293,9 @@ def table(all_cells: dict[tuple[str, float], Cell]) -> str:
         base = c.metric("leakage.ig.baseline_psnr")
         ig = f"{psnr} ({base:.1f})" if psnr else "–"
         tpr = " / ".join(pct(c.metric(f"leakage.lira.tpr_at_{p}pct_fpr"), 2) for p in ("0.1", "1"))
-        density = c.metric("comm.density") if c.online else math.nan
+        density = f"{c.metric('comm.density'):.2f}" if c.online else "–"  # the attacked run's
         epoch = f"{epoch_seconds(c):.1f}" if math.isfinite(epoch_seconds(c)) else "–"
-        lines.append(f"| {c.name} | {c.eps:g} | {pct(m)} ± {pct(s)} ({n}) | {density:.2f} | {epoch} | "
+        lines.append(f"| {c.name} | {c.eps:g} | {pct(m)} ± {pct(s)} ({n}) | {density} | {epoch} | "
                      f"{auc(c, 'lira')} | {tpr} | {auc(c, 'lira', False)} | {auc(c, 'rmia')} | {auc(c, 'loss')} | "
                      f"{lb} | {audit(c)} | {auc(c, 'grad-mia')} | {ig} |")
     return "\n".join(lines)
