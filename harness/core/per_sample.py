@@ -109,7 +109,7 @@ class PerSampleGradients:
 
     def __init__(self, model: nn.Module, features: bool = False, precision: str = "fp32") -> None:
         """``features=True``: callers pass ``front_features`` of their inputs, not raw inputs. ``precision``:
-        ``bf16`` computes under bfloat16 autocast; the gradients returned are float32 either way."""
+        ``bf16`` computes under bfloat16 autocast; the gradients returned keep the parameters' dtype."""
         compute_precision(precision, "cpu")  # validates the name
         self.model = model
         self.precision = precision
