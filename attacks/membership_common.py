@@ -50,6 +50,7 @@ from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.params import param
 from dpeval.core.per_sample import fixed_front, front_features
 from dpeval.core.settings import TrainConfig
+from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.streams import Streams
 from dpeval.engine.shadow_training import fresh_models, train_shadows
@@ -160,10 +161,19 @@ _POOLS: dict[str, ShadowPool] = {}
 
 def pool_key(view: AttackerView, k: int, target: str) -> str:
     """Everything that determines a game's shadows (not the attacks' own parameters)."""
-    spec = {key: v for key, v in view.spec.canonical().items() if key not in ("attacks", "attack")}
     trainer = None if view.train_shadow is None else f"{view.train_shadow.__module__}.{view.train_shadow.__qualname__}"
-    return json.dumps({"spec": spec, "k": k, "target": target, "device": str(view.device), "trainer": trainer},
-                      sort_keys=True, default=str)
+    return json.dumps({"spec": view.spec.victim(), "k": k, "target": target, "device": str(view.device),
+                       "trainer": trainer}, sort_keys=True, default=str)
+
+
+def shadow_games(spec: RunSpec) -> frozenset[str]:
+    """The membership games a run's attacks would play, each named by what determines its shadows: the victim,
+    K and the target. Runs that share one can reuse its shadows from the memory of the process that trained
+    them (``_POOLS``), so a sweep runs them one after another in one worker (``dpeval.sweep.executors``)."""
+    victim = spec.victim()
+    return frozenset(json.dumps({"victim": victim, "k": p.shadows, "target": p.mia_target}, sort_keys=True,
+                                default=str)
+                     for p in spec.attack.values() if isinstance(p, ShadowParams))
 
 
 # Shadows train in groups of this many, each group saved as it ends, so an interrupted run resumes with the
@@ -175,6 +185,7 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
     """Train (or reuse) the K shadows of the game and read their signals on its population."""
     key = pool_key(view, k, target)
     if key in _POOLS:
+        log.info("membership game: its %d shadow models reused from this process's memory", k)
         return _POOLS[key]
     game = plan_game(task, view.spec.train, k, target, view.streams.scope("shadows").generator("membership"))
     pools = [torch.nonzero(row).flatten() for row in game.membership]

@@ -6,8 +6,8 @@
 # defense and ε under RESULTS/audits), into one results folder; resumable (run it again after an interruption:
 # finished points and audits are skipped). Then the page:
 #   bench/benchmark.sh [RESULTS [PHASES]]   # default runs/benchmark-fashionmnist, all three phases; one thread per run
-#   WORKERS=2 bench/benchmark.sh [RESULTS]  # two utility runs at a time, one thread each (attack points: one at a
-#                                           # time, below)
+#   WORKERS=2 bench/benchmark.sh [RESULTS]  # two runs at a time, one thread each (an attack point's offline twin
+#                                           # follows it in the same worker, below)
 #   bench/benchmark.sh RESULTS audits       # one phase (attacks, utility or audits) or several ("attacks utility"):
 #                                           # the audits write no results folder, so they can run beside the sweeps
 #   python bench/benchmark_page.py --export RESULTS  # docs/benchmark.md, its CSVs and figures
@@ -24,10 +24,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DPEVAL=${DPEVAL:-dpeval}
 WORKERS=${WORKERS:-1}
 defenses="none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep"  # cheapest first, GEP last
-attacks() {  # the membership and gradient attacks of defense $1, seed 0, one point at a time: a point's offline
-    # twin (attack.online false) plays the same game, and reuses its 16 shadows only from the memory of the process
-    # that trained them (a run keeps its shadows to itself), so two workers would train every game's shadows twice
-    $DPEVAL sweep "configs/benchmark/fashionmnist/$1.yaml" --results "$results" --workers 1 --quiet
+attacks() {  # the membership and gradient attacks of defense $1, seed 0: a point's offline twin (attack.online
+    # false) plays the same game and reuses its 16 shadows from the memory of the worker that trained them, so the
+    # sweep runs the twins one after the other in one worker, and different ε side by side
+    $DPEVAL sweep "configs/benchmark/fashionmnist/$1.yaml" --results "$results" --workers "$WORKERS" --quiet
 }
 utility() {  # the utility of defense $1 at two more seeds: the same recipe, no attack
     sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \

@@ -51,6 +51,11 @@ class RunSpec:
             "device": self.device,
         }
 
+    def victim(self) -> dict[str, Any]:
+        """The canonical form without the attacks: everything that determines the victim a run trains, and so
+        the shadow models of any membership game played on it."""
+        return {k: v for k, v in self.canonical().items() if k not in ("attacks", "attack")}
+
     @property
     def run_key(self) -> str:
         content = {k: v for k, v in self.canonical().items() if k != "device"}

@@ -134,7 +134,12 @@ def _worker_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: i
 
 class ProcessExecutor(Executor):
     """``workers`` processes (spawned: fork and torch threads do not mix), the idle cores' threads split
-    among them.
+    among them, each a lane that runs one point at a time.
+
+    Points that play the same membership game (an online point and its offline twin: the same victim, K and
+    target; ``shadow_games``) run in one lane, one after the other and never side by side: the game's shadow
+    models stay in the memory of the process that trained them, so the second point reuses them where a second
+    worker would train them all again. Other points go to whichever lane is free.
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP raised in the driver), it records the points that finished and
     terminates the workers at once, instead of waiting for the running points. Killed outright, it leaves
@@ -145,26 +150,51 @@ class ProcessExecutor(Executor):
         self.debug = debug
 
     def run(self, specs, dispatch, on_result):
-        queue = list(specs)
-        pending: dict[Future, tuple] = {}
+        from dpeval.attacks.membership_common import shadow_games
+
+        queue = [(spec, shadow_games(spec)) for spec in specs]
+        lanes = [ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker,
+                                     initargs=(self.debug, os.getpid())) for _ in range(self.workers)]
+        games: list[frozenset[str]] = [frozenset()] * self.workers  # the games of each lane's last point
+        pending: dict[Future, tuple[int, tuple]] = {}
         stop = False
-        pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                                   initargs=(self.debug, os.getpid()))
         try:
             while (queue and not stop) or pending:
-                while queue and not stop and len(pending) < self.workers:
-                    job = dispatch(queue.pop(0))
-                    spec, run_id, run_dir = job
-                    pending[pool.submit(_worker_job, spec.canonical(), run_id, str(run_dir), self.workers)] = job
+                busy = {lane for lane, _ in pending.values()}
+                for lane in range(self.workers):
+                    if lane in busy or stop or not queue:
+                        continue
+                    others = frozenset().union(*(games[other] for other in range(self.workers) if other != lane))
+                    index = next_point([g for _, g in queue], games[lane], others)
+                    if index is None and not pending and lane == self.workers - 1:
+                        index = 0  # every lane idle, each point left shares a game with two of them: one goes on
+                    if index is None:
+                        continue
+                    spec, games[lane] = queue.pop(index)
+                    job = dispatch(spec)
+                    future = lanes[lane].submit(_worker_job, spec.canonical(), job[1], str(job[2]), self.workers)
+                    pending[future] = (lane, job)
+                    busy.add(lane)
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    stop = _report(future, pending.pop(future), on_result) or stop
+                    stop = _report(future, pending.pop(future)[1], on_result) or stop
         except BaseException:
             for future in [f for f in pending if f.done()]:  # finished before the interruption: keep them
-                _report(future, pending.pop(future), on_result)
-            _terminate(pool)
+                _report(future, pending.pop(future)[1], on_result)
+            for pool in lanes:
+                _terminate(pool)
             raise
-        pool.shutdown()
+        for pool in lanes:
+            pool.shutdown()
+
+
+def next_point(queue: list[frozenset[str]], mine: frozenset[str], others: frozenset[str]) -> int | None:
+    """The index in ``queue`` (each point's membership games) of the point a free lane runs next, given the games
+    of its own last point (``mine``: their shadows are in its memory) and of the other lanes' current or last
+    points (``others``: each lane keeps the games it played): the first point that plays one of its games, else
+    the first that plays none of the others'; None when every point left belongs to another lane."""
+    free = [index for index, point in enumerate(queue) if not point & others]
+    return next((index for index in free if queue[index] & mine), free[0] if free else None)
 
 
 def _report(future: Future, job: tuple, on_result: Callable) -> bool:

@@ -1,7 +1,7 @@
 """bench/benchmark.sh, the benchmark's runner, with a stand-in for dpeval that records its calls: per defense, its
 attack sweep, then its utility at seeds 1 and 2 with no attack; then the one-run audit of every private row at
-every ε — utility sweeps with the workers asked for, attack sweeps one point at a time, nothing rerun that a
-finished audit already holds, and one phase alone when asked (the audits beside the sweeps)."""
+every ε — every sweep with the workers asked for, nothing rerun that a finished audit already holds, and one
+phase alone when asked (the audits beside the sweeps)."""
 
 from __future__ import annotations
 
@@ -40,16 +40,14 @@ def run_benchmark(tmp_path: Path, workers: str | None, *phases: str) -> tuple[li
     return (calls.read_text().splitlines() if calls.exists() else []), results
 
 
-def test_each_rows_attacks_then_its_utility_seeds_then_the_audits_utility_with_the_workers_asked_for(tmp_path):
+def test_each_rows_attacks_then_its_utility_seeds_then_the_audits_with_the_workers_asked_for(tmp_path):
     calls, results = run_benchmark(tmp_path, "2")
     sweeps = [c for c in calls if c.startswith("sweep ")]
     audits = [c for c in calls if c.startswith("audit ")]
     assert len(sweeps) == 2 * (len(PRIVATE) + 1) and len(audits) == 3 * len(PRIVATE)
     assert calls == sweeps + audits  # every attack and utility sweep before the first audit
     files = [c.split()[1] for c in sweeps]  # a defense's attacks, then its utility, then the next defense
-    # utility runs two at a time; attack points one at a time (the offline twin reuses the shadows in memory)
-    assert all(c.endswith(f"--results {results} --workers {1 if 'utility-recipes' not in f else 2} --quiet")
-               for c, f in zip(sweeps, files))
+    assert all(c.endswith(f"--results {results} --workers 2 --quiet") for c in sweeps)
     assert files[:4] == ["configs/benchmark/fashionmnist/none.yaml", f"{results}/utility-recipes/none.yaml",
                          "configs/benchmark/fashionmnist/dpsgd.yaml", f"{results}/utility-recipes/dpsgd.yaml"]
     assert files[-1] == f"{results}/utility-recipes/gep.yaml"

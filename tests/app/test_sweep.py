@@ -147,6 +147,59 @@ def test_local_workers_keep_the_store_consistent(tmp_path):
         assert (tmp_path / "r" / "runs" / row["run_id"] / "metrics.json").is_file()
 
 
+def test_shadow_games_name_what_determines_the_shadows():
+    """Online and offline twins (and LiRA beside RMIA) play one game; another seed, K or target is another game;
+    a run without a shadow attack plays none."""
+    from dpeval import configure
+    from dpeval.attacks.membership_common import shadow_games
+
+    def games(attack=None, **dotted):
+        return shadow_games(configure({"attacks": ["lira", "rmia", "ig"], "attack": {"shadows": 8, **(attack or {})}},
+                                      **dotted))
+
+    online = games()
+    assert len(online) == 1
+    assert games(attack__online=False, attack__targets=2) == online
+    for other in ({"seed": 1}, {"attack__shadows": 16}, {"attack__mia_target": "shadows"}, {"privacy__epsilon": 8.0}):
+        assert games(**other) != online, other
+    assert games({"rmia": {"shadows": 16}}) > online  # two games: LiRA's and RMIA's
+    assert shadow_games(configure({"attacks": ["ig", "grad-mia"]})) == frozenset()
+
+
+def test_a_free_lane_keeps_its_game_and_leaves_the_others_games():
+    a, b, c = frozenset({"a"}), frozenset({"b"}), frozenset({"c"})
+    none = frozenset()
+    assert executors.next_point([a, b, a], mine=a, others=none) == 0
+    assert executors.next_point([b, a], mine=a, others=none) == 1  # its own game first
+    assert executors.next_point([a, a, b], mine=none, others=a) == 2  # not the game another lane holds
+    assert executors.next_point([a, none], mine=b, others=a) == 1  # a point with no game goes anywhere
+    assert executors.next_point([a, a], mine=c, others=a) is None  # the other lane takes them after its point
+    assert executors.next_point([a | b], mine=a, others=b) is None  # never beside a lane playing one of its games
+
+
+def test_local_workers_run_an_offline_twin_in_the_process_that_trained_its_shadows(tmp_path):
+    """Two ε × online/offline on two workers, listed twin after twin (the order a first-free-worker schedule
+    would run side by side): each game's shadows train once, in one worker, and its twin reuses them there
+    (the two games run side by side)."""
+    path = tmp_path / "sweep.yaml"  # the grid follows the file's order: online varies fastest
+    path.write_text("train: {epochs: 1, batch_size: 256}\nattacks: [lira]\nprivacy: {epsilon: [1.0, 8.0]}\n"
+                    "attack: {shadows: 4, mia_target: shadows, online: [true, false]}\n")
+    assert [s.attack["lira"].online for s in sw.load_sweep(path)] == [True, False, True, False]
+    result = CliRunner().invoke(main, ["sweep", str(path), "--results", str(tmp_path / "r"), "--workers", "2",
+                                       "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    store = ResultStore(tmp_path / "r")
+    rows = store.rows()
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"done"}
+    for epsilon in (1.0, 8.0):
+        twins = [r for r in rows if r["config"]["privacy"]["epsilon"] == epsilon]
+        assert len({r["pid"] for r in twins}) == 1, twins  # one worker played the game
+        reused = ["reused from this process's memory" in (store.run_dir(r["run_id"]) / "log.txt").read_text()
+                  for r in twins]
+        assert sorted(reused) == [False, True]  # trained by the first point, reused by the second
+    assert len({r["pid"] for r in rows}) == 2  # the two games in two workers
+
+
 def test_ray_executor_runs_a_small_sweep(tmp_path):
     pytest.importorskip("ray", reason="the distributed extra (ray) is installed by `make test`")
     path = write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.0, 0.5]}, "train": QUICK_TRAIN})
