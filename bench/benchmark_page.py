@@ -28,6 +28,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from dpeval.core.files import save_figure
 from dpeval.doc_markers import write_into
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ def draw_grid(records: list[dict], lira: dict, out: Path) -> None:
                 ax.set_ylabel(name if name == "none" else f"{name}\nε = {eps:g}", fontsize=7)
     fig.suptitle("Most exposed training images (online LiRA): the FPR at which each is named", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    save_figure(fig, out, dpi=130)
     print(f"wrote {out}")
 
 
@@ -372,8 +373,12 @@ def compute(rows: list[dict], audits: list[dict]) -> str:
     hours of one thread (each run's own clock: the runs shared the machine's cores)."""
     seconds = sum(num(r.get("time.train_s") or 0) + num(r.get("time.attack_s") or 0) for r in rows)
     seconds += sum(num(a.get("time.audit_s") or 0) for a in audits)
+    # The runs were made in pieces across interrupted sessions, so no single clock spans them; the wall time of one
+    # uninterrupted `WORKERS=2` run is the compute spread over its two lanes (the longest game, one GEP point's 16
+    # shadows, is far shorter than that half, so the lanes stay full).
     return (f"Compute: {seconds / 3600:.1f} h of one thread for these {len(rows)} runs and {len(audits)} audits "
-            f"(`time.train_s` + `time.attack_s`, `time.audit_s`; one thread each, two sharing the 2 cores).")
+            f"(`time.train_s` + `time.attack_s`, `time.audit_s`; one thread each, two sharing the 2 cores): "
+            f"≈ {seconds / 7200:.1f} h of wall time on these 2 cores with `WORKERS=2`.")
 
 
 def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
@@ -403,7 +408,7 @@ def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
     axes[2].set(xlabel="online LiRA AUC", ylabel="test accuracy", title="utility vs leakage (up-left is better)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out)
+    save_figure(fig, out)
     print(f"wrote {out}")
 
 

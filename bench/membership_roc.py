@@ -138,8 +138,10 @@ def figure(path: Path, out: Path) -> None:
         ax.grid(alpha=0.3, which="both", linewidth=0.4)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    from dpeval.core.files import save_figure
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)
 
 

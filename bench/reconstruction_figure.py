@@ -27,6 +27,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from dpeval.core.files import save_figure
 from dpeval.doc_markers import write_into
 
 FIELDS = ["run_id", "attack", "defense", "noise_std", "rate", "mask_aware", "model", "target", "mse", "psnr",
@@ -162,7 +163,7 @@ def figure(data: dict[Setting, dict[float, dict[str, float]]], out: Path, attack
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)
 
 

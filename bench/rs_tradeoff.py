@@ -26,6 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from dpeval.core.files import save_figure
 from dpeval.doc_markers import write_into
 
 Key = tuple[str, float | None]  # (setting label, σ²C²)
@@ -143,7 +144,7 @@ def figure(data: Data, out: Path) -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    save_figure(fig, out)
     print(f"wrote {out}")
 
 

@@ -44,9 +44,15 @@ def write_json_atomic(path: str | Path, data: Any, **dumps: Any) -> None:
 
 
 def save_figure(fig: Any, path: str | Path, **savefig: Any) -> None:
-    """A matplotlib figure to ``path``, in the format its suffix names."""
+    """A matplotlib figure to ``path``, in the format its suffix names, byte for byte the same each time it is drawn
+    from the same data: no creation date and fixed SVG element ids, so a regenerated committed figure diffs empty."""
+    import matplotlib
+
     path = Path(path)
-    write_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip("."), **savefig))
+    fmt = path.suffix.lstrip(".")
+    savefig.setdefault("metadata", {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt))
+    with matplotlib.rc_context({"svg.hashsalt": "dpeval"}):
+        write_atomic(path, lambda f: fig.savefig(f, format=fmt, **savefig))
 
 
 def refuse_links(folder: str | Path) -> None:

@@ -129,6 +129,8 @@ def test_compute_adds_every_run_and_audit():
     rows = [{"time.train_s": "1800", "time.attack_s": "5400"}, {"time.train_s": "3600", "time.attack_s": ""}]
     assert benchmark_page.compute(rows, [{"time.audit_s": "3600"}]).startswith(
         "Compute: 4.0 h of one thread for these 2 runs and 1 audits")
+    assert benchmark_page.compute(rows, [{"time.audit_s": "3600"}]).endswith(
+        "≈ 2.0 h of wall time on these 2 cores with `WORKERS=2`.")
 
 
 def test_the_side_by_side_epoch_costs_replace_the_runs_wall_times(tmp_path):
