@@ -306,38 +306,111 @@ def state_order(state: str) -> float:
     return -1 if state == "init" else math.inf if state == "final" else num(state.split(":")[-1])
 
 
+def resolved(lo: float, hi: float) -> bool:
+    """An interval of a difference that excludes 0."""
+    return math.isfinite(lo) and (lo > 0 or hi < 0)
+
+
+def utility_difference(c: Cell, base: Cell) -> tuple[float, float, float]:
+    """Test accuracy of ``c`` minus ``base``'s over seeds, with its 95 % Welch interval."""
+    return welch(list(c.accuracy.values()), list(base.accuracy.values()))
+
+
+def lira_apart(c: Cell, base: Cell) -> bool | None:
+    """Whether the online-LiRA AUC intervals of ``c`` and ``base`` are disjoint; None where one is not measured."""
+    if not (math.isfinite(c.metric("leakage.lira.auc")) and math.isfinite(base.metric("leakage.lira.auc"))):
+        return None
+    return (c.metric("leakage.lira.auc_ci_low") > base.metric("leakage.lira.auc_ci_high")
+            or c.metric("leakage.lira.auc_ci_high") < base.metric("leakage.lira.auc_ci_low"))
+
+
+def cost_ratio(c: Cell, base: Cell) -> float:
+    """Training time per epoch of ``c`` over ``base``'s: the side-by-side measurement where both have one, else the
+    runs' own wall times."""
+    if math.isfinite(c.epoch_cpu) and math.isfinite(base.epoch_cpu):
+        return c.epoch_cpu / base.epoch_cpu
+    return statistics.fmean(c.epoch_s) / statistics.fmean(base.epoch_s) if c.epoch_s and base.epoch_s else math.nan
+
+
+def against_dpsgd(all_cells: dict[tuple[str, float], Cell]) -> list[tuple[Cell, Cell]]:
+    """Every defense row with DP-SGD's row at the same ε."""
+    return [(c, all_cells[("dpsgd", eps)]) for (name, eps), c in all_cells.items()
+            if name not in ("none", "dpsgd") and ("dpsgd", eps) in all_cells]
+
+
 def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
     lines = []
-    for (name, eps), c in all_cells.items():
-        base = all_cells.get(("dpsgd", eps))
-        if name in ("none", "dpsgd") or base is None:
-            continue
-        d, lo, hi = welch(list(c.accuracy.values()), list(base.accuracy.values()))
+    for c, base in against_dpsgd(all_cells):
+        d, lo, hi = utility_difference(c, base)
         util = (f"utility {100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]" if math.isfinite(lo) else
                 f"utility {100 * d:+.1f} points (too few seeds for an interval)")
-        if math.isfinite(lo) and (lo > 0 or hi < 0):
-            util += " (resolved)"
-        elif math.isfinite(lo):
-            util += " (not resolved)"
-        a, b = c.metric("leakage.lira.auc"), base.metric("leakage.lira.auc")
-        if math.isfinite(a) and math.isfinite(b):
-            apart = (c.metric("leakage.lira.auc_ci_low") > base.metric("leakage.lira.auc_ci_high")
-                     or c.metric("leakage.lira.auc_ci_high") < base.metric("leakage.lira.auc_ci_low"))
-            leak = f"online-LiRA AUC {a:.3f} vs {b:.3f} ({'resolved' if apart else 'intervals overlap: not resolved'})"
-        else:
-            leak = "leakage not measured yet"
+        if math.isfinite(lo):
+            util += " (resolved)" if resolved(lo, hi) else " (not resolved)"
+        apart = lira_apart(c, base)
+        leak = ("leakage not measured yet" if apart is None else
+                f"online-LiRA AUC {c.metric('leakage.lira.auc'):.3f} vs {base.metric('leakage.lira.auc'):.3f} "
+                f"({'resolved' if apart else 'intervals overlap: not resolved'})")
         density = c.metric("comm.density")
         costs = [f"density {density:.2f}"] if math.isfinite(density) else []
-        if math.isfinite(c.epoch_cpu) and math.isfinite(base.epoch_cpu):  # what the defense costs to train
-            ratio = c.epoch_cpu / base.epoch_cpu
-        else:  # the runs' wall times, where the side-by-side measurement lacks one of the two
-            ratio = statistics.fmean(c.epoch_s) / statistics.fmean(base.epoch_s) if c.epoch_s and base.epoch_s \
-                else math.nan
-        if math.isfinite(ratio):
-            costs.append(f"{ratio:.1f}× DP-SGD's training time per epoch")
-        lines.append(f"- **{name}, ε = {eps:g}** against DP-SGD: {util}; {leak}" + "".join(f"; {x}" for x in costs)
+        if math.isfinite(cost_ratio(c, base)):
+            costs.append(f"{cost_ratio(c, base):.1f}× DP-SGD's training time per epoch")
+        lines.append(f"- **{c.name}, ε = {c.eps:g}** against DP-SGD: {util}; {leak}" + "".join(f"; {x}" for x in costs)
                      + ".")
     return "\n".join(lines) or "- (no defense has both its own and DP-SGD's runs at the same ε yet)"
+
+
+def beats_guess(c: Cell) -> bool | None:
+    """Whether Inverting Gradients beat its data-free guess at any attacked state; None where IG did not run."""
+    if not c.online:
+        return None
+    psnrs = [num(v) for k, v in c.online.items() if k.startswith("leakage.ig.") and k.endswith(".psnr")
+             and k.count(".") == 3]
+    base = c.metric("leakage.ig.baseline_psnr")
+    return any(p > base for p in psnrs) if psnrs and math.isfinite(base) else None
+
+
+def summary(all_cells: dict[tuple[str, float], Cell]) -> str:
+    """The table in a few sentences, counted from the cells: how far the defenses bring membership leakage down,
+    what each resolves against DP-SGD at the same ε, whether reconstruction beat its guess, the audits, the cost."""
+    private = [c for (name, _), c in all_cells.items() if name != "none" and c.online]
+    if not private:
+        return "- (no private row attacked yet)"
+    lines = []
+    none = all_cells.get(("none", math.inf))
+    aucs = [c.metric("leakage.lira.auc") for c in private]
+    undefended = (f"without a defense online LiRA reaches AUC {auc(none, 'lira')}, "
+                  f"{pct(none.metric('leakage.lira.tpr_at_0.1pct_fpr'), 2)} % TPR at 0.1 % FPR; "
+                  if none is not None and none.online else "")
+    lines.append(f"- **Membership**: {undefended}the {len(private)} private rows lie at AUC {min(aucs):.3f} to "
+                 f"{max(aucs):.3f}.")
+    pairs = [(c, b) for c, b in against_dpsgd(all_cells) if lira_apart(c, b) is not None]
+    apart = [f"{c.name} at ε = {c.eps:g}" for c, b in pairs if lira_apart(c, b)]
+    lines.append(f"- **Leakage against DP-SGD** at the same ε: {len(apart)} of {len(pairs)} defense rows resolve a "
+                 f"different online-LiRA AUC" + (f" ({', '.join(apart)})." if apart else
+                                                  ": no defense's leakage is measurably different from DP-SGD's."))
+    diffs = [(c, *utility_difference(c, b)) for c, b in against_dpsgd(all_cells)]
+    diffs = [(c, d, lo, hi) for c, d, lo, hi in diffs if math.isfinite(lo)]
+    better = [f"{c.name} at ε = {c.eps:g} ({100 * d:+.1f})" for c, d, lo, hi in diffs if resolved(lo, hi) and d > 0]
+    worse = [f"{c.name} at ε = {c.eps:g} ({100 * d:+.1f})" for c, d, lo, hi in diffs if resolved(lo, hi) and d < 0]
+    lines.append(f"- **Utility against DP-SGD** (points of test accuracy over seeds): {len(diffs)} rows; resolved "
+                 f"better: {', '.join(better) or 'none'}; resolved worse: {', '.join(worse) or 'none'}; the rest "
+                 f"within their intervals.")
+    ig = [beats_guess(c) for c in private]
+    none_ig = beats_guess(none) if none is not None else None
+    lines.append(f"- **Reconstruction**: Inverting Gradients beats its data-free guess on "
+                 f"{sum(1 for x in ig if x)} of {sum(1 for x in ig if x is not None)} private rows"
+                 + ("" if none_ig is None else f" (on the undefended release: {'yes' if none_ig else 'no'})") + ".")
+    audited = [c.audit for c in all_cells.values() if c.audit is not None]
+    if audited:
+        passed = sum(1 for a in audited if a["audit.verdict"] == "PASS")
+        lines.append(f"- **Audits**: {passed} of {len(audited)} one-run audits PASS (ε lower bound ≤ accounted ε).")
+    ratios = {c.name: cost_ratio(c, b) for c, b in against_dpsgd(all_cells) if math.isfinite(cost_ratio(c, b))}
+    if ratios:
+        top = max(ratios, key=ratios.get)
+        rest = [r for name, r in ratios.items() if name != top]
+        lines.append(f"- **Cost**: training per epoch {top} {ratios[top]:.1f}× DP-SGD"
+                     + (f", every other defense {min(rest):.1f}–{max(rest):.1f}×." if rest else "."))
+    return "\n".join(lines)
 
 
 def exposure_table(path: Path) -> str:
@@ -439,6 +512,7 @@ def main() -> None:
     write_into(files.page, "benchmark-table",
                progress(all_cells) + table(all_cells) + "\n\n" + epoch_note + ". " + compute(rows, audits) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
+    write_into(files.page, "benchmark-summary", summary(all_cells))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)
     print(f"wrote {files.page}")

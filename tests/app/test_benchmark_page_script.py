@@ -155,3 +155,33 @@ def test_the_side_by_side_epoch_costs_replace_the_runs_wall_times(tmp_path):
     assert all("1.2× DP-SGD's training time per epoch" in line for line in text.splitlines() if "layer" in line)
     # rs, not measured side by side: against DP-SGD's runs' wall time too (120 s vs 60 s), never across the two
     assert "2.0× DP-SGD's training time per epoch" in next(line for line in text.splitlines() if "**rs" in line)
+
+
+def test_the_summary_counts_what_the_table_resolves(tmp_path):
+    rows = [run("none", float("inf"), 0, 0.9, 0.70)]
+    rows += [run("dpsgd", 3.0, s, a, 0.52 if s == 0 else None) for s, a in enumerate((0.80, 0.81, 0.82))]
+    rows += [run("rs", 3.0, s, a, 0.60 if s == 0 else None) for s, a in enumerate((0.90, 0.91, 0.92))]
+    rows += [run("random-freeze", 3.0, s, a, 0.525 if s == 0 else None) for s, a in enumerate((0.79, 0.83, 0.81))]
+    rows += [run("gep", 3.0, s, a, 0.51 if s == 0 else None, train_s=60.0 if s == 0 else 390.0)
+             for s, a in enumerate((0.70, 0.71, 0.72))]
+    all_cells = cells(tmp_path, rows)
+    all_cells[("rs", 3.0)].online["leakage.ig.init.psnr"] = "9.5"  # below the guess (10.0) at every state
+    all_cells[("rs", 3.0)].online["leakage.ig.final.psnr"] = "8.0"
+    all_cells[("dpsgd", 3.0)].audit = {"audit.verdict": "PASS"}
+    all_cells[("rs", 3.0)].audit = {"audit.verdict": "FAIL"}
+    text = benchmark_page.summary(all_cells)
+    assert "AUC 0.700 [0.690, 0.710]" in text and "the 4 private rows lie at AUC 0.510 to 0.600" in text
+    assert "1 of 3 defense rows resolve a different online-LiRA AUC (rs at ε = 3)" in text
+    assert "resolved better: rs at ε = 3 (+10.0); resolved worse: gep at ε = 3 (-10.0)" in text
+    assert "beats its data-free guess on 3 of 4 private rows (on the undefended release: yes)" in text
+    assert "1 of 2 one-run audits PASS" in text
+    assert "gep 6.5× DP-SGD, every other defense 1.0–1.0×" in text
+
+
+def test_the_summary_of_an_unresolved_table_says_so(tmp_path):
+    rows = [run("dpsgd", 3.0, s, a, 0.52 if s == 0 else None) for s, a in enumerate((0.80, 0.81, 0.82))]
+    rows += [run("rs", 3.0, s, a, 0.525 if s == 0 else None) for s, a in enumerate((0.79, 0.83, 0.81))]
+    text = benchmark_page.summary(cells(tmp_path, rows))
+    assert "0 of 1 defense rows resolve a different online-LiRA AUC: no defense's leakage" in text
+    assert "resolved better: none; resolved worse: none" in text
+    assert benchmark_page.summary(cells(tmp_path, [run("dpsgd", 3.0, 1, 0.8)])) == "- (no private row attacked yet)"
