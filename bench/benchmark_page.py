@@ -14,7 +14,8 @@ Without it, the page, its table and its figures are made from the committed CSVs
 them. A row of the page is a defense at an ε: utility over every seed (mean ± SEM), the attacks of its seed-0 run
 (online and offline LiRA come from the two points of the grid, which train the same victim), communication and
 time. The reading compares each defense with DP-SGD at the same ε: utility by Welch's 95% interval, leakage by the
-attacks' DeLong intervals (a difference is *resolved* only where the two intervals do not overlap).
+attacks' DeLong intervals (a difference is *resolved* only where the two intervals do not overlap). The page's
+"In short" block counts the same comparisons over every row.
 """
 
 from __future__ import annotations
