@@ -289,9 +289,7 @@ def table(all_cells: dict[tuple[str, float], Cell]) -> str:
         bounds = [c.metric(f"leakage.{a}.epsilon_lower_bound", o) for a in MIA for o in (True, False)]
         best = max((b for b in bounds if math.isfinite(b)), default=math.nan)
         lb = f"{best:.2f} / {2 * c.eps:g}" if math.isfinite(best) else "–"
-        states = ([k.split(".")[2] for k in c.online if k.startswith("leakage.ig.") and k.endswith(".psnr")
-                   and k.count(".") == 3] if c.online else [])
-        psnr = " / ".join(f"{c.metric(f'leakage.ig.{st}.psnr'):.1f}" for st in sorted(states, key=state_order))
+        psnr = " / ".join(f"{c.metric(f'leakage.ig.{st}.psnr'):.1f}" for st in sorted(ig_states(c), key=state_order))
         base = c.metric("leakage.ig.baseline_psnr")
         ig = f"{psnr} ({base:.1f})" if psnr else "–"
         tpr = " / ".join(pct(c.metric(f"leakage.lira.tpr_at_{p}pct_fpr"), 2) for p in ("0.1", "1"))
@@ -301,6 +299,12 @@ def table(all_cells: dict[tuple[str, float], Cell]) -> str:
                      f"{auc(c, 'lira')} | {tpr} | {auc(c, 'lira', False)} | {auc(c, 'rmia')} | {auc(c, 'loss')} | "
                      f"{lb} | {audit(c)} | {auc(c, 'grad-mia')} | {ig} |")
     return "\n".join(lines)
+
+
+def ig_states(c: Cell) -> list[str]:
+    """The training states IG attacked in the seed-0 online run (``leakage.ig.<state>.psnr``)."""
+    return [k.split(".")[2] for k in c.online if k.startswith("leakage.ig.") and k.endswith(".psnr")
+            and k.count(".") == 3] if c.online else []
 
 
 def state_order(state: str) -> float:
@@ -353,8 +357,9 @@ def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
                 f"({'resolved' if apart else 'intervals overlap: not resolved'})")
         density = c.metric("comm.density")
         costs = [f"density {density:.2f}"] if math.isfinite(density) else []
-        if math.isfinite(cost_ratio(c, base)):
-            costs.append(f"{cost_ratio(c, base):.1f}× DP-SGD's training time per epoch")
+        ratio = cost_ratio(c, base)
+        if math.isfinite(ratio):
+            costs.append(f"{ratio:.1f}× DP-SGD's training time per epoch")
         lines.append(f"- **{c.name}, ε = {c.eps:g}** against DP-SGD: {util}; {leak}" + "".join(f"; {x}" for x in costs)
                      + ".")
     return "\n".join(lines) or "- (no defense has both its own and DP-SGD's runs at the same ε yet)"
@@ -362,10 +367,7 @@ def readings(all_cells: dict[tuple[str, float], Cell]) -> str:
 
 def beats_guess(c: Cell) -> bool | None:
     """Whether Inverting Gradients beat its data-free guess at any attacked state; None where IG did not run."""
-    if not c.online:
-        return None
-    psnrs = [num(v) for k, v in c.online.items() if k.startswith("leakage.ig.") and k.endswith(".psnr")
-             and k.count(".") == 3]
+    psnrs = [c.metric(f"leakage.ig.{st}.psnr") for st in ig_states(c)]
     base = c.metric("leakage.ig.baseline_psnr")
     return any(p > base for p in psnrs) if psnrs and math.isfinite(base) else None
 
@@ -384,12 +386,14 @@ def summary(all_cells: dict[tuple[str, float], Cell]) -> str:
                   if none is not None and none.online else "")
     lines.append(f"- **Membership**: {undefended}the {len(private)} private rows lie at AUC {min(aucs):.3f} to "
                  f"{max(aucs):.3f}.")
-    pairs = [(c, b) for c, b in against_dpsgd(all_cells) if lira_apart(c, b) is not None]
-    apart = [f"{c.name} at ε = {c.eps:g}" for c, b in pairs if lira_apart(c, b)]
-    lines.append(f"- **Leakage against DP-SGD** at the same ε: {len(apart)} of {len(pairs)} defense rows resolve a "
+    pairs = against_dpsgd(all_cells)
+    compared = {c: lira_apart(c, b) for c, b in pairs}
+    apart = [f"{c.name} at ε = {c.eps:g}" for c, gap in compared.items() if gap]
+    measured = sum(1 for gap in compared.values() if gap is not None)
+    lines.append(f"- **Leakage against DP-SGD** at the same ε: {len(apart)} of {measured} defense rows resolve a "
                  f"different online-LiRA AUC" + (f" ({', '.join(apart)})." if apart else
                                                   ": no defense's leakage is measurably different from DP-SGD's."))
-    diffs = [(c, *utility_difference(c, b)) for c, b in against_dpsgd(all_cells)]
+    diffs = [(c, *utility_difference(c, b)) for c, b in pairs]
     diffs = [(c, d, lo, hi) for c, d, lo, hi in diffs if math.isfinite(lo)]
     better = [f"{c.name} at ε = {c.eps:g} ({100 * d:+.1f})" for c, d, lo, hi in diffs if resolved(lo, hi) and d > 0]
     worse = [f"{c.name} at ε = {c.eps:g} ({100 * d:+.1f})" for c, d, lo, hi in diffs if resolved(lo, hi) and d < 0]
@@ -405,7 +409,7 @@ def summary(all_cells: dict[tuple[str, float], Cell]) -> str:
     if audited:
         passed = sum(1 for a in audited if a["audit.verdict"] == "PASS")
         lines.append(f"- **Audits**: {passed} of {len(audited)} one-run audits PASS (ε lower bound ≤ accounted ε).")
-    ratios = {c.name: cost_ratio(c, b) for c, b in against_dpsgd(all_cells) if math.isfinite(cost_ratio(c, b))}
+    ratios = {c.name: r for c, r in ((c, cost_ratio(c, b)) for c, b in pairs) if math.isfinite(r)}
     if ratios:
         top = max(ratios, key=ratios.get)
         rest = [r for name, r in ratios.items() if name != top]
