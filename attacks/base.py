@@ -3,7 +3,7 @@
 An attack sees an ``AttackerView`` (``attacks/view.py``): the recorded model states, the defense's public
 state, the release oracle, the public split, the privacy ledger, the public hyperparameters. The ``task``
 (private pool, held-out split) is the truth the game keeps: ``play`` is implemented once per attack family
-(``gradient_common.ReconstructionAttack`` and ``GradientMembershipAttack``, ``membership_common.ShadowAttack``
+(``gradient_game.ReconstructionAttack`` and ``GradientMembershipAttack``, ``membership_game.ShadowAttack``
 and ``VictimMembershipAttack``), which chooses the targets, hands the attack's own hook only the view,
 releases and unlabelled candidates, and scores the hook's guesses or scores against the truth. An attack
 class registered with ``ATTACKS.register`` subclasses a family and implements its hook; it never reads the

@@ -6,7 +6,7 @@ examples at the attacked state (``attack.at``), each through its own release pat
 candidate set (whose inputs and labels the attacker holds, shuffled, not which are members): the batch's
 members plus as many held-out test examples (non-members, assigned round robin; ``check_task`` refuses a
 run whose test split has fewer than ``batches × batch_size``, so every release gets exactly ``batch_size``
-of each). The game is ``dpeval.attacks.gradient_common.GradientMembershipAttack``; this module scores. Gradients are
+of each). The game is ``dpeval.attacks.gradient_game.GradientMembershipAttack``; this module scores. Gradients are
 restricted to the released coordinates when ``attack.mask_aware`` (the default). Statistics
 (``attack.statistic``):
 - ``nnls`` (default): explain r jointly as Σ_c w_c·g_c with w ≥ 0 (non-negative least squares over the
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from scipy import optimize
 
-from dpeval.attacks.gradient_common import GradientMembershipAttack, GradientMembershipParams, matching_mask
+from dpeval.attacks.gradient_game import GradientMembershipAttack, GradientMembershipParams, matching_mask
 from dpeval.attacks.registry import ATTACKS
 from dpeval.attacks.view import AttackerView
 from dpeval.core.params import param

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpeval.attacks import gradient_common as gc
+from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.registry import ATTACKS
 from dpeval.attacks.view import AttackerView
 from dpeval.core.params import param

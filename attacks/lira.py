@@ -1,5 +1,5 @@
 """``lira``: the likelihood-ratio attack (Carlini et al., S&P 2022) on the target of the game
-(``attack.mia_target``, ``attacks/membership_common.py``).
+(``attack.mia_target``, ``attacks/membership_game.py``).
 
 Per example x, fit Gaussians to the references' logit-scaled confidences φ: IN references (trained on x)
 and OUT references, with μ the mean over the example's references (the paper's Algorithm 1; the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from dpeval.attacks.membership_common import ShadowAttack, ShadowParams, View
+from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, View
 from dpeval.attacks.registry import ATTACKS
 from dpeval.core.params import param
 

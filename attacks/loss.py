@@ -2,7 +2,7 @@
 
 Score = −cross-entropy of the victim on each example (members tend to have lower loss). Members: the
 victim's private pool; non-members: the held-out test set (the ``victim`` game of docs/membership.md,
-played by ``dpeval.attacks.membership_common.VictimMembershipAttack``). Besides the threshold-free metrics,
+played by ``dpeval.attacks.membership_game.VictimMembershipAttack``). Besides the threshold-free metrics,
 reports ``yeom_accuracy``: balanced accuracy of Yeom's rule "member iff loss < the mean training loss".
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpeval.attacks.membership_common import VictimMembershipAttack
+from dpeval.attacks.membership_game import VictimMembershipAttack
 from dpeval.attacks.registry import ATTACKS
 from dpeval.attacks.view import AttackerView
 

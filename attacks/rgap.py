@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpeval.attacks import gradient_common as gc
+from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.registry import ATTACKS
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from dpeval.attacks.membership_common import ShadowAttack, ShadowParams, View
+from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, View
 from dpeval.attacks.registry import ATTACKS
 from dpeval.core.params import param
 

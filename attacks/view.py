@@ -9,7 +9,7 @@ folder and the device.
 
 What it does not hold: the private pool, the held-out split, or which examples are members. Those stay with
 the game (``attacks/base.py``: ``Attack.play(view, task)``, implemented by the attack families in
-``attacks/gradient_common.py`` and ``attacks/membership_common.py``), which chooses the targets, hands an
+``attacks/gradient_game.py`` and ``attacks/membership_game.py``), which chooses the targets, hands an
 attack only releases and unlabelled candidates, and scores its guesses against the truth it keeps.
 ``tests/test_layers.py`` checks that no module registering an attack reaches the pool.
 """

@@ -16,9 +16,9 @@ from pathlib import Path
 
 # modules and objects that reach the private pool or the held-out split
 POOL_MODULES = ("dpeval.core.datasets", "dpeval.runner", "dpeval.api")
-POOL_OBJECTS = {"dpeval.core.splits.Task", "dpeval.attacks.gradient_common.draw_targets",
-                "dpeval.attacks.gradient_common.select_targets", "dpeval.attacks.shadow_signals.population",
-                "dpeval.attacks.membership_common.plan_game", "dpeval.attacks.membership_common.shadow_pool"}
+POOL_OBJECTS = {"dpeval.core.splits.Task", "dpeval.attacks.gradient_game.draw_targets",
+                "dpeval.attacks.gradient_game.select_targets", "dpeval.attacks.shadow_signals.population",
+                "dpeval.attacks.membership_game.plan_game", "dpeval.attacks.membership_game.shadow_pool"}
 POOL_ACCESSORS = {name.rsplit(".", 1)[1] for name in POOL_OBJECTS}  # also reached as ``module.name``
 
 

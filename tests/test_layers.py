@@ -244,8 +244,8 @@ def test_the_boundary_check_catches_an_attack_reading_the_pool():
     probe = ROOT / "attacks" / "_boundary_probe_tmp.py"
     probe.write_text(
         "from dpeval.core.splits import Task\n"
-        "from dpeval.attacks import gradient_common as gc\n"
-        "from dpeval.attacks.gradient_common import ReconstructionAttack\n"
+        "from dpeval.attacks import gradient_game as gc\n"
+        "from dpeval.attacks.gradient_game import ReconstructionAttack\n"
         "from dpeval.attacks.registry import ATTACKS\n"
         "from dpeval.core.streams import Streams\n"
         "\n"

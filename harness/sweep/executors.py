@@ -150,7 +150,7 @@ class ProcessExecutor(Executor):
         self.debug = debug
 
     def run(self, specs, dispatch, on_result):
-        from dpeval.attacks.membership_common import shadow_games
+        from dpeval.attacks.membership_game import shadow_games
 
         queue = [(spec, shadow_games(spec)) for spec in specs]
         lanes = [ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker,

@@ -262,9 +262,9 @@ def test_a_run_interrupted_while_it_trains_shadows_keeps_the_finished_ones(tmp_p
     """Ctrl-C after the first group of shadows: the same command trains only the shadows left, ends with the
     metrics of an uninterrupted run, and clears the saved shadows once done."""
     from dpeval import checkpoint
-    from dpeval.attacks import membership_common
+    from dpeval.attacks import membership_game
 
-    monkeypatch.setattr(membership_common, "SHADOW_GROUP", 2)
+    monkeypatch.setattr(membership_game, "SHADOW_GROUP", 2)
     args = ["run", "--defense", "dpsgd", "--attack", "lira", "--epochs", str(EPOCHS), "--set",
             f"train.batch_size={BATCH}", "--set", "attack.shadows=6", "--set", "attack.mia_target=shadows",
             "--quiet", "--json"]
@@ -284,7 +284,7 @@ def test_a_run_interrupted_while_it_trains_shadows_keeps_the_finished_ones(tmp_p
         real(self, i, state)
 
     monkeypatch.setattr(checkpoint.ShadowStore, "save", save)
-    membership_common._POOLS.clear()  # the reference run's shadows, kept in memory for this process
+    membership_game._POOLS.clear()  # the reference run's shadows, kept in memory for this process
     assert CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r")]).exit_code == 130
     (row,) = ResultStore(tmp_path / "r").rows()
     assert len(list((ResultStore(tmp_path / "r").run_dir(row["run_id"]) / "shadows").rglob("shadow-*.pt"))) == 2

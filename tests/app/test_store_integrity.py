@@ -523,11 +523,11 @@ def lira_reference(tmp_path_factory):
     """The metrics of the LiRA run never interrupted."""
     import json
 
-    from dpeval.attacks import membership_common
+    from dpeval.attacks import membership_game
 
     result = CliRunner().invoke(main, [*LIRA, "--results", str(tmp_path_factory.mktemp("ref"))])
     assert result.exit_code == 0, result.output
-    membership_common._POOLS.clear()  # its shadows, kept in memory for this process
+    membership_game._POOLS.clear()  # its shadows, kept in memory for this process
     return json.loads(result.stdout)
 
 
@@ -539,10 +539,10 @@ def test_a_run_resumed_with_a_bad_saved_shadow_trains_it_again_and_keeps_its_res
     import json
 
     from dpeval import checkpoint
-    from dpeval.attacks import membership_common
+    from dpeval.attacks import membership_game
 
-    monkeypatch.setattr(membership_common, "SHADOW_GROUP", 2)
-    monkeypatch.setattr(membership_common, "_POOLS", {})  # no shadows kept in memory from another test's run
+    monkeypatch.setattr(membership_game, "SHADOW_GROUP", 2)
+    monkeypatch.setattr(membership_game, "_POOLS", {})  # no shadows kept in memory from another test's run
     real, trained = checkpoint.ShadowStore.save, []
 
     def save(self, i, state):

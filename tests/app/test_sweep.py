@@ -151,7 +151,7 @@ def test_shadow_games_name_what_determines_the_shadows():
     """Online and offline twins (and LiRA beside RMIA) play one game; another seed, K or target is another game;
     a run without a shadow attack plays none."""
     from dpeval import configure
-    from dpeval.attacks.membership_common import shadow_games
+    from dpeval.attacks.membership_game import shadow_games
 
     def games(attack=None, **dotted):
         return shadow_games(configure({"attacks": ["lira", "rmia", "ig"], "attack": {"shadows": 8, **(attack or {})}},

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from dpeval.attacks import ATTACKS, image_metrics
-from dpeval.attacks import gradient_common as gc
+from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.rgap import RGAPParams, check_model, reconstruct_one
 from dpeval.cli import main
 from dpeval.config import build_spec

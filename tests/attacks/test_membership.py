@@ -13,7 +13,7 @@ from scipy import stats
 
 from dpeval.attacks import shadow_signals as sh
 from dpeval.attacks.lira import LiraParams, _fit, lira_scores
-from dpeval.attacks.membership_common import View
+from dpeval.attacks.membership_game import View
 from dpeval.attacks.membership_metrics import membership_metrics
 from dpeval.attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
 from dpeval.core.models import build_model

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from sklearn.metrics import roc_auc_score
 
-from dpeval.attacks import membership_common as mc
+from dpeval.attacks import membership_game as mc
 from dpeval.attacks import shadow_signals as sh
 from dpeval.attacks.grad_mia import GradientMIA, GradMiaParams
 from dpeval.attacks.lira import LiraParams, lira_scores
@@ -47,7 +47,7 @@ def run_json(*args):
 
 @pytest.fixture
 def recorded_shadow_training(monkeypatch):
-    """What membership_common hands the shadow-training engine (pools, recipe, streams), recorded around the
+    """What membership_game hands the shadow-training engine (pools, recipe, streams), recorded around the
     real call."""
     calls = []
     real = mc.train_shadows

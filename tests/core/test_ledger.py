@@ -9,7 +9,7 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from dpeval.attacks.membership_common import target_privacy
+from dpeval.attacks.membership_game import target_privacy
 from dpeval.config import build_spec
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.runner import execute
