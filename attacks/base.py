@@ -1,13 +1,21 @@
-"""The attack template: ``play(view, task) -> AttackResult``, one self-describing class per attack.
+"""The attack template: one self-describing class per attack, one hook, ``guess(evidence)``.
 
-An attack sees an ``AttackerView`` (``attacks/view.py``): the recorded model states, the defense's public
-state, the release oracle, the public split, the privacy ledger, the public hyperparameters. The ``task``
-(private pool, held-out split) is the truth the game keeps: ``play`` is implemented once per attack family
-(``gradient_game.ReconstructionAttack`` and ``GradientMembershipAttack``, ``membership_game.ShadowAttack``
-and ``VictimMembershipAttack``), which chooses the targets, hands the attack's own hook only the view,
-releases and unlabelled candidates, and scores the hook's guesses or scores against the truth. An attack
-class registered with ``ATTACKS.register`` subclasses a family and implements its hook; it never reads the
-task (``tests/test_layers.py``). Metrics are reported under ``leakage.<attack>.<metric>``.
+Two methods split an attack between the game and the attacker:
+
+- ``play(view, task) -> AttackResult`` is the game, implemented once per attack family (``gradient_game``:
+  ``ReconstructionAttack``, ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``,
+  ``VictimMembershipAttack``). It holds the ``task`` (private pool, held-out split: the truth), chooses the
+  targets, builds the evidence its threat model grants, calls the hook and scores what the hook returns
+  against the truth. A subclass of a family may not override it (``__init_subclass__`` refuses the class).
+- ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
+  frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
+  (``Releases``, ``ReleaseCandidates``: the ``AttackerView`` of ``attacks/view.py`` plus the releases and
+  unlabelled candidates; ``Signals``, ``VictimOutputs``: the membership signals the game computed once).
+  It returns guesses (a ``Reconstruction``) or ``Scores``, never metrics against the truth.
+
+An attack class registered with ``ATTACKS.register`` subclasses a family and implements ``guess``; it never
+reads the task (``tests/test_layers.py``, ``dpeval check-attack``). Metrics are reported under
+``leakage.<attack>.<metric>``.
 
 Each attack class declares:
 
@@ -16,7 +24,9 @@ Each attack class declares:
   report's axes) and whether a higher value means more leakage; ``headline_label`` names it for humans;
 - ``baseline`` / ``chance``: what the headline is compared with when nothing leaks: the name of a metric
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
-- ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it.
+- ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it;
+- ``check_task(params, task)`` / ``check_model(params, model, shape)``: refuse data or a model the attack
+  cannot work on, before training.
 
 Every attack should report a verdict, ``AttackResult.verdict`` (``dpeval.core.verdicts.Verdict``: ``leaks``
 or ``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level
@@ -31,7 +41,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+from torch import nn
 
 from dpeval.attacks.view import AttackerView
 from dpeval.core.params import Params
@@ -63,7 +76,20 @@ class AttackResult:
             self.verdict = Verdict(self.verdict)  # ValueError unless leaks / no-leak-detected
 
 
-class Attack(ABC):
+@dataclass(frozen=True)
+class Scores:
+    """What a membership attack's ``guess`` returns: one score per candidate, in the order the evidence lists
+    them (higher: more likely a member), and metrics to report beside them (a fitted parameter, say; averaged
+    over the game's targets when it has several)."""
+
+    values: np.ndarray
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+Evidence = TypeVar("Evidence")  # the family's evidence type: what its threat model lets the attacker see
+
+
+class Attack(ABC, Generic[Evidence]):
     name: ClassVar[str] = ""               # set by ATTACKS.register
     Params: ClassVar[type] = NoAttackParams
     description: ClassVar[str] = ""
@@ -88,7 +114,24 @@ class Attack(ABC):
         called before training."""
         return None  # an optional hook: by default every task is accepted
 
+    @classmethod
+    def check_model(cls, params: Any, model: nn.Module, shape: tuple[int, ...]) -> None:
+        """Raise ConfigError when the attack cannot attack this architecture (inputs of ``shape``, C, H, W);
+        called before training and again when the game starts."""
+        return None  # an optional hook: by default every model is accepted
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "play" in vars(cls) and any("play" in vars(base) for base in cls.__mro__[1:]
+                                       if issubclass(base, Attack) and base is not Attack):
+            raise TypeError(f"{cls.__name__}: an attack implements guess(evidence); play is its family's game")
+
     @abstractmethod
     def play(self, view: AttackerView, task: Task) -> AttackResult:
-        """The attack's game (an attack family implements it): targets drawn from ``task``, the attack's
-        hook given only ``view`` and what the game hands it, its guesses scored against ``task``."""
+        """The attack's game (an attack family implements it): targets drawn from ``task``, the evidence built
+        from ``view`` and what training released, ``guess`` called on it, its answer scored against ``task``."""
+
+    @abstractmethod
+    def guess(self, evidence: Evidence) -> Any:
+        """The attack: from what its threat model lets it see (the family's evidence type), guesses
+        (``Reconstruction``) or ``Scores``; never metrics against the truth."""

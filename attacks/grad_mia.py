@@ -29,13 +29,17 @@ import numpy as np
 import torch
 from scipy import optimize
 
-from dpeval.attacks.gradient_game import GradientMembershipAttack, GradientMembershipParams, matching_mask
+from dpeval.attacks.base import Scores
+from dpeval.attacks.gradient_game import (
+    GradientMembershipAttack,
+    GradientMembershipParams,
+    ReleaseCandidates,
+    matching_mask,
+)
 from dpeval.attacks.registry import ATTACKS
-from dpeval.attacks.view import AttackerView
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.splits import Split
-from dpeval.defenses.base import SharedGradient
 
 STATISTICS = ("nnls", "cosine")
 
@@ -96,18 +100,17 @@ class GradientMIA(GradientMembershipAttack):
     description = ("Membership inference on released gradients: does a candidate's own gradient explain the "
                    "shared (clipped, noised, sparsified) batch gradient?")
 
-    def score(self, view: AttackerView, model: torch.nn.Module, shared: SharedGradient, x: torch.Tensor,
-              y: torch.Tensor) -> np.ndarray:
-        p, device = self.params, view.device
-        psg = PerSampleGradients(model)
-        names = [n for n, q in model.named_parameters() if q.requires_grad]
-        mask = matching_mask(shared, p.mask_aware)
-        release = _flat({n: shared.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
-        x, y = x.to(device), y.to(device)
+    def guess(self, evidence: ReleaseCandidates) -> Scores:
+        p, view, device = self.params, evidence.view, evidence.view.device
+        psg = PerSampleGradients(evidence.model)
+        names = [n for n, q in evidence.model.named_parameters() if q.requires_grad]
+        mask = matching_mask(evidence.release, p.mask_aware)
+        release = _flat({n: evidence.release.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
+        x, y = evidence.x.to(device), evidence.y.to(device)
         if p.statistic == "nnls":
             grads = psg(x, y)
-            return nnls_scores(_flat(grads, mask, list(grads)), release)
-        return cosine_scores(psg, x, y, release, mask, common_direction(psg, view.public, mask, device))
+            return Scores(nnls_scores(_flat(grads, mask, list(grads)), release))
+        return Scores(cosine_scores(psg, x, y, release, mask, common_direction(psg, view.public, mask, device)))
 
     def title(self) -> str:
         return f"gradient MIA (batch {self.params.batch_size}, at {self.params.at})"

@@ -5,9 +5,10 @@ What the attacker gets: the ``AttackerView`` (``attacks/view.py``: the architect
 attacked state, all public defense metadata, the public split) and the ``SharedGradient`` that the release
 oracle — the defense's own ``release`` path — produces for a target batch. The games live here:
 ``ReconstructionAttack.play`` (``ig``, ``rgap``) and ``GradientMembershipAttack.play`` (``grad-mia``) draw
-the targets from the private pool, have the oracle release them, hand the attack's hook the releases (and
-the labels where the threat model grants them, or unlabelled shuffled candidates), and score what it
-returns against the truth they keep. The per-sample gradients of the targets go straight into the defense
+the targets from the private pool, have the oracle release them, hand the attack's ``guess`` the evidence —
+``Releases`` (the releases of one attacked state and the labels where the threat model grants them) or
+``ReleaseCandidates`` (one release and unlabelled shuffled candidates) — and score what it returns against
+the truth they keep. The per-sample gradients of the targets go straight into the defense
 and are never handed to the attack.
 
 Choices where the papers are silent (also in docs/gradient-inversion.md):
@@ -61,7 +62,7 @@ from torch import nn
 
 from dpeval.attacks import image_metrics, verdict
 from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
 from dpeval.core.files import write_atomic, write_text_atomic
@@ -250,8 +251,20 @@ class Reconstruction:
     artefacts: dict[str, str] = field(default_factory=dict)
 
 
-# reconstruct(view, model, releases, masks, labels [T, B], streams) -> Reconstruction
-Reconstruct = Callable[..., Reconstruction]
+@dataclass(frozen=True)
+class Releases:
+    """What a reconstruction attack sees at one attacked state: the T releases (one per target batch), the
+    coordinates it matches on, the labels its threat model grants, and the public view."""
+
+    view: AttackerView                               # the public side of the run (architecture, shape, mean…)
+    model: nn.Module                                 # the victim's architecture with the attacked state's weights
+    releases: list[SharedGradient]                   # T releases, one per target batch
+    masks: list[dict[str, torch.Tensor] | None]      # per release: the coordinates to match (None: all)
+    labels: torch.Tensor                             # [T, B]: known or recovered (``attack.labels``)
+    streams: Streams                                 # the attack's own streams at this state
+
+
+Reconstruct = Callable[[Releases], Reconstruction]
 
 
 @dataclass
@@ -269,9 +282,10 @@ class StateOutcome:
         return float(np.mean(self.scores[metric]))
 
 
-class ReconstructionAttack(Attack):
-    """``ig`` and ``rgap``: a subclass implements ``reconstruct``; the game — targets, releases at every
-    state, labels, scores against the targets, verdict, pictures — is ``run_gradient_attack``."""
+class ReconstructionAttack(Attack[Releases]):
+    """``ig`` and ``rgap``: a subclass implements ``guess(Releases) -> Reconstruction`` (images for the T
+    releases of one state); the game — targets, releases at every state, labels, scores against the targets,
+    verdict, pictures — is ``run_gradient_attack``."""
 
     Params = ReconstructionParams
 
@@ -284,16 +298,8 @@ class ReconstructionAttack(Attack):
         check_targets(params, task)
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
-        check = getattr(type(self), "check_model", None)
-        if check is not None:  # fail before any work on an unsupported model
-            check(view.architecture, view.shape)
-        return run_gradient_attack(self.name, self.params, view, task, self.reconstruct)
-
-    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[SharedGradient],
-                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
-                    streams: Streams) -> Reconstruction:
-        """Images for the T releases (one per target batch, ``labels`` ``[T, B]``) of ``model``'s state."""
-        raise NotImplementedError
+        self.check_model(self.params, view.architecture, view.shape)  # fail before any work on it
+        return run_gradient_attack(self.name, self.params, view, task, self.guess)
 
 
 def run_gradient_attack(name: str, params: ReconstructionParams, view: AttackerView, task: Task,
@@ -370,7 +376,7 @@ def _attack_state(params: ReconstructionParams, view: AttackerView, reconstruct:
         labels.append(used)
         label_acc.append(acc)
         reports.append(report)
-    rec = reconstruct(view, model, releases, masks, torch.stack(labels), own.scope(state))
+    rec = reconstruct(Releases(view, model, releases, masks, torch.stack(labels), own.scope(state)))
     pixels = rec.pixels.detach().cpu().float().view_as(x)
     matched = torch.stack([pixels[t][torch.as_tensor(image_metrics.match(x[t], pixels[t]))] for t in range(len(x))])
     per = [image_metrics.per_image(x[t], matched[t]) for t in range(len(x))]
@@ -417,13 +423,25 @@ class GradientMembershipParams(GradientThreatParams):
     batches: int = param(8, "observed releases (each of different members)", low=1)
 
 
-class GradientMembershipAttack(Attack):
+@dataclass(frozen=True)
+class ReleaseCandidates:
+    """What a membership attack on releases sees for one release: the release of the attacked state's model
+    and a candidate set (inputs and labels, not which of them were released), with the public view."""
+
+    view: AttackerView
+    model: nn.Module                   # the victim's architecture with the attacked state's weights
+    release: SharedGradient
+    x: torch.Tensor                    # the candidates, shuffled
+    y: torch.Tensor
+
+
+class GradientMembershipAttack(Attack[ReleaseCandidates]):
     """Membership on releases: the game releases ``attack.batches`` batches of ``attack.batch_size`` private
-    members at ``attack.at``; for each release the subclass's ``score`` sees the release and a candidate set —
-    the batch's members and as many held-out non-members, shuffled by the game's ``order`` stream and
-    unlabelled — and scores every candidate (higher: more likely in the release). The game scores the
-    candidates against who was released and reports the ledger's ε of one release and the release's noise
-    and density."""
+    members at ``attack.at``; for each release the subclass's ``guess(ReleaseCandidates) -> Scores`` sees the
+    release and a candidate set — the batch's members and as many held-out non-members, shuffled by the game's
+    ``order`` stream and unlabelled — and scores every candidate (higher: more likely in the release). The game
+    scores the candidates against who was released and reports the ledger's ε of one release and the
+    release's noise and density."""
 
     Params = GradientMembershipParams
 
@@ -440,24 +458,20 @@ class GradientMembershipAttack(Attack):
                 raise ConfigError(f"attack.batches: {params.batches} batches × attack.batch_size {params.batch_size} "
                                   f"need {need} examples of the {role}, which has {have}")
 
-    def score(self, view: AttackerView, model: nn.Module, shared: SharedGradient, x: torch.Tensor,
-              y: torch.Tensor) -> np.ndarray:
-        """One score per candidate (x, y) for the release ``shared`` of ``model``'s state."""
-        raise NotImplementedError
-
     def title(self) -> str:
         return self.name
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
         p = self.params
         self.check_task(p, task)
+        self.check_model(p, view.architecture, view.shape)
         need = p.batches * p.batch_size
         own = view.streams.scope("attack", self.name)
         gen = own.generator("candidates")
         members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)
         others = torch.randperm(len(task.test), generator=gen)[:need]
         model = view.model_at(p.at)
-        member_scores, other_scores = [], []
+        member_scores, other_scores, extra = [], [], []
         for b in range(p.batches):
             x, y = task.train.x[members[b]], task.train.y[members[b]]
             shared, _ = view.release(model, x, y, p.at, own.scope("release", b))
@@ -465,7 +479,9 @@ class GradientMembershipAttack(Attack):
             xs, ys = torch.cat([x, task.test.x[mine]]), torch.cat([y, task.test.y[mine]])
             order = torch.randperm(len(ys), generator=own.generator("order", b))
             scores_b = np.empty(len(ys))
-            scores_b[order.numpy()] = self.score(view, model, shared, xs[order], ys[order])
+            guessed = self.guess(ReleaseCandidates(view, model, shared, xs[order], ys[order]))
+            scores_b[order.numpy()] = guessed.values
+            extra.append(guessed.metrics)
             member_scores.append(scores_b[: len(x)])
             other_scores.append(scores_b[len(x):])
         scores = np.concatenate(member_scores + other_scores)
@@ -476,5 +492,6 @@ class GradientMembershipAttack(Attack):
         metrics["accounted_epsilon"] = view.privacy.at(1.0, 1).epsilon
         metrics["release_noise_std"] = shared.noise_std
         metrics["release_density"] = shared.density
+        metrics.update(mean_metrics(extra))
         view.out_dir.mkdir(parents=True, exist_ok=True)
         return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()), decision)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +34,8 @@ from torch.func import functional_call, grad, vmap
 
 from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.registry import ATTACKS
-from dpeval.attacks.view import AttackerView
 from dpeval.core.params import param
 from dpeval.core.runtime import single_cpu_thread
-from dpeval.core.streams import Streams
 
 OBJECTIVES = ("cosine", "l2")
 OPTIMIZERS = ("auto", "adam", "lbfgs")
@@ -247,9 +244,9 @@ class InvertingGradients(gc.ReconstructionAttack):
     Params = IGParams
     headline, higher_leaks, headline_label, baseline = "psnr", True, "IG PSNR (dB)", "baseline_psnr"
 
-    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[Any],
-                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
-                    streams: Streams) -> gc.Reconstruction:
-        best, _ = invert(model, [r.grads for r in releases], masks, labels, view.shape, view.mean, view.std,
-                         self.params, streams.generator("restarts"), view.device)
+    def guess(self, evidence: gc.Releases) -> gc.Reconstruction:
+        view = evidence.view
+        best, _ = invert(evidence.model, [r.grads for r in evidence.releases], evidence.masks, evidence.labels,
+                         view.shape, view.mean, view.std, self.params, evidence.streams.generator("restarts"),
+                         view.device)
         return gc.Reconstruction(best.pixels, details={"matching_loss": best.matching.tolist()})

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, View
+from dpeval.attacks.base import Scores
+from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, Signals
 from dpeval.attacks.registry import ATTACKS
 from dpeval.core.params import param
 
@@ -55,14 +56,15 @@ def _fit(phi: np.ndarray, member: np.ndarray, variance: str) -> tuple[np.ndarray
     return mu, np.maximum(std, MIN_STD)
 
 
-def lira_scores(view: View, params: LiraParams) -> np.ndarray:
-    mu_out, std_out = _fit(view.ref_phi, ~view.ref_in, params.variance)
+def lira_scores(signals: Signals, params: LiraParams) -> np.ndarray:
+    mu_out, std_out = _fit(signals.ref_phi, ~signals.ref_in, params.variance)
+    phi = signals.target_phi
     if params.online:
-        mu_in, std_in = _fit(view.ref_phi, view.ref_in, params.variance)
-        return stats.norm.logpdf(view.target_phi, mu_in, std_in) - stats.norm.logpdf(view.target_phi, mu_out, std_out)
+        mu_in, std_in = _fit(signals.ref_phi, signals.ref_in, params.variance)
+        return stats.norm.logpdf(phi, mu_in, std_in) - stats.norm.logpdf(phi, mu_out, std_out)
     if params.offline_test == "one-sided":
-        return stats.norm.logcdf(view.target_phi, mu_out, std_out)
-    return -stats.norm.logpdf(view.target_phi, mu_out, std_out)
+        return stats.norm.logcdf(phi, mu_out, std_out)
+    return -stats.norm.logpdf(phi, mu_out, std_out)
 
 
 @ATTACKS.register("lira", "LiRA: likelihood ratio of the target's confidence under IN/OUT shadow models")
@@ -72,8 +74,8 @@ class LiRA(ShadowAttack):
     description = ("Likelihood-ratio membership inference (Carlini et al. 2022) with shadow models trained "
                    "by the same defense; online/offline, global/per-example variance.")
 
-    def score(self, view: View) -> np.ndarray:
-        return lira_scores(view, self.params)
+    def guess(self, evidence: Signals) -> Scores:
+        return Scores(lira_scores(evidence, self.params))
 
     def title(self) -> str:
         p = self.params

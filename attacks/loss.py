@@ -9,21 +9,17 @@ reports ``yeom_accuracy``: balanced accuracy of Yeom's rule "member iff loss < t
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
-from dpeval.attacks.membership_game import VictimMembershipAttack
+from dpeval.attacks.base import Scores
+from dpeval.attacks.membership_game import VictimMembershipAttack, VictimOutputs
 from dpeval.attacks.registry import ATTACKS
-from dpeval.attacks.view import AttackerView
 
 
-@torch.no_grad()
-def losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> np.ndarray:
+def losses(outputs: VictimOutputs) -> np.ndarray:
     """Per-example cross-entropy in float64: in float32 confident examples' losses round to exactly 0,
     and the resulting ties between members and non-members would blunt the attack at low FPR."""
-    model.to(device).eval()
-    logits = torch.cat([model(x[i:i + 1024].to(device)).cpu() for i in range(0, len(y), 1024)])
-    return F.cross_entropy(logits.double(), y, reduction="none").numpy()
+    return F.cross_entropy(outputs.logits.double(), outputs.labels, reduction="none").numpy()
 
 
 @ATTACKS.register("loss", "LOSS: threshold on the victim's per-example loss (Yeom et al.), no shadows")
@@ -32,8 +28,8 @@ class LossAttack(VictimMembershipAttack):
     description = "Membership by low loss on the trained victim (Yeom et al. 2018)."
     yeom_rule = True
 
-    def score(self, view: AttackerView, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-        return -losses(view.model_at("final"), x, y, view.device)
+    def guess(self, evidence: VictimOutputs) -> Scores:
+        return Scores(-losses(evidence))
 
     def title(self) -> str:
         return "LOSS attack"

@@ -1,5 +1,6 @@
-"""What the shadow-model membership attacks (``lira``, ``rmia``) share: parameters, the membership game,
-the shadow pool of a run, and the target/reference views of it.
+"""The membership games on the trained models: the shadow-model game (``lira``, ``rmia``: parameters, the game,
+the shadow pool of a run, the signals of each target against its references, ``Signals``) and the game on the
+victim alone (``loss``, plug-ins: the victim's outputs on the candidates, ``VictimOutputs``); registers nothing.
 
 Games (``attack.mia_target``); in both, every model is trained by the victim's recipe (architecture,
 defense and its parameters, σ, optimizer, schedule, epochs, sampling), each shadow i from its own
@@ -17,14 +18,15 @@ random streams ``shadow/i``:
 - ``shadows``: leave one model out. The population (trimmed by one random example when its size is odd)
   is cut into complementary halves of h examples (K even, at least 4); every example is IN for exactly
   K/2 models. Each model in turn is the target; its references are the K − 2 models other than itself
-  and its complementary partner (see ``views``), and the K·2h scores are pooled. The models train with
+  and its complementary partner (see ``target_signals``), and the K·2h scores are pooled. The models train with
   batch size B' = round(q·h), so their sample rate and number of steps match the victim's (up to the
   rounding of B'); ``target_sample_rate``, ``target_steps`` and ``target_epsilon`` (their accounted ε at
   the victim's σ) are reported.
 
 The shadows of a game are trained once per process and shared by every shadow attack using that game
 (keyed by everything that determines them: seed, data, model, defense, privacy, training, K, game); the
-models' signals are cached on disk under ``<run>/signals/`` keyed by a hash of weights and data indices.
+models' signals are read once per game (``Signals``: what every shadow attack's ``guess`` scores) and
+cached on disk under ``<run>/signals/`` keyed by a hash of weights and data indices.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 
 from dpeval.attacks import shadow_signals as sig
 from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
 from dpeval.core.files import write_text_atomic
@@ -139,10 +141,11 @@ class ShadowPool:
     prob: np.ndarray           # [K, N] shadows' probability of the true label
 
 
-@dataclass
-class View:
-    """One target against its references on the population: what every shadow attack scores. Which
-    examples the target trained on is not part of it: the game keeps that (``views``)."""
+@dataclass(frozen=True)
+class Signals:
+    """One target against its references on the population, read off the models once per game: the evidence
+    every shadow attack scores (``ShadowAttack.guess``). Which examples the target trained on is not part of
+    it: the game keeps that (``target_signals``)."""
 
     target_phi: np.ndarray     # [N]
     target_prob: np.ndarray    # [N]
@@ -150,9 +153,9 @@ class View:
     ref_prob: np.ndarray       # [R, N]
     ref_in: np.ndarray         # [R, N] bool: reference trained on the example
 
-    def columns(self, order: np.ndarray) -> View:
-        """The same view with the population's examples in ``order``."""
-        return View(self.target_phi[order], self.target_prob[order], self.ref_phi[:, order],
+    def columns(self, order: np.ndarray) -> Signals:
+        """The same signals with the population's examples in ``order``."""
+        return Signals(self.target_phi[order], self.target_prob[order], self.ref_phi[:, order],
                     self.ref_prob[:, order], self.ref_in[:, order])
 
 
@@ -238,8 +241,9 @@ def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torc
                               view.device)
 
 
-def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[View, np.ndarray]]:
-    """(view, the target's membership [N]) of the victim against all shadows (``victim`` game; ``victim`` =
+def target_signals(pool: ShadowPool,
+                   victim: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[Signals, np.ndarray]]:
+    """(signals, the target's membership [N]) of the victim against all shadows (``victim`` game; ``victim`` =
     its (φ, prob)), or of each shadow against the K − 2 others that are not its complementary partner
     (``shadows`` game).
 
@@ -250,11 +254,11 @@ def views(pool: ShadowPool, victim: tuple[np.ndarray, np.ndarray] | None = None)
     membership = pool.game.membership.numpy()
     if pool.game.target == "victim":
         assert victim is not None
-        return [(View(victim[0], victim[1], pool.phi, pool.prob, membership), pool.game.in_victim)]
+        return [(Signals(victim[0], victim[1], pool.phi, pool.prob, membership), pool.game.in_victim)]
     out = []
     for t in range(pool.phi.shape[0]):
         refs = np.arange(pool.phi.shape[0]) // 2 != t // 2  # neither the target nor its complement
-        out.append((View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs]),
+        out.append((Signals(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs], membership[refs]),
                     membership[t]))
     return out
 
@@ -295,18 +299,13 @@ def out_dir(view: AttackerView) -> Path:
     return view.out_dir
 
 
-class ShadowAttack(Attack):
-    """A membership attack scoring a target against shadow references: subclasses give ``score(view)``,
-    ``title()`` and optionally ``extra_metrics()``; the game, pool, metrics and ROC artefacts are common."""
-
-    def score(self, view: View) -> np.ndarray:
-        raise NotImplementedError
+class ShadowAttack(Attack[Signals]):
+    """A membership attack scoring a target against shadow references: subclasses give ``guess(Signals) ->
+    Scores`` (a pure function of the signals the game read once off the models) and ``title()``; the game,
+    pool, metrics and ROC artefacts are common."""
 
     def title(self) -> str:
         raise NotImplementedError
-
-    def extra_metrics(self) -> dict[str, Any]:
-        return {}
 
     @classmethod
     def check_task(cls, params: ShadowParams, task: Any) -> None:
@@ -315,18 +314,21 @@ class ShadowAttack(Attack):
     def play(self, view: AttackerView, task: Task) -> AttackResult:
         p = self.params
         self.check_task(p, task)
+        self.check_model(p, view.architecture, view.shape)
         pool = shadow_pool(view, task, p.shadows, p.mia_target)
         victim = (outputs_of(fresh_model(view), view, view.states["final"], pool.game)
                   if p.mia_target == "victim" else None)
         own = view.streams.scope("attack", self.name)
         # the population lists the victim's pool first: the hook sees its examples in a shuffled order
         order = torch.randperm(len(pool.game.y), generator=own.generator("order")).numpy()
-        scores, labels = [], []
-        for target, membership in views(pool, victim):
+        scores, labels, extra = [], [], []
+        for target, membership in target_signals(pool, victim):
+            guessed = self.guess(target.columns(order))
             unshuffled = np.empty(len(order))
-            unshuffled[order] = self.score(target.columns(order))
+            unshuffled[order] = guessed.values
             scores.append(unshuffled)
             labels.append(membership)
+            extra.append(guessed.metrics)
         targets = len(scores)
         scores, labels = np.concatenate(scores), np.concatenate(labels)
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
@@ -334,7 +336,7 @@ class ShadowAttack(Attack):
         if p.mia_target == "shadows":
             metrics.update(target_privacy(view.privacy, pool.game))
         metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
-        metrics.update(self.extra_metrics())
+        metrics.update(mean_metrics(extra))
         game = pool.game
         rows = game.index.numpy()
         target_of = (np.full(len(rows), -1) if p.mia_target == "victim"
@@ -344,11 +346,32 @@ class ShadowAttack(Attack):
         return AttackResult(metrics, artefacts, verdict)
 
 
-class VictimMembershipAttack(Attack):
+@dataclass(frozen=True)
+class VictimOutputs:
+    """The victim's outputs on the candidates, computed once by the game: the evidence of a membership attack
+    on the trained victim alone (``VictimMembershipAttack.guess``)."""
+
+    logits: torch.Tensor       # [N, classes], float32 as the final model gives them
+    labels: torch.Tensor       # [N] the candidates' labels
+
+
+OUTPUT_BATCH = 1024  # candidates per forward pass of the victim
+
+
+@torch.no_grad()
+def victim_outputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> VictimOutputs:
+    """The victim's logits on the candidates ``x`` (labels ``y``), in batches, on ``device``."""
+    model.to(device).eval()
+    logits = [model(x[i:i + OUTPUT_BATCH].to(device)).cpu() for i in range(0, len(y), OUTPUT_BATCH)]
+    return VictimOutputs(torch.cat(logits) if logits else torch.empty(0), y)
+
+
+class VictimMembershipAttack(Attack[VictimOutputs]):
     """Membership against the trained victim without shadow models (``loss``, plug-ins). The game's
     candidates are the victim's private pool and the held-out split, shuffled (stream ``attack/<name>``
-    ``order``) and unlabelled; a subclass's ``score(view, x, y)`` gives one score per candidate (higher:
-    more likely a member), which the game scores against who was in the pool. ``yeom_rule``: also report
+    ``order``) and unlabelled; the game computes the final model's outputs on them once, and a subclass's
+    ``guess(VictimOutputs) -> Scores`` gives one score per candidate (higher: more likely a member), which
+    the game scores against who was in the pool. ``yeom_rule``: also report
     ``yeom_accuracy``, the balanced accuracy of "member iff the score exceeds the members' mean score"
     (Yeom et al.'s rule, the mean training loss being public to their attacker)."""
 
@@ -360,26 +383,26 @@ class VictimMembershipAttack(Attack):
             raise ConfigError(f"data.test_fraction: the {cls.name} attack needs held-out examples (non-members); "
                               "set data.test_fraction > 0")
 
-    def score(self, view: AttackerView, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-        raise NotImplementedError
-
     def title(self) -> str:
         return f"{self.name} attack"
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
         self.check_task(self.params, task)
+        self.check_model(self.params, view.architecture, view.shape)
         x, y = torch.cat([task.train.x, task.test.x]), torch.cat([task.train.y, task.test.y])
         labels = np.r_[np.ones(len(task.train), bool), np.zeros(len(task.test), bool)]
         own = view.streams.scope("attack", self.name)
         order = torch.randperm(len(y), generator=own.generator("order"))
         scores = np.empty(len(y))
-        scores[order.numpy()] = self.score(view, x[order], y[order])
+        guessed = self.guess(victim_outputs(view.model_at("final"), x[order], y[order], view.device))
+        scores[order.numpy()] = guessed.values
         metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
         verdict = membership_verdict(metrics)
         if self.yeom_rule:
             threshold = scores[labels].mean()
             metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
                                               + (scores[~labels] <= threshold).mean()) / 2)
+        metrics.update(guessed.metrics)
         artefacts = save_roc(scores, labels, out_dir(view), self.title())
         artefacts |= save_scores(out_dir(view), task, np.arange(len(y)), scores, labels, np.full(len(y), -1))
         return AttackResult(metrics, artefacts, verdict)

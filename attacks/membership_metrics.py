@@ -73,6 +73,12 @@ def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
     return metrics
 
 
+def mean_metrics(per_target: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics an attack's ``Scores`` report beside the scores, averaged over the game's targets (or releases)."""
+    keys = sorted({k for m in per_target for k in m})
+    return {k: float(np.mean([m[k] for m in per_target if k in m])) for k in keys}
+
+
 def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) -> dict[str, str]:
     """ROC points as JSON (for the report) and a log-log PNG whose axes stop at 1/(number of non-members),
     the smallest non-zero FPR the data can show; returns the artefact paths."""

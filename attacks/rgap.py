@@ -51,7 +51,6 @@ from torch import nn
 
 from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.registry import ATTACKS
-from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
 from dpeval.core.models import Normalize
 from dpeval.core.params import param
@@ -398,23 +397,20 @@ class RGAP(gc.ReconstructionAttack):
     Params = RGAPParams
     headline, higher_leaks, headline_label, baseline = "psnr", True, "R-GAP PSNR (dB)", "baseline_psnr"
 
-    @staticmethod
-    def check_model(model: nn.Module, in_shape: tuple[int, ...]) -> None:
-        check_model(model, in_shape)
+    @classmethod
+    def check_model(cls, params: Any, model: nn.Module, shape: tuple[int, ...]) -> None:
+        check_model(model, shape)
 
-    def reconstruct(self, view: AttackerView, model: nn.Module, releases: list[Any],
-                    masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor,
-                    streams: Any) -> gc.Reconstruction:
-        return _reconstruct(self.params, view, model, releases, masks, labels)
+    def guess(self, evidence: gc.Releases) -> gc.Reconstruction:
+        return _reconstruct(self.params, evidence)
 
 
-def _reconstruct(params: RGAPParams, view: AttackerView, model: nn.Module, releases: list[Any],
-                 masks: list[dict[str, torch.Tensor] | None], labels: torch.Tensor) -> gc.Reconstruction:
+def _reconstruct(params: RGAPParams, evidence: gc.Releases) -> gc.Reconstruction:
     """One closed-form inversion per target; the rank metrics reported are the worst over the targets
     (smallest rank, largest condition number), every layer report of every target goes to the JSON."""
     pixels, layers = [], []
-    for shared, mask, label in zip(releases, masks, labels):
-        rec, reports = reconstruct_one(model, shared.grads, mask, int(label[0]), view.shape,
+    for shared, mask, label in zip(evidence.releases, evidence.masks, evidence.labels):
+        rec, reports = reconstruct_one(evidence.model, shared.grads, mask, int(label[0]), evidence.view.shape,
                                        params.rgap_tikhonov)
         pixels.append(rec.float())
         layers.append(reports)

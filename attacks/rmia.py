@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, View
+from dpeval.attacks.base import Scores
+from dpeval.attacks.membership_game import ShadowAttack, ShadowParams, Signals
 from dpeval.attacks.registry import ATTACKS
 from dpeval.core.params import param
 
@@ -82,13 +83,13 @@ def fit_offline_a(ref_prob: np.ndarray, ref_in: np.ndarray, gamma: float) -> flo
     return best_a
 
 
-def rmia_scores(view: View, params: RmiaParams, a: float | None = None) -> np.ndarray:
-    """RMIA scores of the view's target; offline, ``a`` (default: ``params.offline_a``) must be set."""
+def rmia_scores(signals: Signals, params: RmiaParams, a: float | None = None) -> np.ndarray:
+    """RMIA scores of the signals' target; offline, ``a`` (default: ``params.offline_a``) must be set."""
     a = params.offline_a if a is None else a
     if not params.online and a is None:
         raise ValueError("offline RMIA needs a (fit it with fit_offline_a)")
-    px = marginal(view.ref_prob, view.ref_in, params.online, 0.0 if a is None else a)
-    return pairwise_scores(view.target_prob, px, params.gamma)
+    px = marginal(signals.ref_prob, signals.ref_in, params.online, 0.0 if a is None else a)
+    return pairwise_scores(signals.target_prob, px, params.gamma)
 
 
 @ATTACKS.register("rmia", "RMIA: pairwise likelihood ratios against population samples, shadow references")
@@ -98,21 +99,14 @@ class RMIA(ShadowAttack):
     description = ("Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by "
                    "the same defense and the game's population as z.")
 
-    def __init__(self, params: RmiaParams) -> None:
-        super().__init__(params)
-        self.fitted_a: list[float] = []
-
-    def score(self, view: View) -> np.ndarray:
+    def guess(self, evidence: Signals) -> Scores:
+        """Offline with ``attack.offline_a`` null, ``a`` is fitted on the references and reported as
+        ``offline_a`` (the game averages it over the targets of the leave-one-model-out game)."""
         p = self.params
-        a = p.offline_a
-        if not p.online and a is None:
-            a = fit_offline_a(view.ref_prob, view.ref_in, p.gamma)
-            self.fitted_a.append(a)
-        return rmia_scores(view, p, a)
-
-    def extra_metrics(self) -> dict[str, float]:
-        """The fitted a (mean over targets in the leave-one-model-out game)."""
-        return {"offline_a": float(np.mean(self.fitted_a))} if self.fitted_a else {}
+        if p.online or p.offline_a is not None:
+            return Scores(rmia_scores(evidence, p))
+        a = fit_offline_a(evidence.ref_prob, evidence.ref_in, p.gamma)
+        return Scores(rmia_scores(evidence, p, a), {"offline_a": a})
 
     def title(self) -> str:
         p = self.params

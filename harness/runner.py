@@ -119,9 +119,7 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
     training will never record. Also for a run from ``model.weights``, which is attacked on the same data."""
     for _name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
-        check = getattr(type(attack), "check_model", None)
-        if check is not None:
-            check(model, task.shape)
+        type(attack).check_model(attack.params, model, task.shape)
         for state in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
             state.check_exists(spec.train.epochs)
 

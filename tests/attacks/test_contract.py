@@ -31,6 +31,41 @@ def test_declarations(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_one_hook_one_evidence_object(name):
+    """Every attack implements the one hook, ``guess(evidence)``, typed with its family's evidence (frozen: the
+    attack cannot write back into what the game hands it), and inherits its family's game."""
+    import inspect
+    import typing
+
+    from dpeval.attacks.base import Attack
+
+    cls = ATTACKS.get(name)
+    assert not inspect.isabstract(cls), f"{name}: {sorted(cls.__abstractmethods__)} not implemented"
+    assert list(inspect.signature(cls.guess).parameters) == ["self", "evidence"]
+    evidence = typing.get_type_hints(cls.guess)["evidence"]
+    family = next(b for b in cls.__mro__ if "play" in vars(b))
+    assert family is not cls and family is not Attack
+    assert dataclasses.is_dataclass(evidence) and evidence.__dataclass_params__.frozen
+    assert list(inspect.signature(cls.check_model).parameters) == ["params", "model", "shape"]
+
+
+def test_an_attack_cannot_replace_its_familys_game():
+    """Structural half of the attacker's boundary: the game (which holds the task) is the family's; a subclass
+    that overrides ``play`` is refused when the class is made. Positive control: ``guess`` alone is accepted."""
+    from dpeval.attacks.membership_game import VictimMembershipAttack
+
+    class Fair(VictimMembershipAttack):
+        def guess(self, evidence):
+            return evidence
+
+    assert Fair.play is VictimMembershipAttack.play
+    with pytest.raises(TypeError, match="play is its family's game"):
+        class Peeking(VictimMembershipAttack):
+            def play(self, view, task):
+                return task
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_headline_facts_read_from_the_source_are_the_imported_classs(name):
     """The leaderboard reads a built-in attack's headline facts from its source (no torch import): they must be
     what the class says once imported, inherited values included, or the source must not claim to tell them."""

@@ -4,6 +4,7 @@ Metrics and the ε bound: test_membership_metrics.py; the games (who trains on w
 end-to-end runs: test_membership_game.py. Shadow training itself (vectorised vs sequential) is tested in
 tests/engine/test_shadow_training.py."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from scipy import stats
 
 from dpeval.attacks import shadow_signals as sh
 from dpeval.attacks.lira import LiraParams, _fit, lira_scores
-from dpeval.attacks.membership_game import View
+from dpeval.attacks.membership_game import Signals
 from dpeval.attacks.membership_metrics import membership_metrics
 from dpeval.attacks.rmia import RMIA, RmiaParams, fit_offline_a, rmia_scores
 from dpeval.core.models import build_model
@@ -100,7 +101,7 @@ def synthetic_view(n=400, refs=16, gap=2.0, seed=0):
     target_phi = rng.normal(0, 1, n) + gap * labels
     prob = 1 / (1 + np.exp(-ref_phi))
     target_prob = 1 / (1 + np.exp(-target_phi))
-    return View(target_phi, target_prob, ref_phi, prob, ref_in), labels
+    return Signals(target_phi, target_prob, ref_phi, prob, ref_in), labels
 
 
 @pytest.mark.parametrize("params", [LiraParams(), LiraParams(online=False), LiraParams(variance="per-example"),
@@ -179,7 +180,7 @@ def test_rmia_online_population_mixes_in_and_out_references():
     online scores (it would not if z's marginal came from OUT references only)."""
     view, _ = synthetic_view(n=50)
     before = rmia_scores(view, RmiaParams())
-    view.ref_prob = np.where(view.ref_in, view.ref_prob * 0.5, view.ref_prob)
+    view = dataclasses.replace(view, ref_prob=np.where(view.ref_in, view.ref_prob * 0.5, view.ref_prob))
     assert not np.allclose(before, rmia_scores(view, RmiaParams()))
 
 
@@ -199,14 +200,15 @@ def test_fit_offline_a_maximises_the_mean_reference_auc():
     rng = np.random.default_rng(3)
     view, _ = synthetic_view(n=300, refs=8, gap=1.0)
     p_out = rng.uniform(0.05, 0.9, 300)
-    view.ref_prob = np.where(view.ref_in, 0.7 * p_out + 0.3, p_out) * rng.uniform(0.9, 1.0, (8, 300))
+    view = dataclasses.replace(view, ref_prob=np.where(view.ref_in, 0.7 * p_out + 0.3, p_out)
+                               * rng.uniform(0.9, 1.0, (8, 300)))
     fitted = fit_offline_a(view.ref_prob, view.ref_in, 1.0)
     means = {}
     for a in np.linspace(0, 1, 11):
         aucs = []
         for r in range(8):
             others = np.arange(8) != r
-            sub = View(view.target_phi, view.ref_prob[r], view.ref_phi[others], view.ref_prob[others],
+            sub = Signals(view.target_phi, view.ref_prob[r], view.ref_phi[others], view.ref_prob[others],
                        view.ref_in[others])
             scores = rmia_scores(sub, RmiaParams(online=False, offline_a=float(a)))
             aucs.append(membership_metrics(scores, view.ref_in[r], 1e-5, threshold_rng())["auc"])
@@ -218,8 +220,10 @@ def test_fit_offline_a_maximises_the_mean_reference_auc():
 def test_offline_rmia_fits_a_by_default():
     view, _ = synthetic_view(n=200)
     attack = RMIA(RmiaParams(online=False))
-    scores = attack.score(view)
-    assert attack.extra_metrics()["offline_a"] in np.round(np.linspace(0, 1, 11), 10)
-    np.testing.assert_allclose(scores, rmia_scores(view, attack.params, attack.fitted_a[0]))
+    guessed = attack.guess(view)
+    fitted = guessed.metrics["offline_a"]
+    assert fitted in np.round(np.linspace(0, 1, 11), 10)
+    np.testing.assert_allclose(guessed.values, rmia_scores(view, attack.params, fitted))
+    np.testing.assert_array_equal(attack.guess(view).values, guessed.values)  # a pure function of the signals
     with pytest.raises(ValueError, match="offline RMIA needs a"):
         rmia_scores(view, RmiaParams(online=False))

@@ -303,8 +303,8 @@ def null_pool(k=8, n=3000, seed=0):
     return mc.ShadowPool(game, phi, 1 / (1 + np.exp(-phi)))
 
 
-def pooled_auc(views, score):
-    scores, labels = zip(*[(score(v), labels) for v, labels in views])
+def pooled_auc(targets, score):
+    scores, labels = zip(*[(score(v), labels) for v, labels in targets])
     return roc_auc_score(np.concatenate(labels), np.concatenate(scores))
 
 
@@ -313,15 +313,15 @@ def test_leave_one_model_out_references_do_not_reveal_the_targets_labels():
     K/2 − 1 OUT references whatever the target's membership, and membership-free signals score at chance
     for online LiRA and RMIA. Keeping the partner (K − 1 references) would bias online LiRA below chance."""
     pool = null_pool()
-    views = mc.views(pool)
-    for v, _ in views:
+    targets = mc.target_signals(pool)
+    for v, _ in targets:
         assert v.ref_in.shape[0] == 6 and np.all(v.ref_in.sum(0) == 3)
-    assert abs(pooled_auc(views, lambda v: lira_scores(v, LiraParams())) - 0.5) < 0.01
-    assert abs(pooled_auc(views, lambda v: rmia_scores(v, RmiaParams())) - 0.5) < 0.01
+    assert abs(pooled_auc(targets, lambda v: lira_scores(v, LiraParams())) - 0.5) < 0.01
+    assert abs(pooled_auc(targets, lambda v: rmia_scores(v, RmiaParams())) - 0.5) < 0.01
     with_partner = []
     for t in range(8):
         refs = np.arange(8) != t
-        with_partner.append((mc.View(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs],
+        with_partner.append((mc.Signals(pool.phi[t], pool.prob[t], pool.phi[refs], pool.prob[refs],
                                      pool.game.membership.numpy()[refs]), pool.game.membership.numpy()[t]))
     assert pooled_auc(with_partner, lambda v: lira_scores(v, LiraParams())) < 0.49
 

@@ -169,7 +169,7 @@ def test_vectorised_shadow_models_equal_sequential_on_hcnn():
 
 def test_rgap_refuses_the_scattering_front_in_one_line():
     with pytest.raises(ConfigError) as err:
-        RGAP.check_model(hcnn((3, 16, 16)), (3, 16, 16))
+        RGAP.check_model(RGAP.Params(), hcnn((3, 16, 16)), (3, 16, 16))
     message = str(err.value)
     assert message.startswith("model.name: rgap") and "scattering" in message and "\n" not in message
 
