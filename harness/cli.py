@@ -3,176 +3,28 @@
 Exit codes: 0 success; 2 bad usage / invalid config / unusable results folder (one line naming the field
 or path, no traceback, nothing written); 1 runtime failure (message and where the log is); 130 Ctrl-C and
 143 SIGTERM (the running run is recorded as ``failed``). ``--json`` prints exactly one JSON object on stdout;
-progress bars and logs go to stderr.
+progress bars and logs go to stderr. How a command fails and prints is ``dpeval.console``; what ``run``
+prints, ``dpeval.run_summary``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
-import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from dpeval import __version__
+from dpeval.console import DpevalGroup, emit, handle_errors, one_line, writing
 from dpeval.core.errors import ConfigError, RunFailure, brief, printable
+from dpeval.run_summary import format_delta, format_run
 
 DEFAULT_RESULTS = "./dpeval-results"
-
-
-def one_line(message: object) -> str:
-    """A message as one terminal line: its lines joined, control characters escaped, length capped."""
-    return printable(" ".join(str(message).splitlines()))
-
-
-def fail_usage(message: str) -> None:
-    click.echo(f"dpeval: error: {one_line(message)}", err=True)
-    sys.exit(2)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (sent by Slurm, ``timeout``, container stops) or SIGHUP (a closed terminal or SSH session)
-    raised like Ctrl-C, so a run in progress is recorded as ``failed`` on the way out instead of staying
-    ``running``, and a sweep's workers are stopped with it. Exit code 128 + the signal's number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"terminated by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-TERMINATING = (signal.SIGTERM, signal.SIGHUP)
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While a command runs, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (once: a second
-    one during the bookkeeping gets the default action)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum: int, frame: Any) -> None:
-        for sig in TERMINATING:
-            signal.signal(sig, signal.SIG_DFL)
-        raise Terminated(signum)
-
-    previous = {sig: signal.signal(sig, on_term) for sig in TERMINATING}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def end_progress_bars() -> None:
-    """Finish any progress bar still on the terminal with a newline, so a message printed next starts on
-    its own line instead of being glued to the bar."""
-    from tqdm import tqdm
-
-    for bar in list(getattr(tqdm, "_instances", ())):
-        bar.leave = True
-        bar.close()
-
-
-def handle_errors(func: Callable) -> Callable:
-    """Map ConfigError → exit 2 and RunFailure → exit 1, each as one line on stderr; Ctrl-C → 130,
-    SIGTERM → 143 and SIGHUP → 129, with one line saying so."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with sigterm_raises():
-                return func(*args, **kwargs)
-        except ConfigError as exc:
-            end_progress_bars()
-            fail_usage(str(exc))
-        except RunFailure as exc:
-            end_progress_bars()
-            click.echo(f"dpeval: {one_line(exc)}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt as exc:
-            end_progress_bars()
-            click.echo(f"dpeval: {one_line(exc) or 'interrupted'}", err=True)
-            sys.exit(128 + exc.signum if isinstance(exc, Terminated) else 130)
-
-    return wrapper
-
-
-@contextmanager
-def one_line_usage_errors() -> Iterator[None]:
-    """click's usage errors (unknown option, bad value, missing argument) as one line, like every other
-    bad input: ``dpeval: error: <what> (see '<command> -h')``."""
-    try:
-        yield
-    except click.exceptions.NoArgsIsHelpError:
-        raise
-    except click.UsageError as exc:
-        raise OneLineUsageError(exc.format_message(), exc.ctx) from None
-
-
-class OneLineUsageError(click.UsageError):
-    def show(self, file: Any = None) -> None:
-        hint = f" (see '{self.ctx.command_path} -h')" if self.ctx is not None else ""
-        click.echo(f"dpeval: error: {one_line(self.format_message())}{hint}", err=True)
-
-
-class DpevalGroup(click.Group):
-    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
-        with one_line_usage_errors():
-            return super().make_context(*args, **kwargs)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with one_line_usage_errors():
-            return super().invoke(ctx)
-
-
-@contextmanager
-def writing(option: str, path: str) -> Iterator[None]:
-    """An OSError while writing the file an option names is bad input naming that option and the path
-    (exit 2)."""
-    try:
-        yield
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != path else ""
-        raise ConfigError(f"{option}: cannot write {path}: {where}{exc.strerror or exc}") from None
-
-
-def emit(data: Any, as_json: bool, text: str, recorded: str = "") -> None:
-    """Print the result; stdout that cannot take it (a full device, a closed pipe) is one line naming
-    ``recorded`` (where the result is kept anyway), exit 1."""
-    try:
-        click.echo(json.dumps(data, default=str) if as_json else text)
-        sys.stdout.flush()
-    except OSError as exc:
-        silence_stdout()
-        raise RunFailure(f"cannot write the output to stdout: {exc.strerror or exc}{recorded}") from None
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered cannot fail
-    again with a traceback on the way out."""
-    with suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-
-
-def format_delta(delta: float) -> str:
-    """δ with three significant digits, or as many more as it takes not to print 0 or 1 for a δ strictly
-    between them (0.999999 is not 1)."""
-    for digits in range(3, 18):
-        text = format(delta, f".{digits}g")
-        if not 0 < delta < 1 or 0 < float(text) < 1:
-            return text
-    return repr(delta)
 
 
 @click.group(cls=DpevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -201,78 +53,6 @@ def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...])
     for key, value in parse_set(list(sets)):
         set_dotted(raw, key, value)
     return raw
-
-
-def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
-    """The run's summary: accuracy, privacy, communication, time, then one headline line per attack
-    (``format_attack``); artefact paths are shown under ``results`` (the results folder)."""
-    def num(v: Any, fmt: str = ".4f") -> str:
-        return "inf" if v == math.inf else format(v, fmt)
-
-    lines = [
-        f"run {m['run_id']}  ({m['dataset']} / {m['model']} / defense {m['defense']} / attack {m['attack']}, "
-        f"seed {m['seed']})",
-        f"  test accuracy   {num(m['utility.test_accuracy'])}   train accuracy {num(m['utility.train_accuracy'])}",
-        f"  privacy         ε = {num(m['privacy.epsilon'], '.3f')}  δ = {format_delta(m['privacy.delta'])}  "
-        f"σ = {num(m['privacy.noise_multiplier'], '.4f')}  q = {m['privacy.sample_rate']:.4g}  "
-        f"steps = {m['privacy.steps']}  ({m['privacy.accountant']}, {m['privacy.sampling']} sampling)",
-        f"  communication   density {m['comm.density']:.3f} (mean fraction of the model's trainable coordinates "
-        f"a training step releases)  {m['comm.bytes_sparse']:.0f} B sparse / "
-        f"{m['comm.bytes_dense']:.0f} B dense per step" if m.get("comm.density") is not None else
-        f"  weights         {m.get('model.weights_sha256', '')[:16]}… trained elsewhere (model.weights): nothing "
-        f"trained or released here; ε is the recipe's as given",
-        f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
-    ]
-    from dpeval.headlines import attacks_in
-
-    for attack in attacks_in(m):
-        lines += format_attack(m, attack, results)
-    return "\n".join(lines)
-
-
-def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) -> list[str]:
-    """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
-    per-state table of an attack over several model states, and its other metrics. Configuration
-    echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
-    from dpeval.core.result_keys import VERDICT, AttackKey
-    from dpeval.headlines import fmt, read, smallest_p, states_of
-
-    head = read(m, attack)
-    lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
-    floor = smallest_p(m, attack)
-    if floor:
-        lines.append(f"  {'':<15} {floor}")
-    pictures = sorted(v for k, v in m.items() if (key := AttackKey.parse(k, "artefacts")) and key.attack == attack
-                      and str(v).endswith(".png"))
-    for picture in pictures[:1]:
-        lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
-    mine = {key: v for k, v in m.items() if (key := AttackKey.parse(k)) and key.attack == attack}
-    states = states_of(m, attack)
-    shown = {VERDICT, "state", "p_value", "defense_rate"} | ({head.metric} if head else set())  # metric names
-    if states:
-        metric = head.metric if head else "psnr"
-        columns = [c for c in ("defense_rate", metric, "ssim", "wins", "p_value")
-                   if any(AttackKey.at_state(attack, s, c) in mine for s in states)]
-        names = {"defense_rate": "rate", "wins": "targets beating guess", "p_value": "p (state)"}
-        table = [["state", *(names.get(c, c) for c in columns)]]
-        table += [[s, *(fmt(mine.get(AttackKey.at_state(attack, s, c)), 4) for c in columns)] for s in states]
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-        lines += [f"  {'':<15} " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
-        shown |= {key.metric for key in mine if key.state}
-        shown |= {*columns, "epoch"}  # the worst state's row says them
-    empty = {key.metric for key, v in mine.items() if v is None or v == ""}
-    shown |= empty | {f"{k}_note" for k in empty}  # a null metric and the note saying why
-    rest = [f"{NAMES.get(key.metric, key.metric)} {fmt(v)}" for key, v in sorted(mine.items())
-            if key.metric not in shown and not isinstance(v, (list, dict))]
-    for start in range(0, len(rest), 4):
-        lines.append(f"  {'':<15} " + "   ".join(rest[start:start + 4]))
-    return lines
-
-
-NAMES = {  # an attack's metrics whose bare name says too little
-    "density": "density of the attacked release (fraction of coordinates sent)",
-    "noise_std": "noise std of the attacked release",
-}
 
 
 @main.command()
@@ -355,7 +135,7 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
 
 
 def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
-    """The run spec of the reference ``--reference`` asks for when ``store`` holds no matching run of it with
+    """The configuration of the reference ``--reference`` asks for when ``store`` holds no matching run of it with
     the same attacks, else None. Called before the main run: what only the reference needs (an ε that its
     defense must reach, its defense's rules) is checked here, so that exit 2 still means nothing was written."""
     from dpeval.reference import covers, find_reference, reference_spec
@@ -779,6 +559,7 @@ def report(results: str, out: str, as_json: bool) -> None:
     """One self-contained HTML page: a generated summary, the leaderboard, accuracy and leakage vs ε,
     configurations at matched ε, learning curves, density over training, utility vs leakage, trends,
     ROC curves, reconstructions."""
+    from dpeval import training_images
     from dpeval.report import earlier_output, write_report
     from dpeval.store import ResultStore
 
@@ -789,7 +570,7 @@ def report(results: str, out: str, as_json: bool) -> None:
     store.refuse_output(out, "--out", earlier_output)  # at once; the figures beside it are checked once drawn
     rows = readable(store.rows())
     with writing("--out", out):
-        written = write_report(rows, Path(out), results)
+        written = write_report(rows, Path(out), results, training_images.loader())
     if written["damaged"]:
         click.echo("dpeval: note: " + one_line(f"{len(written['damaged'])} artefact(s) could not be read and are "
                    f"left out (listed under 'Damaged artefacts' in the report); first: {written['damaged'][0]}"),

@@ -187,7 +187,7 @@ def test_a_diverging_run_stops_and_names_the_learning_rate(tmp_path):
 @pytest.mark.parametrize("delta,shown", [(0.999999, "0.999999"), (1e-5, "1e-05"), (0.123456, "0.123"),
                                          (1 - 1e-12, "0.999999999999")])
 def test_delta_is_printed_with_the_digits_it_needs(delta, shown):
-    from dpeval.cli import format_delta
+    from dpeval.run_summary import format_delta
 
     assert format_delta(delta) == shown
     result = invoke("privacy", "--noise-multiplier", "1", "--delta", delta, "--sample-rate", "0.01", "--steps", "10")
@@ -367,7 +367,7 @@ def test_run_help_points_to_the_parameter_list():
 
 
 def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densities():
-    from dpeval.cli import format_run
+    from dpeval.run_summary import format_run
 
     m = {"run_id": "r", "dataset": "digits", "model": "cnn3", "defense": "rs", "attack": "ig+lira", "seed": 0,
          "utility.test_accuracy": 0.9, "utility.train_accuracy": 0.92, "privacy.epsilon": 2.99,
@@ -392,8 +392,8 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
 def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
     """A metric name with a dot (``tpr_at_0.1pct_fpr``, ``ssim_at_0.9``) is neither a model state nor a
     per-state key, even beside an attack's per-state keys; an attack name with a dash is one attack."""
-    from dpeval.cli import format_attack
     from dpeval.headlines import attacks_in, states_of
+    from dpeval.run_summary import format_attack
 
     m = {"leakage.lira.tpr_at_0.1pct_fpr": 0.01, "leakage.lira.auc": 0.6, "leakage.grad-mia.auc": 0.7,
          "leakage.ig.psnr": 9.0, "leakage.ig.epoch:3.psnr": 9.0, "leakage.ig.final.psnr": 8.0,

@@ -465,7 +465,8 @@ def test_the_pareto_sweep_marks_what_comparing_every_pair_marks():
 
 
 def test_a_figure_of_more_configurations_than_it_tells_apart_is_named_not_drawn(tmp_path, monkeypatch):
-    monkeypatch.setattr("dpeval.report.MAX_DRAWN", 1)
+    for drawing in ("labels", "figures", "artefact_figures", "leaking_records"):  # each module reads the limit
+        monkeypatch.setattr(f"dpeval.report.{drawing}.MAX_DRAWN", 1)
     small_store(tmp_path / "r")
     out = tmp_path / "report.html"
     result = invoke("report", "--results", tmp_path / "r", "--out", out, "--json")

@@ -139,7 +139,7 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
     import io
 
     from dpeval import leaderboard as lb
-    from dpeval.report import table
+    from dpeval.report.tables import table
 
     def row(seed: int, acc: float) -> dict:
         metrics = {"dataset": "cifar10", "model": "hcnn", "defense": "rs", "attack": "none", "seed": seed,

@@ -207,7 +207,7 @@ def test_report_renders_in_a_headless_browser(tmp_path):
 
 def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
     """No ROC curve resolves a rate below 1/n_nonmembers, so the report's axes stop there."""
-    from dpeval import report
+    from dpeval.report import artefact_figures
 
     run = tmp_path / "runs" / "r1" / "lira"
     run.mkdir(parents=True)
@@ -216,15 +216,15 @@ def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
            "metrics": {"artefacts.lira.roc": "runs/r1/lira/roc.json", "leakage.lira.auc": 0.6,
                        "leakage.lira.n_nonmembers": 250, "seed": 0, "defense": "none"}}
     axes = []
-    real = report.plt.subplots
+    real = artefact_figures.plt.subplots
 
     def recording(*args, **kwargs):
         fig, ax = real(*args, **kwargs)
         axes.append(ax)
         return fig, ax
 
-    monkeypatch.setattr(report.plt, "subplots", recording)
-    (title, path), = report.roc_curves([row], tmp_path, [], tmp_path, "report")
+    monkeypatch.setattr(artefact_figures.plt, "subplots", recording)
+    (title, path), = artefact_figures.roc_curves([row], tmp_path, [], tmp_path, "report")
     assert path.is_file() and title == "ROC curves (lira)"
     assert axes[0].get_xlim()[0] == pytest.approx(1 / 250) and axes[0].get_ylim()[0] == pytest.approx(1 / 250)
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from dpeval import leaderboard as lb
 from dpeval.cli import main
 from dpeval.core.verdicts import Verdict
-from dpeval.report import spread_note
+from dpeval.report.labels import spread_note
 from dpeval.store import ResultStore
 
 

@@ -108,7 +108,7 @@ def test_artefacts_are_relative_to_the_results_folder(trajectory_run, tmp_path):
 
 def test_the_printout_names_verdict_state_rate_and_picture(trajectory_run):
     results, m = trajectory_run
-    from dpeval.cli import format_run
+    from dpeval.run_summary import format_run
 
     text = format_run(m, results)
     (line,) = [entry for entry in text.splitlines() if entry.strip().startswith("ig ")]
