@@ -5,10 +5,10 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
 - ``non-private``   plain autograd, summed loss, no clipping or noise (the reference for the ratios)
 - ``opacus``        Opacus hooks (GradSampleModule + DPOptimizer, flat clipping, virtual steps)
 - ``func``          dpeval's torch.func path: materialised per-sample gradients → ``dpsgd``
-- ``lean-M1``       dpeval's book-keeping engine, flat clipping (``dpsgd``, train.engine=lean)
-- ``lean-M2``       book-keeping, ``groupwise`` uniform:2 (abadi)
-- ``lean-layer``    book-keeping, ``groupwise`` layer (abadi)
-- ``lean-param``    book-keeping, ``groupwise`` param (abadi)
+- ``lean-M1``       dpeval's lean engine, flat clipping (``dpsgd``, train.engine=lean)
+- ``lean-M2``       lean engine, ``groupwise`` uniform:2 (abadi)
+- ``lean-layer``    lean engine, ``groupwise`` layer (abadi)
+- ``lean-param``    lean engine, ``groupwise`` param (abadi)
 - ``none``, ``rs``, ``random-freeze``, ``adaclip``, ``gep``: each defense on its default engine (lean),
   the step as ``dpeval run`` trains it (RS at rate 0.9, random freeze at its final rate 0.9, GEP with
   its defaults: 200 bases in 3 groups, anchors recomputed every step from 200 public examples)

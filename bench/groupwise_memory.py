@@ -1,7 +1,7 @@
 """Peak memory (and, indicatively, time) of one DP training step by clipping style, GPT-2-small shape, CPU.
 
 The memory column of the group-wise clipping paper's Table 3 (Bu et al. 2022) and its claim behind it: with
-book-keeping, all-layer (flat) clipping must hold every layer's output gradients (and activations) until
+the lean engine's all-layer (flat) clipping must hold every layer's output gradients (and activations) until
 the one per-sample norm is known at the end of backprop, so it peaks highest; group-wise styles close a
 group, form its clipped sum and free its layers as backprop passes, so they peak lower at about the same
 cost.
@@ -10,7 +10,7 @@ Rows (clip R = 1, noise σ = 1, SGD lr 0.01; a step = forward + backward + relea
 
 - ``non-private``   plain ``loss.backward()`` on the mean loss, no clipping or noise (the reference)
 - ``all``, ``layer``, ``param``, ``uniform:4``, ``device:4``, ``boundary:6``: ``groupwise`` (clip_fn abadi)
-  on dpeval's book-keeping engine (``train.engine=lean``), driven as ``train()`` drives it
+  on dpeval's lean engine (``train.engine=lean``), driven as ``train()`` drives it
   (``clipped_sum_feeder`` → ``defense.release`` → optimizer step)
 - ``opacus-ghost``  Opacus' ghost clipping (``PrivacyEngine.make_private(grad_sample_mode="ghost")``),
   flat clipping (Opacus 1.6; its embedding norm `view`s the ids, so this row makes the position ids

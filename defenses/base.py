@@ -193,7 +193,7 @@ class Defense(ABC):
         (DP-SGD, group-wise clipping); ``None`` otherwise. The audit spreads its canaries over the groups."""
         return None
 
-    # -- the lean engine (harness/engine/book_keeping.py) ------------------------------------------------
+    # -- the lean engine (harness/engine/lean.py) ------------------------------------------------
     def lean_plan(self) -> LeanPlan | None:
         """The per-sample statistics and factors of the current micro-batch (``defenses/lean.py``), so the
         lean engine can form this defense's sums during backprop without materialising per-sample

@@ -11,8 +11,8 @@ groups: the sensitivity of the sum is R for every grouping and one noise N(0, σ
 DP-SGD's accounting unchanged (paper §2.3). Flat DP-SGD is the special case M = 1 with ``abadi``.
 
 ``GroupClipping`` is the single description of this transform. The reference path applies it to
-materialised per-sample gradients (``clip_sum``); the memory-lean book-keeping engine
-(``harness/engine/book_keeping.py``) applies the same ``factor`` to norms it computes during backprop.
+materialised per-sample gradients (``clip_sum``); the lean engine
+(``harness/engine/lean.py``) applies the same ``factor`` to norms it computes during backprop.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a defense asks of the lean per-sample engine (``harness/engine/book_keeping.py``).
+"""What a defense asks of the lean per-sample engine (``harness/engine/lean.py``).
 
 The engine never materialises the per-sample gradients of the whole model. During one backward pass it
 computes, per sample i and per parameter group, the statistics a defense's clipping needs, asks the defense

@@ -3,9 +3,9 @@
 resumes from its last checkpoint.
 
 One file, checked before use: an outer record (format version, run key, SHA-256 of the payload, the
-payload's bytes) and the payload itself (``dpeval.engine.training.LoopState`` as plain data, plus the
-model states and public defense states attacks asked for). Both are read with ``weights_only=True``: a
-checkpoint can hold tensors and plain data only, never code.
+payload's bytes) and the payload itself (``dpeval.engine.training.Loop.state()``, plain data of the shape
+``LOOP_STATE``, plus the model states and public defense states attacks asked for). Both are read with
+``weights_only=True``: a checkpoint can hold tensors and plain data only, never code.
 """
 
 from __future__ import annotations
@@ -20,10 +20,50 @@ import torch
 
 from dpeval.core.errors import ConfigError, brief
 from dpeval.core.files import write_atomic
-from dpeval.engine.training import loop_state_problem, shape_problem
 from dpeval.store import CHECKPOINT_FILE
 
-# Bumped whenever the payload changes (PAYLOAD, the engine's LOOP_STATE): a checkpoint of an earlier dpeval is
+NUMBER = (int, float)
+# What ``dpeval.engine.training.Loop.state`` writes: field → type(s), or the shape of a mapping. A checkpoint's loop
+# state is checked against it before use (``loop_state_problem``); changing it makes a new checkpoint format (FORMAT).
+LOOP_STATE: dict[str, Any] = {
+    "epochs_done": int, "model": dict, "optimizer": dict, "schedule": (dict, type(None)), "sampler": torch.Tensor,
+    "defense": {"state": dict, "generators": dict}, "globals": {"python": tuple, "torch": torch.Tensor, "numpy": list},
+    "history": list, "steps": int, "bytes_dense": NUMBER, "densities": list, "sparse_bytes": list,
+    "train_s": NUMBER,
+}
+EPOCH_RECORD = {"epoch": int, "test_accuracy": NUMBER, "train_loss": NUMBER, "density": NUMBER}  # each of history
+WITHIN_STATE = {"order": torch.Tensor, "sizes": list, "step": int, "loss_sum": torch.Tensor, "seen": int}
+
+
+def shape_problem(value: Any, shape: dict[str, Any], where: str) -> str | None:
+    """What keeps ``value`` from having ``shape`` (field → type(s), or a nested shape), in a few words; None when
+    it has it. Fields beyond the shape are allowed."""
+    if not isinstance(value, dict):
+        return f"{where} is not a mapping"
+    for name, kind in shape.items():
+        if name not in value:
+            return f"{where} has no {name}"
+        problem = (shape_problem(value[name], kind, f"{where}.{name}") if isinstance(kind, dict) else
+                   None if isinstance(value[name], kind) else f"{where}.{name} is a {type(value[name]).__name__}")
+        if problem:
+            return problem
+    return None
+
+
+def loop_state_problem(state: Any) -> str | None:
+    """What keeps ``state`` from being a loop state as ``Loop.state`` writes it (``LOOP_STATE``), or None."""
+    problem = shape_problem(state, LOOP_STATE, "loop")
+    if problem is None and state.get("within") is not None:
+        problem = shape_problem(state["within"], WITHIN_STATE, "loop.within")
+    if problem is None and len(state["history"]) != state["epochs_done"]:
+        problem = f"loop.history holds {len(state['history'])} epochs, not {state['epochs_done']}"
+    for i, record in enumerate(state["history"] if problem is None else []):
+        problem = problem or shape_problem(record, EPOCH_RECORD, f"loop.history[{i}]")
+    return problem
+
+
+
+# Bumped whenever the payload changes (PAYLOAD, LOOP_STATE): a checkpoint of an earlier dpeval is
 # refused, not misread. 2: the payload is checked for its shape. 3: the loop state holds the training time so far.
 FORMAT = 3
 FILE = CHECKPOINT_FILE

@@ -43,7 +43,7 @@ from dpeval.core.states import resolve
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import Defense
-from dpeval.engine.book_keeping import check_lean
+from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
 from dpeval.logs import LOG_ONLY, RunLogHandler

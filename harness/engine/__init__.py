@@ -1,2 +1,3 @@
-"""The engine layer: the training loop, the book-keeping per-sample engine, applying and observing releases,
-and shadow-model training. Imports dpeval.core and defenses."""
+"""The engine layer: the training loop, the lean per-sample engine (``lean``: its kernel table takes outside layers
+through ``register_kernel``), applying and observing releases, and shadow-model training. Imports dpeval.core and
+defenses."""

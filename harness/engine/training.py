@@ -5,7 +5,7 @@ Every step goes through the defense per micro-batch and ``Defense.release``; the
 the defense shares. Per micro-batch, one of two engines (``train.engine``) feeds the defense:
 
 - ``func``: materialised per-sample gradients (torch.func) into ``clip_and_accumulate`` — every defense;
-- ``lean``: book-keeping (``harness/engine/book_keeping.py``) computes the per-sample statistics the
+- ``lean``: the lean engine (``harness/engine/lean.py``) computes the per-sample statistics the
   defense's plan asks for (``Defense.lean_plan``) during backprop, forms the factor-weighted sums and hands
   them to ``Defense.accumulate_lean`` — every built-in defense; the same release to float rounding, with
   less memory and time. ``auto`` picks ``lean`` where the defense and the model allow it.
@@ -31,7 +31,7 @@ from dpeval.core.per_sample import PerSampleGradients, fixed_front, front_featur
 from dpeval.core.settings import TrainConfig
 from dpeval.core.splits import Split
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.engine.book_keeping import BookKeeping, select_engine
+from dpeval.engine.lean import LeanEngine, select_engine
 from dpeval.engine.release import apply_release
 
 log = logging.getLogger("dpeval")
@@ -87,10 +87,10 @@ def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense,
     running sum with the chosen engine; returns the micro-batch's summed training loss, as the engine's
     forward pass computed it (no extra pass). ``precision``: ``train.precision`` (``func`` only)."""
     if engine == "lean":
-        book_keeping = BookKeeping(model, features=True)
+        engine = LeanEngine(model, features=True)
 
         def feed_lean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            batch = book_keeping(x, y, defense.lean_plan())
+            batch = engine(x, y, defense.lean_plan())
             defense.accumulate_lean(batch)
             return batch.loss_sum
 
@@ -204,50 +204,11 @@ def defense_state_within_epoch(defense: Defense) -> dict[str, Any]:
     return state
 
 
-NUMBER = (int, float)
-# What ``Loop.state`` writes: field → type(s), or the shape of a mapping. A checkpoint's loop state is checked
-# against it before use (``loop_state_problem``); changing it makes a new checkpoint format (dpeval.checkpoint.FORMAT).
-LOOP_STATE: dict[str, Any] = {
-    "epochs_done": int, "model": dict, "optimizer": dict, "schedule": (dict, type(None)), "sampler": torch.Tensor,
-    "defense": {"state": dict, "generators": dict}, "globals": {"python": tuple, "torch": torch.Tensor, "numpy": list},
-    "history": list, "steps": int, "bytes_dense": NUMBER, "densities": list, "sparse_bytes": list,
-    "train_s": NUMBER,
-}
-EPOCH_RECORD = {"epoch": int, "test_accuracy": NUMBER, "train_loss": NUMBER, "density": NUMBER}  # each of history
-WITHIN_STATE = {"order": torch.Tensor, "sizes": list, "step": int, "loss_sum": torch.Tensor, "seen": int}
-
-
-def shape_problem(value: Any, shape: dict[str, Any], where: str) -> str | None:
-    """What keeps ``value`` from having ``shape`` (field → type(s), or a nested shape), in a few words; None when
-    it has it. Fields beyond the shape are allowed."""
-    if not isinstance(value, dict):
-        return f"{where} is not a mapping"
-    for name, kind in shape.items():
-        if name not in value:
-            return f"{where} has no {name}"
-        problem = (shape_problem(value[name], kind, f"{where}.{name}") if isinstance(kind, dict) else
-                   None if isinstance(value[name], kind) else f"{where}.{name} is a {type(value[name]).__name__}")
-        if problem:
-            return problem
-    return None
-
-
-def loop_state_problem(state: Any) -> str | None:
-    """What keeps ``state`` from being a loop state as ``Loop.state`` writes it (``LOOP_STATE``), or None."""
-    problem = shape_problem(state, LOOP_STATE, "loop")
-    if problem is None and state.get("within") is not None:
-        problem = shape_problem(state["within"], WITHIN_STATE, "loop.within")
-    if problem is None and len(state["history"]) != state["epochs_done"]:
-        problem = f"loop.history holds {len(state['history'])} epochs, not {state['epochs_done']}"
-    for i, record in enumerate(state["history"] if problem is None else []):
-        problem = problem or shape_problem(record, EPOCH_RECORD, f"loop.history[{i}]")
-    return problem
-
-
 @dataclass
 class Loop:
     """What the loop needs to go on after ``epochs_done`` epochs exactly as it would have without a stop:
-    ``state()`` is plain data (tensors, numbers, lists) for a checkpoint, ``restore`` puts it back.
+    ``state()`` is plain data (tensors, numbers, lists) for a checkpoint, ``restore`` puts it back. Its
+    format, and the check of a stored one, is the checkpoint's (``dpeval.checkpoint.LOOP_STATE``).
 
     ``within``: set by the loop while it asks for a checkpoint inside an epoch (``train.checkpoint_every``):
     the epoch's batches, the steps of it done and its running loss; ``state`` then also holds the defense's

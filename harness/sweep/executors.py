@@ -1,6 +1,6 @@
 """Sweep executors: run grid points in this process, in local worker processes, or on Ray.
 
-A job is (run spec, run id, run folder); workers return the flat result and the driver records it. A local
+A job is (run configuration, run id, run folder); workers return the flat result and the driver records it. A local
 worker writes only its claim on the point it starts (the row then names the worker's pid, so the point reads
 as alive while it runs) and, should the driver die, that point's interruption before it exits.
 """

@@ -1,4 +1,4 @@
-"""Sweep grids: a base run plus a grid of values, expanded into validated run specs.
+"""Sweep grids: a base run plus a grid of values, expanded into validated run configurations (``RunSpec``).
 
 Sweep file = a run configuration in which any field given as a list is swept (cartesian product), plus
 ``seeds: [..]``. Fields that are lists by nature (``attacks``, ``data.synthetic.shape``, list-typed

@@ -470,7 +470,7 @@ def test_a_checkpoint_of_the_previous_format_is_refused(tmp_path, monkeypatch):
 def test_the_checkpoint_format_changes_with_its_payload():
     """A reminder that fails when the payload changes: bump dpeval.checkpoint.FORMAT, then update this test."""
     from dpeval import checkpoint
-    from dpeval.engine.training import LOOP_STATE
+    from dpeval.checkpoint import LOOP_STATE
 
     assert checkpoint.FORMAT == 3
     assert sorted(checkpoint.PAYLOAD) == ["defense_states", "loop", "states"]

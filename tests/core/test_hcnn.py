@@ -25,7 +25,7 @@ from dpeval.core.verdicts import Verdict
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.groupwise import resolve_groups
-from dpeval.engine.book_keeping import BookKeeping
+from dpeval.engine.lean import LeanEngine
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.runner import perform, prepare
 
@@ -110,7 +110,7 @@ def test_lean_engine_matches_the_materialised_reference(groups):
     names = [n for n, _ in model.named_parameters()]
     clipping = GroupClipping.of(resolve_groups(groups, names), 0.05, "abadi")  # small C: every sample clipped
     ref = clipping.clip_sum(reference_grads(model, x, y))
-    got = BookKeeping(model)(x, y, clipping.plan()).sums
+    got = LeanEngine(model)(x, y, clipping.plan()).sums
     for n in names:
         scale = ref[n].abs().max()
         assert float((got[n] - ref[n]).abs().max() / scale) < 1e-4, (groups, n)
@@ -122,7 +122,7 @@ def test_lean_engine_runs_the_front_without_autograd():
     model[1][0].register_forward_hook(lambda m, inputs, out: seen.append((torch.is_grad_enabled(), out.requires_grad)))
     x, y = torch.rand(3, 3, 16, 16), torch.randint(0, 10, (3,))
     names = [n for n, _ in model.named_parameters()]
-    BookKeeping(model)(x, y, GroupClipping.of([names], 1.0, "abadi").plan())
+    LeanEngine(model)(x, y, GroupClipping.of([names], 1.0, "abadi").plan())
     assert seen == [(False, False)] and not x.requires_grad
 
 
@@ -214,7 +214,7 @@ def test_lean_on_hcnn_releases_what_func_releases():
         defense.noise_multiplier = 0.0
         defense.begin_epoch(0, 1)
         if lean:
-            defense.accumulate_lean(BookKeeping(prep.model)(x, y, defense.lean_plan()))
+            defense.accumulate_lean(LeanEngine(prep.model)(x, y, defense.lean_plan()))
         else:
             defense.clip_and_accumulate(PerSampleGradients(prep.model)(x, y))
         out.append(torch.cat([g.reshape(-1) for g in defense.release(12).grads.values()]))

@@ -39,7 +39,7 @@ from dpeval.defenses import DEFENSES
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import resolve_groups
-from dpeval.engine.book_keeping import BookKeeping
+from dpeval.engine.lean import LeanEngine
 from dpeval.runner import prepare
 from tests.app.test_resume import comparable, interrupt_at, model_of
 
@@ -108,7 +108,7 @@ def release(prep, name: str, engine: str, sigma: float, state: dict | None = Non
     defense = started(prep, name, sigma, state)
     state = defense.state_dict()
     x, y = prep.task.train.x[:20].to(prep.device), prep.task.train.y[:20].to(prep.device)
-    psg, bk = PerSampleGradients(prep.model), BookKeeping(prep.model)
+    psg, bk = PerSampleGradients(prep.model), LeanEngine(prep.model)
     for lo in range(0, len(y), 8):
         xb, yb = x[lo:lo + 8], y[lo:lo + 8]
         if engine == "func":
@@ -208,14 +208,14 @@ def test_an_interrupted_cuda_run_resumes_where_an_uninterrupted_one_ends(tmp_pat
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
 
 
-def test_book_keeping_matches_the_torch_func_path_on_the_device():
+def test_lean_matches_the_torch_func_path_on_the_device():
     model = build_model("resnet20-gn", (3, 8, 8), 10, (0.5,) * 3, (0.25,) * 3).to(DEVICE)
     x, y = torch.randn(5, 3, 8, 8, device=DEVICE), torch.randint(0, 10, (5,), device=DEVICE)
     names = [n for n, p in model.named_parameters()]
     grads = PerSampleGradients(model)(x, y)
     for spec in ("all", "layer"):
         clipping = GroupClipping.of(resolve_groups(spec, names), 1.0, "auto")
-        ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan()).sums
+        ref, got = clipping.clip_sum(grads), LeanEngine(model)(x, y, clipping.plan()).sums
         for n in names:
             assert got[n].device.type == torch.device(DEVICE).type
             assert float((ref[n] - got[n]).abs().max() / ref[n].abs().max().clamp(min=1e-12)) < 1e-4, (spec, n)

@@ -1,6 +1,6 @@
 """Group-wise clipping (``groupwise``): groupings, the clipping bound, noise, accounting, an end-to-end run.
 
-The book-keeping engine that runs it (``train.engine=lean``) is tested in tests/engine/test_book_keeping.py."""
+The lean engine that runs it (``train.engine=lean``) is tested in tests/engine/test_lean.py."""
 
 import json
 

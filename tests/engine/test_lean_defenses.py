@@ -10,7 +10,7 @@ from dpeval.config import build_spec
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
-from dpeval.engine.book_keeping import BookKeeping
+from dpeval.engine.lean import LeanEngine
 from dpeval.engine.training import train
 from dpeval.runner import prepare
 
@@ -44,7 +44,7 @@ def releases(prep, name: str, x: torch.Tensor, y: torch.Tensor) -> list[torch.Te
                                            for n, s in defense.param_shapes.items()},
                                      "b": {n: torch.rand(s, generator=gen) + 0.5
                                            for n, s in defense.param_shapes.items()}})
-        psg, bk = PerSampleGradients(prep.model), BookKeeping(prep.model)
+        psg, bk = PerSampleGradients(prep.model), LeanEngine(prep.model)
         for lo in range(0, len(y), 8):
             xb, yb = x[lo:lo + 8], y[lo:lo + 8]
             if engine == "func":

@@ -12,7 +12,7 @@ from dpeval.core.models import build_model
 from dpeval.core.per_sample import PerSampleGradients, compute_precision
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
-from dpeval.engine.book_keeping import select_engine
+from dpeval.engine.lean import select_engine
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.engine.training import train
 from dpeval.runner import prepare

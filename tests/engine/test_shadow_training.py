@@ -22,7 +22,7 @@ def test_vectorised_shadows_equal_sequential(defense):
     """Same random streams ⇒ the vectorised path trains the same models as the normal training loop, for
     every kind of defense, including one that keeps its model (GEP)."""
     spec = build_spec({"defense": {"name": defense, **DEFENSES[defense]},
-                       # the same per-sample engine as the vectorised path (lean vs func: test_book_keeping.py)
+                       # the same per-sample engine as the vectorised path (lean vs func: test_lean.py)
                        "train": {"epochs": 2, "batch_size": 64, "engine": "func"},
                        "privacy": {"noise_multiplier": 1.0}})
     prep = prepare(spec)

@@ -2,7 +2,7 @@
 """The transformers ``vit`` and ``gpt``, built from Conv2d / Embedding / Linear / LayerNorm only — attention from
 four ``nn.Linear`` projections (q, k, v, out), never ``nn.MultiheadAttention`` (whose bare ``in_proj_weight``
 no per-layer engine knows), positions from an ``nn.Embedding`` over position indices, no class token (mean
-pooling) — so the book-keeping engine covers them and torch.func traces them. Attention mixes the tokens of
+pooling) — so the lean engine covers them and torch.func traces them. Attention mixes the tokens of
 one sample only. They take shape settings (``model.depth`` …, ``dpeval.core.settings.ModelConfig``); their
 blocks are ``blocks.<i>`` so block-wise clipping styles (``defenses/groupwise.py``) can find them.
 """

@@ -1,6 +1,6 @@
-"""Memory-lean per-sample clipping by book-keeping (Bu et al.; FastDP's "BK" / mixed ghost norm), for every
-defense that declares its per-sample statistics (``Defense.lean_plan``; the plans are described in
-``defenses/lean.py``).
+"""The lean per-sample engine (``train.engine: lean``): memory-lean per-sample clipping by book-keeping (Bu et al.;
+FastDP's "BK" / mixed ghost norm), for every defense that declares its per-sample statistics
+(``Defense.lean_plan``; the plans are described in ``defenses/lean.py``).
 
 One forward and one backward pass per micro-batch, no per-sample gradient of the whole model ever exists:
 
@@ -27,7 +27,9 @@ scattering transform, a parameter-free norm: ``dpeval.core.per_sample.fixed_fron
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
 Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type, looked up by
-exact type; adding a layer type is one entry): Linear over any number T of tokens (input [b, *, d]: the attention
+exact type). A layer type joins it with ``@register_kernel(LayerType)`` on a ``LayerKernel`` subclass, from this module
+or from outside the package (a model plug-in registers its own layers where it defines them; docs/architecture.md,
+"Per-sample kernels for your own layers"). Built in: Linear over any number T of tokens (input [b, *, d]: the attention
 projections and MLPs of a transformer), Conv2d (any stride / padding / dilation, groups = 1, zero padding),
 Embedding (plain lookups: no padding_idx, max_norm, scale_grad_by_freq or sparse gradients; its per-sample
 gradient is the scatter-add of the output-gradient rows into the looked-up rows), GroupNorm and LayerNorm
@@ -42,7 +44,9 @@ ever dropped silently. Like the torch.func path, it assumes samples do not inter
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -120,12 +124,41 @@ class LayerKernel:
         return a @ a.transpose(1, 2), ds @ ds.transpose(1, 2)
 
 
+K = TypeVar("K", bound=LayerKernel)
+KERNELS: dict[type[nn.Module], LayerKernel] = {}
+BUILT_IN = "Linear, Conv2d with groups=1 and zero padding, Embedding without padding_idx / max_norm / " \
+           "scale_grad_by_freq / sparse, GroupNorm, LayerNorm"
+
+
+def register_kernel(layer: type[nn.Module]) -> Callable[[type[K]], type[K]]:
+    """Class decorator: the lean engine computes the per-sample statistics and sums of layers of exactly type
+    ``layer`` with an instance of the decorated ``LayerKernel`` subclass. A weight layer (``weight_layer = True``)
+    implements ``tokens`` (and, where it pays, ``weight_grads`` / ``weight_sum`` / ``grams``); a small layer
+    (``weight_layer = False``) implements ``small_grads``; ``supports`` may refuse some configurations of the
+    type. A type registered twice is refused (ValueError): a kernel is never replaced silently."""
+    if not (isinstance(layer, type) and issubclass(layer, nn.Module)):
+        raise TypeError(f"register_kernel: expects an nn.Module subclass, got {layer!r}")
+
+    def register(kernel: type[K]) -> type[K]:
+        if not (isinstance(kernel, type) and issubclass(kernel, LayerKernel)):
+            raise TypeError(f"register_kernel({layer.__name__}): decorates a LayerKernel subclass, got {kernel!r}")
+        if layer in KERNELS:
+            raise ValueError(f"register_kernel: {layer.__module__}.{layer.__qualname__} already has a kernel "
+                             f"({type(KERNELS[layer]).__name__})")
+        KERNELS[layer] = kernel()
+        return kernel
+
+    return register
+
+
+@register_kernel(nn.Linear)
 class LinearKernel(LayerKernel):
     def tokens(self, module, a, ds):
         b = a.shape[0]
         return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
 
 
+@register_kernel(nn.Conv2d)
 class Conv2dKernel(LayerKernel):
     def supports(self, module):
         return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
@@ -165,6 +198,7 @@ class Conv2dKernel(LayerKernel):
         return a[0].numel() * kh * kw  # the unfolded input
 
 
+@register_kernel(nn.Embedding)
 class EmbeddingKernel(LayerKernel):
     """A lookup s_i[t] = W[idx_i[t]]: the weight layer of one-hot inputs, without forming them. Its per-sample
     gradient scatter-adds ds_i's rows into the looked-up rows; the ghost norm's input Gram matrix is
@@ -194,6 +228,7 @@ class EmbeddingKernel(LayerKernel):
         return ds.new_zeros(module.weight.shape).index_add_(0, a.reshape(-1), ds.reshape(-1, d))
 
 
+@register_kernel(nn.GroupNorm)
 class GroupNormKernel(LayerKernel):
     weight_layer = False
 
@@ -203,6 +238,7 @@ class GroupNormKernel(LayerKernel):
         return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
 
 
+@register_kernel(nn.LayerNorm)
 class LayerNormKernel(LayerKernel):
     weight_layer = False
 
@@ -210,11 +246,6 @@ class LayerNormKernel(LayerKernel):
         x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
         dims = tuple(range(1, a.dim() - len(module.normalized_shape)))  # [b, *, *normalized] -> [b, *normalized]
         return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
-
-
-KERNELS: dict[type, LayerKernel] = {nn.Linear: LinearKernel(), nn.Conv2d: Conv2dKernel(),
-                                    nn.Embedding: EmbeddingKernel(), nn.GroupNorm: GroupNormKernel(),
-                                    nn.LayerNorm: LayerNormKernel()}
 
 
 def ghost_norm_pays(tokens: int, weight_numel: int) -> bool:
@@ -243,11 +274,11 @@ def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
             continue
         layers[path] = module
     if refused:
+        registered = [t.__name__ for t in KERNELS if not t.__module__.startswith("torch.")]  # beyond the built-ins
+        more = f"; registered: {', '.join(registered)}" if registered else ""
         raise ConfigError(
-            f"train.engine: the book-keeping engine cannot compute per-sample norms of {refused} "
-            f"(supported: Linear, Conv2d with groups=1 and zero padding, Embedding without padding_idx / "
-            f"max_norm / scale_grad_by_freq / sparse, GroupNorm, LayerNorm); "
-            f"use train.engine=func for this model")
+            f"train.engine: the lean engine cannot compute per-sample norms of {refused} "
+            f"(supported: {BUILT_IN}{more}); use train.engine=func for this model")
     return layers
 
 
@@ -261,8 +292,8 @@ class _Kept:
     open_groups: int = 0
 
 
-class BookKeeping:
-    """``bk(x, y, plan) -> LeanBatch``: the factor-weighted gradient sums of one micro-batch (and the
+class LeanEngine:
+    """``engine(x, y, plan) -> LeanBatch``: the factor-weighted gradient sums of one micro-batch (and the
     plan's probes), computed during one backward pass (see the module docstring and ``defenses/lean.py``).
 
     Parameter names are those of ``model.named_parameters()``.
@@ -331,7 +362,7 @@ class BookKeeping:
             def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
                 if path in kept:
                     raise RunFailure(f"train.engine: layer {path!r} runs more than once per forward pass; "
-                                     "book-keeping needs each layer once (use train.engine=func)")
+                                     "the lean engine needs each layer once (use train.engine=func)")
                 kept[path] = _Kept(a=inputs[0].detach(), open_groups=len(layer_groups[path]))
                 if not output.requires_grad:
                     output = output + anchor
@@ -506,15 +537,15 @@ def check_lean(defense_cls: type[Defense], model: nn.Module, precision: str = "f
 
 
 # On a CUDA device ``auto`` materialises per-sample gradients when one micro-batch of them takes at most this share
-# of the device's memory: there torch.func's batched kernels beat book-keeping's per-sample convolutions (measured
+# of the device's memory: there torch.func's batched kernels beat the lean engine's per-sample convolutions (measured
 # on an H100 at B = 1,024: DP-CNN 29 vs 127 ms a step, ResNet-20-GN 95 vs 193, ViT 42 vs 45, the GPT 105 vs 112;
-# RS, random freeze, AdaCliP and GEP 1.3-4x faster still; docs/performance.md), at 1.5-5x book-keeping's memory.
+# RS, random freeze, AdaCliP and GEP 1.3-4x faster still; docs/performance.md), at 1.5-5x the lean engine's memory.
 FUNC_SHARE_ON_CUDA = 0.25
 
 
 def select_engine(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
                   micro_batch: int = 0, precision: str = "fp32") -> str:
-    """Resolve ``train.engine``: ``func`` always works; ``lean`` (book-keeping) where ``check_lean`` passes;
+    """Resolve ``train.engine``: ``func`` always works; ``lean`` where ``check_lean`` passes;
     ``auto`` = ``lean`` where it passes, except on a CUDA device where ``micro_batch`` per-sample gradients fit
     in ``FUNC_SHARE_ON_CUDA`` of its memory (then ``func``, faster there), and ``func`` where it does not.
     ``precision`` ``bf16`` runs on ``func`` only (``auto`` picks it; ``lean`` is refused)."""

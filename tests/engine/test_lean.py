@@ -1,4 +1,4 @@
-"""The book-keeping per-sample engine (``train.engine=lean``): agreement with the torch.func reference,
+"""The lean per-sample engine (``train.engine=lean``): agreement with the torch.func reference,
 the clipping bound it enforces, memory (layers held at once), refusals and engine selection."""
 
 import json
@@ -18,7 +18,7 @@ from dpeval.defenses.base import Defense
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import resolve_groups
-from dpeval.engine.book_keeping import BookKeeping, select_engine, trainable_layers
+from dpeval.engine.lean import LeanEngine, select_engine, trainable_layers
 from dpeval.engine.training import train
 from dpeval.runner import prepare
 from tests.helpers import spec_for
@@ -64,7 +64,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_book_keeping_matches_the_torch_func_path(case):
+def test_lean_matches_the_torch_func_path(case):
     assert_matches_torch_func(case)
 
 
@@ -78,7 +78,7 @@ def assert_matches_torch_func(case: str) -> None:
     for spec in ("all", "layer", "param", "uniform:2"):
         for fn in ("auto", "abadi"):
             clipping = GroupClipping.of(resolve_groups(spec, names), 0.3 if fn == "abadi" else 1.0, fn)
-            ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan()).sums
+            ref, got = clipping.clip_sum(grads), LeanEngine(model)(x, y, clipping.plan()).sums
             for n in names:
                 scale = ref[n].abs().max().clamp(min=1e-12)
                 assert float((ref[n] - got[n]).abs().max() / scale) < 1e-5, (case, spec, fn, n)
@@ -88,7 +88,7 @@ def assert_matches_torch_func(case: str) -> None:
 def test_the_cuda_conv_path_matches_the_torch_func_path(case, monkeypatch):
     """What a CUDA device runs — convolution weight gradients by one batched product, chunks of the device's
     budget — forced on the CPU: the same sums as torch.func, every conv's micro-batch in one chunk."""
-    from dpeval.engine import book_keeping
+    from dpeval.engine import lean
 
     chunks = []
 
@@ -96,15 +96,15 @@ def test_the_cuda_conv_path_matches_the_torch_func_path(case, monkeypatch):
         chunks.append(a.shape[0])
         return self.weight_grads_by_matmul(module, a, ds)
 
-    monkeypatch.setattr(book_keeping.Conv2dKernel, "weight_grads", by_matmul)
-    monkeypatch.setattr(book_keeping, "workspace_budget", lambda device: 1 << 30)
+    monkeypatch.setattr(lean.Conv2dKernel, "weight_grads", by_matmul)
+    monkeypatch.setattr(lean, "workspace_budget", lambda device: 1 << 30)
     assert_matches_torch_func(case)
     assert chunks and set(chunks) == {5}
 
 
 @pytest.mark.parametrize("stride,padding,dilation,kernel", [(1, 0, 1, 3), (2, (1, 2), 2, (3, 2)), (3, 1, 1, 1)])
 def test_both_conv_weight_gradient_kernels_equal_autograd_per_sample(stride, padding, dilation, kernel):
-    from dpeval.engine.book_keeping import Conv2dKernel
+    from dpeval.engine.lean import Conv2dKernel
 
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 5, kernel, stride=stride, padding=padding, dilation=dilation).double()
@@ -117,11 +117,11 @@ def test_both_conv_weight_gradient_kernels_equal_autograd_per_sample(stride, pad
 
 
 def test_the_workspace_budget_is_8_mib_on_the_cpu_and_a_share_of_a_cuda_devices_memory(monkeypatch):
-    from dpeval.engine import book_keeping
+    from dpeval.engine import lean
 
-    assert book_keeping.workspace_budget(torch.device("cpu")) == 1 << 21
-    monkeypatch.setattr(book_keeping, "_cuda_memory", lambda index: 2**37 if index == 1 else 0)
-    assert book_keeping.workspace_budget(torch.device("cuda", 1)) == int(2**37 * book_keeping.CUDA_WORKSPACE_SHARE) // 4
+    assert lean.workspace_budget(torch.device("cpu")) == 1 << 21
+    monkeypatch.setattr(lean, "_cuda_memory", lambda index: 2**37 if index == 1 else 0)
+    assert lean.workspace_budget(torch.device("cuda", 1)) == int(2**37 * lean.CUDA_WORKSPACE_SHARE) // 4
 
 
 def test_finer_groups_hold_fewer_layers_at_once():
@@ -130,7 +130,7 @@ def test_finer_groups_hold_fewer_layers_at_once():
     x, y = torch.randn(3, 3, 16, 16), torch.randint(0, 10, (3,))
     held = {}
     for spec in ("all", "uniform:2", "layer", "param"):
-        bk = BookKeeping(model)
+        bk = LeanEngine(model)
         bk(x, y, GroupClipping.of(resolve_groups(spec, names), 1.0, "auto").plan())
         held[spec] = bk.peak_held
     assert held == {"all": 8, "uniform:2": 4, "layer": 1, "param": 1}
@@ -140,7 +140,7 @@ def test_micro_batches_add_up_to_the_whole_batch():
     model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
     names = [n for n, p in model.named_parameters()]
     plan = GroupClipping.of(resolve_groups("layer", names), 1.0, "auto").plan()
-    bk = BookKeeping(model)
+    bk = LeanEngine(model)
     x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 10, (12,))
     whole, a, b = (bk(x, y, plan).sums, bk(x[:5], y[:5], plan).sums, bk(x[5:], y[5:], plan).sums)
     for n in names:
@@ -178,7 +178,7 @@ def test_a_layer_used_twice_is_refused():
 
     model = Twice()
     with pytest.raises(RunFailure, match="more than once"):
-        BookKeeping(model)(torch.randn(3, 4), torch.randint(0, 4, (3,)),
+        LeanEngine(model)(torch.randn(3, 4), torch.randint(0, 4, (3,)),
                            GroupClipping.of([["fc.weight", "fc.bias"]], 1.0, "auto").plan())
 
 
@@ -209,14 +209,14 @@ def test_auto_materialises_on_cuda_where_a_micro_batch_of_per_sample_gradients_f
     at most a quarter of the device's memory; ``lean`` beyond that, and always on the CPU."""
     from types import SimpleNamespace
 
-    from dpeval.engine import book_keeping
+    from dpeval.engine import lean
 
     model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
     shapes = {n: p.shape for n, p in model.named_parameters()}
     dp = DPSGD(ClipParams(), shapes, 1.0, Streams(0))
     per_example = 4 * sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2**30))
-    fits = int(book_keeping.FUNC_SHARE_ON_CUDA * 2**30) // per_example
+    fits = int(lean.FUNC_SHARE_ON_CUDA * 2**30) // per_example
     assert select_engine("auto", model, dp, "cuda", fits) == "func"
     assert select_engine("auto", model, dp, "cuda", fits + 1) == "lean"
     assert select_engine("lean", model, dp, "cuda", 1) == "lean"  # asked for: kept
@@ -249,13 +249,13 @@ def test_lean_and_func_training_agree():
 
 @pytest.mark.parametrize("spec", ["all", "uniform:2", "layer", "param"])
 @pytest.mark.parametrize("fn", ["auto", "abadi"])
-def test_book_keeping_bounds_one_samples_contribution(spec, fn):
+def test_lean_bounds_one_samples_contribution(spec, fn):
     """Add/remove one (adversarially large) example: the lean engine's clipped sum moves by at most R,
     and by at most R/√M within each group — the sensitivity the noise is calibrated to."""
     model = build_model("dpcnn-small", (3, 32, 32), 10, (0.5,) * 3, (0.25,) * 3)
     names = [n for n, p in model.named_parameters()]
     clipping = GroupClipping.of(resolve_groups(spec, names), 0.8, fn)
-    bk = BookKeeping(model)
+    bk = LeanEngine(model)
     torch.manual_seed(1)
     x, y = torch.rand(6, 3, 32, 32), torch.randint(0, 10, (6,))
     x[0] = x[0] * 1e3 - 5e2  # a huge-gradient canary example
@@ -272,7 +272,7 @@ def test_book_keeping_bounds_one_samples_contribution(spec, fn):
 @pytest.mark.parametrize("shifted,scaled", [(True, True), (True, False), (False, True)])
 def test_one_token_linear_statistic_equals_the_instantiated_one(shifted, scaled):
     """‖(ds_i a_iᵀ − m) ⊙ s‖² in closed form (no per-sample gradient) equals the explicit computation."""
-    from dpeval.engine.book_keeping import _one_token_linear
+    from dpeval.engine.lean import _one_token_linear
 
     gen = torch.Generator().manual_seed(0)
     a, ds = torch.randn(7, 5, generator=gen), torch.randn(7, 3, generator=gen)
@@ -312,7 +312,7 @@ def token_ids(x: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def test_every_kernel_of_the_table_has_an_exactness_case():
-    from dpeval.engine.book_keeping import KERNELS
+    from dpeval.engine.lean import KERNELS
 
     assert set(KERNELS) == set(KERNEL_CASES)
 
@@ -334,18 +334,18 @@ BRANCH_CASES = {
 
 @pytest.mark.parametrize("case", list(BRANCH_CASES))
 def test_token_layers_are_exact_on_both_sides_of_the_ghost_norm_rule(case, monkeypatch):
-    from dpeval.engine import book_keeping
+    from dpeval.engine import lean
 
     build, reshape, shape, ghost = BRANCH_CASES[case]
     decisions = []
-    rule = book_keeping.ghost_norm_pays
-    monkeypatch.setattr(book_keeping, "ghost_norm_pays", lambda t, n: decisions.append(rule(t, n)) or rule(t, n))
+    rule = lean.ghost_norm_pays
+    monkeypatch.setattr(lean, "ghost_norm_pays", lambda t, n: decisions.append(rule(t, n)) or rule(t, n))
     check_layer_against_torch_func(build, reshape, shape)
     assert decisions and decisions[0] == ghost  # the layer under test is the first weight layer backprop meets last
 
 
 def test_the_ghost_norm_rule_is_fastdps():
-    from dpeval.engine.book_keeping import ghost_norm_pays
+    from dpeval.engine.lean import ghost_norm_pays
 
     assert ghost_norm_pays(3, 84) and not ghost_norm_pays(6, 72) and not ghost_norm_pays(1, 2)
     assert ghost_norm_pays(128, 768 * 768) and not ghost_norm_pays(512, 768 * 768 // 2)
@@ -371,7 +371,7 @@ def check_layer_against_torch_func(build, reshape, shape):
         clip = 0.5 * float(layer_norms.median())  # at least half the samples are clipped in the layer's group
         clipping = GroupClipping.of(resolve_groups(spec, names), clip, "abadi")
         plan = clipping.plan()
-        ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, plan)
+        ref, got = clipping.clip_sum(grads), LeanEngine(model)(x, y, plan)
         for n in names:
             scale = ref[n].abs().max().clamp(min=1e-12)
             assert float((ref[n] - got.sums[n]).abs().max() / scale) < 1e-5, (spec, n)
@@ -397,7 +397,7 @@ def test_transformers_match_torch_func_with_clipping_active(name):
     for spec in ("all", "layer", "param", "uniform:2", "boundary:1"):
         for fn in ("auto", "abadi"):
             clipping = GroupClipping.of(resolve_groups(spec, names), 0.05, fn)
-            ref, got = clipping.clip_sum(grads), BookKeeping(model)(x, y, clipping.plan())
+            ref, got = clipping.clip_sum(grads), LeanEngine(model)(x, y, clipping.plan())
             for n in names:
                 assert float((ref[n] - got.sums[n]).abs().max() / ref[n].abs().max()) < 1e-9, (spec, fn, n)
             if fn == "abadi":
