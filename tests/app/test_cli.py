@@ -404,3 +404,26 @@ def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
     assert "tpr_at_0.1pct_fpr 0.01" in rest
     ig = "\n".join(format_attack(m, "ig", None))
     assert "ssim_at_0.9 0.25" in ig and "final" in ig  # shown beside the per-state table, not taken for a state
+
+
+@pytest.mark.parametrize("given", ["0", "-2"])
+def test_threads_must_be_positive(tmp_path, given):
+    result = invoke("run", "--threads", given, "--results", tmp_path)
+    assert result.exit_code == 2 and "--threads: must be >= 1" in result.output
+    assert not (tmp_path / "results.sqlite").exists()
+
+
+def test_threads_flag_sets_the_count_the_run_records(tmp_path):
+    import os
+
+    import torch
+
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    before = torch.get_num_threads()
+    try:
+        m = run_json(tmp_path, "--threads", "1", "--epochs", "1")
+        assert m["time.threads"] == 1 and torch.get_num_threads() == 1
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        torch.set_num_threads(before)
