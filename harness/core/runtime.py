@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+log = logging.getLogger("dpeval")
 THREADS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's explicit choice, never overridden
 
 
@@ -54,9 +56,27 @@ def user_threads() -> int | None:
 def apply_thread_default(workers: int = 1) -> int:
     """Set torch's intra-op threads to the user's choice (``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``, which
     ``--threads`` sets) or else ``default_threads(workers)``; returns the count in force (a run records it as
-    ``time.threads``)."""
-    torch.set_num_threads(user_threads() or default_threads(workers))
+    ``time.threads``). A single run that takes the default on a machine whose other load leaves it fewer idle
+    cores than threads says so once, with the flag that avoids the oversubscription: the count itself never
+    follows the load (``default_threads``)."""
+    chosen = user_threads()
+    threads = chosen or default_threads(workers)
+    torch.set_num_threads(threads)
+    if chosen is None and workers == 1 and threads > 1:
+        idle = idle_cores()
+        if idle < threads:
+            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads may train several times "
+                        "slower than --threads 1 here; the thread count does not follow the load, so the metrics "
+                        "stay those of %d threads", idle, cores_available(), threads, threads)
     return torch.get_num_threads()
+
+
+def idle_cores() -> int:
+    """The cores the 1-minute load average leaves idle (all of them where the load is unknown), at least one."""
+    try:
+        return max(1, round(cores_available() - os.getloadavg()[0]))
+    except OSError:
+        return cores_available()
 
 
 @contextlib.contextmanager

@@ -42,3 +42,18 @@ def test_an_explicit_environment_choice_wins(monkeypatch):
         assert runtime.apply_thread_default() == 1  # no choice made: the default applies
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("load,warned", [(0.2, False), (1.8, True)])
+def test_a_busy_machine_is_named_but_the_count_stays(monkeypatch, caplog, load, warned):
+    before = torch.get_num_threads()
+    try:
+        for name in runtime.THREADS_ENV:
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(runtime, "cores_available", lambda: 2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        with caplog.at_level("WARNING", logger="dpeval"):
+            assert runtime.apply_thread_default() == 2
+        assert ("--threads 1" in caplog.text) is warned
+    finally:
+        torch.set_num_threads(before)
