@@ -331,6 +331,14 @@ def test_acceptance_default_dpsgd_run(tmp_path):
     assert 0.995 * 3 <= m["privacy.epsilon"] <= 3
     assert f"{m['utility.test_accuracy']:.4f}" in text and f"{m['privacy.epsilon']:.3f}" in text
     assert m["utility.test_accuracy"] >= 0.85
+    # The README shows what this command prints: its accuracy, privacy and communication lines must be today's (the
+    # run id and times vary). After a change that moves the numbers, paste the command's lines into the README.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("What `dpeval run --defense dpsgd --epsilon 3` prints", 1)[1].split("```text\n", 1)[1]
+    shown = block.split("```", 1)[0].splitlines()
+    for prefix in ("  test accuracy", "  privacy", "  communication"):
+        expected = [line for line in shown if line.startswith(prefix)]
+        assert expected and [line for line in text.splitlines() if line.startswith(prefix)] == expected, prefix
 
 
 def test_acceptance_no_defense_accuracy(tmp_path):
