@@ -110,6 +110,7 @@ class Game:
     in_victim: np.ndarray      # [N] bool
     train: TrainConfig         # the shadows' training settings
     features: torch.Tensor | None = None  # x through the architecture's fixed front, once for every model
+    data: str = ""             # digest of the population's contents (``data_digest``): names its signals' cache
 
 
 def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> Game:
@@ -167,13 +168,18 @@ def digest_tensors(digest: Any, *tensors: torch.Tensor) -> None:
         digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
 
 
-def pool_key(view: AttackerView, task: Task, k: int, target: str) -> str:
-    """Everything that determines a game's shadows (not the attacks' own parameters): the victim's recipe, K, the
-    game, the device, the contents of the population (the victim's pool and its held-out split, not their names),
-    the architecture with the initial state it gives shadow 0, and which training function trains them (by the
-    function object: ``shadow_pool`` keeps it, so its ``id`` names it while the pool is kept)."""
+def data_digest(task: Task) -> str:
+    """A digest of the contents of the victim's pool and held-out split (not their names)."""
     data = hashlib.sha256()
     digest_tensors(data, task.train.x, task.train.y, task.test.x, task.test.y)
+    return data.hexdigest()
+
+
+def pool_key(view: AttackerView, data: str, k: int, target: str) -> str:
+    """Everything that determines a game's shadows (not the attacks' own parameters): the victim's recipe, K, the
+    game, the device, the contents of the population (``data``: ``data_digest``),
+    the architecture with the initial state it gives shadow 0, and which training function trains them (by the
+    function object: ``shadow_pool`` keeps it, so its ``id`` names it while the pool is kept)."""
     (model,) = fresh_models(view.build_model, [view.streams.scope("shadow", 0)])
     architecture = hashlib.sha256(repr(model).encode())
     architecture.update(" ".join(f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()).encode())
@@ -182,7 +188,7 @@ def pool_key(view: AttackerView, task: Task, k: int, target: str) -> str:
         digest_tensors(architecture, tensor)
     trainer = None if view.train_shadow is None else f"id {id(view.train_shadow)}"
     return json.dumps({"spec": view.spec.victim(), "k": k, "target": target, "device": str(view.device),
-                       "data": data.hexdigest(), "architecture": architecture.hexdigest(), "trainer": trainer},
+                       "data": data, "architecture": architecture.hexdigest(), "trainer": trainer},
                       sort_keys=True, default=str)
 
 
@@ -203,11 +209,13 @@ SHADOW_GROUP = 8
 
 def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPool:
     """Train (or reuse) the K shadows of the game and read their signals on its population."""
-    key = pool_key(view, task, k, target)
+    data = data_digest(task)
+    key = pool_key(view, data, k, target)
     if key in _POOLS and _POOLS[key][0] is view.train_shadow:
         log.info("membership game: its %d shadow models reused from this process's memory", k)
         return _POOLS[key][1]
     game = plan_game(task, view.spec.train, k, target, view.streams.scope("shadows").generator("membership"))
+    game.data = data
     pools = [torch.nonzero(row).flatten() for row in game.membership]
     scopes = [view.streams.scope("shadow", i) for i in range(k)]
     model = fresh_model(view)
@@ -253,8 +261,9 @@ def fresh_model(view: AttackerView) -> torch.nn.Module:
 def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torch.Tensor],
                game: Game) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
-    cache."""
-    return sig.cached_outputs(model, state, game.features, game.y, game.index, view.out_dir.parent / "signals",
+    cache (a folder per population's contents: the same weights on other data give other signals)."""
+    return sig.cached_outputs(model, state, game.features, game.y, game.index,
+                              view.out_dir.parent / "signals" / game.data[:16],
                               view.device)
 
 

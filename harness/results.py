@@ -120,9 +120,10 @@ class RunResult:
 
     def flat(self) -> dict[str, Any]:
         """The result keys (docs/results.md), as stored."""
-        out: dict[str, Any] = dict(self.extra)
-        out |= {"run_id": self.run_id, "status": self.status, "dataset": self.dataset, "model": self.model,
-                "defense": self.defense, "attack": "+".join(self.attacks) or "none", "seed": self.seed}
+        out: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "dataset": self.dataset,
+                               "model": self.model, "defense": self.defense,
+                               "attack": "+".join(self.attacks) or "none", "seed": self.seed}
+        out |= {k: v for k, v in self.extra.items() if k not in out}
         if self.utility is not None:
             out |= {f"utility.{k}": v for k, v in vars(self.utility).items() if v is not None or "_by_" not in k}
         if self.privacy is not None:
