@@ -24,14 +24,16 @@ random streams ``shadow/i``:
   the victim's σ) are reported.
 
 The shadows of a game are trained once per process and shared by every shadow attack using that game
-(keyed by everything that determines them: seed, data, model, defense, privacy, training, K, game); the
-models' signals are read once per game (``Signals``: what every shadow attack's ``guess`` scores) and
-cached on disk under ``<run>/signals/`` keyed by a hash of weights and data indices.
+(keyed by everything that determines them: seed, the data's contents, the architecture and its initial state,
+defense, privacy, training, K, game, the training function); the models' signals are read once per game
+(``Signals``: what every shadow attack's ``guess`` scores) and cached on disk under ``<run>/signals/`` keyed by a
+hash of weights and data indices.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -110,6 +112,7 @@ class Game:
     in_victim: np.ndarray      # [N] bool
     train: TrainConfig         # the shadows' training settings
     features: torch.Tensor | None = None  # x through the architecture's fixed front, once for every model
+    data: str = ""             # digest of the population's contents (``data_digest``): names its signals' cache
 
 
 def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> Game:
@@ -159,14 +162,37 @@ class Signals:
                     self.ref_prob[:, order], self.ref_in[:, order])
 
 
-_POOLS: dict[str, ShadowPool] = {}
+_POOLS: dict[str, tuple[Any, ShadowPool]] = {}  # key -> (the training function that trained it, the pool)
 
 
-def pool_key(view: AttackerView, k: int, target: str) -> str:
-    """Everything that determines a game's shadows (not the attacks' own parameters)."""
-    trainer = None if view.train_shadow is None else f"{view.train_shadow.__module__}.{view.train_shadow.__qualname__}"
+def digest_tensors(digest: Any, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        digest.update(str((t.dtype, tuple(t.shape))).encode())
+        digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+
+
+def data_digest(task: Task) -> str:
+    """A digest of the contents of the victim's pool and held-out split (not their names)."""
+    data = hashlib.sha256()
+    digest_tensors(data, task.train.x, task.train.y, task.test.x, task.test.y)
+    return data.hexdigest()
+
+
+def pool_key(view: AttackerView, data: str, k: int, target: str) -> str:
+    """Everything that determines a game's shadows (not the attacks' own parameters): the victim's recipe, K, the
+    game, the device, the contents of the population (``data``: ``data_digest``),
+    the architecture with the initial state it gives shadow 0, and which training function trains them (by the
+    function object: ``shadow_pool`` keeps it, so its ``id`` names it while the pool is kept)."""
+    (model,) = fresh_models(view.build_model, [view.streams.scope("shadow", 0)])
+    architecture = hashlib.sha256(repr(model).encode())
+    architecture.update(" ".join(f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()).encode())
+    for name, tensor in model.state_dict().items():
+        architecture.update(name.encode())
+        digest_tensors(architecture, tensor)
+    trainer = None if view.train_shadow is None else f"id {id(view.train_shadow)}"
     return json.dumps({"spec": view.spec.victim(), "k": k, "target": target, "device": str(view.device),
-                       "trainer": trainer}, sort_keys=True, default=str)
+                       "data": data, "architecture": architecture.hexdigest(), "trainer": trainer},
+                      sort_keys=True, default=str)
 
 
 def shadow_games(spec: RunSpec) -> frozenset[str]:
@@ -186,11 +212,13 @@ SHADOW_GROUP = 8
 
 def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPool:
     """Train (or reuse) the K shadows of the game and read their signals on its population."""
-    key = pool_key(view, k, target)
-    if key in _POOLS:
+    data = data_digest(task)
+    key = pool_key(view, data, k, target)
+    if key in _POOLS and _POOLS[key][0] is view.train_shadow:
         log.info("membership game: its %d shadow models reused from this process's memory", k)
-        return _POOLS[key]
+        return _POOLS[key][1]
     game = plan_game(task, view.spec.train, k, target, view.streams.scope("shadows").generator("membership"))
+    game.data = data
     pools = [torch.nonzero(row).flatten() for row in game.membership]
     scopes = [view.streams.scope("shadow", i) for i in range(k)]
     model = fresh_model(view)
@@ -201,12 +229,12 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
         store = view.shadow_progress(key) if view.shadow_progress is not None else None
         states = train_shadows(view.build_model, game.x, game.y, pools,
                                lambda i, model, s: view.make_defense(scopes[i], model, s), game.train, scopes,
-                               view.device, features=game.features, store=store,
+                               view.device, progress=view.progress, features=game.features, store=store,
                                group=SHADOW_GROUP if store is not None else 0)
     outputs = [outputs_of(model, view, state, game) for state in states]
     pool = ShadowPool(game, np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs]))
     _POOLS.clear()  # keep one game's pool in memory at a time
-    _POOLS[key] = pool
+    _POOLS[key] = (view.train_shadow, pool)
     return pool
 
 
@@ -236,8 +264,9 @@ def fresh_model(view: AttackerView) -> torch.nn.Module:
 def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torch.Tensor],
                game: Game) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
-    cache."""
-    return sig.cached_outputs(model, state, game.features, game.y, game.index, view.out_dir.parent / "signals",
+    cache (a folder per population's contents: the same weights on other data give other signals)."""
+    return sig.cached_outputs(model, state, game.features, game.y, game.index,
+                              view.out_dir.parent / "signals" / game.data[:16],
                               view.device)
 
 

@@ -57,6 +57,7 @@ class AttackerView:
     # the researcher's own training function for shadow models (train_shadow(model, x, y, seed) trains the fresh
     # model in place or returns the trained one); None: dpeval's trainer with the victim's recipe
     train_shadow: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], nn.Module | None] | None = None
+    progress: bool | None = None  # False: no progress bar (shadow models' training); None: the engine's default
 
     def model_at(self, state: str) -> nn.Module:
         """A private copy of the architecture with the weights of ``state``, on the device, eval mode."""

@@ -44,7 +44,7 @@ def one(recipe: dict, defense: dict, seed: int, shadows: int, game: str, results
         attacks = ["lira", "rmia"] + (["loss"] if online else [])
         raw = {**recipe, **defense, "seed": seed, "attacks": attacks,
                "attack": {"shadows": shadows, "online": online, "mia_target": game}}
-        metrics = execute(build_spec(raw), ResultStore(results), progress=False)
+        metrics = execute(build_spec(raw), ResultStore(results), progress=False).flat()
         for label, attack, row_online in ROWS:
             if attack in attacks and row_online in (None, online):
                 for _, key in METRICS:

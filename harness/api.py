@@ -15,8 +15,12 @@ or YAML involved (docs/api.md). Everything here is also reachable as ``dpeval.<n
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
+import hashlib
+import math
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 
 from dpeval.config import build_spec, set_dotted
+from dpeval.core.errors import ConfigError
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
 from dpeval.results import RunResult
@@ -37,17 +42,31 @@ TrainShadow = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], nn.Module |
 def configure(settings: Settings | None = None, /, **dotted: Any) -> RunSpec:
     """A validated run specification: ``settings`` nested as in a YAML file (``{"defense": {"name": "dpsgd",
     "clip": 1.0}, "train": {"epochs": 5}}``; a defense may be given by name alone), then ``dotted`` settings with
-    ``__`` for the dots (``train__epochs=5``, ``attacks=["lira"]``), which win. Bad input raises ``ConfigError``
-    naming the field, as the CLI's exit 2 does."""
+    ``__`` for the dots (``train__epochs=5``, ``attacks=["lira"]``; ``defense="dpsgd", defense__clip=0.5`` as
+    ``--defense dpsgd --set defense.clip=0.5``), which win. Bad input raises ``ConfigError`` naming the field, as
+    the CLI's exit 2 does."""
+    raw = settings_tree(settings, "settings")
+    for key, value in dotted.items():
+        field = key.replace("__", ".")
+        if field == "defense" and isinstance(value, str):  # a name alone, as --defense gives it
+            field = "defense.name"
+        set_dotted(raw, field, value)
+    return build_spec(raw)
+
+
+def settings_tree(settings: Settings | None, argument: str) -> dict[str, Any]:
+    """``settings`` as a nested dict of its own (a RunSpec's canonical settings), a defense given by name alone as
+    ``{"name": …}``; ConfigError naming ``argument`` for anything else."""
     if isinstance(settings, RunSpec):
         raw: dict[str, Any] = settings.canonical()
-    else:
+    elif settings is None or isinstance(settings, Mapping):
         raw = copy.deepcopy(dict(settings or {}))
+    else:
+        raise ConfigError(f"{argument}: must be settings as a dict (as in a YAML file) or a RunSpec "
+                          f"(dpeval.configure), got {type(settings).__name__}")
     if isinstance(raw.get("defense"), str):
         raw["defense"] = {"name": raw["defense"]}
-    for key, value in dotted.items():
-        set_dotted(raw, key.replace("__", "."), value)
-    return build_spec(raw)
+    return raw
 
 
 def load_data(settings: Settings | None = None, /, **dotted: Any) -> Task:
@@ -59,56 +78,155 @@ def load_data(settings: Settings | None = None, /, **dotted: Any) -> Task:
     return load_task(configure(settings, **dotted).data)
 
 
+# Files of calls given no ``out`` folder: each in a temporary folder of its own, removed when the process exits.
+_TEMPORARY: list[Path] = []
+
+
+def run_folder(out: str | Path | None, prefix: str) -> Path:
+    """``out`` (kept), or a new temporary folder removed when the Python process exits (``RunResult.folder``
+    names it; its artefacts can be read until then)."""
+    if out is not None:
+        if not isinstance(out, str | Path):
+            raise ConfigError(f"out: must be a folder path, got {type(out).__name__}")
+        return Path(out)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    if not _TEMPORARY:
+        atexit.register(remove_temporary)
+    _TEMPORARY.append(folder)
+    return folder
+
+
+def remove_temporary() -> None:
+    """Remove the temporary folders of this process's calls given no ``out`` folder."""
+    while _TEMPORARY:
+        shutil.rmtree(_TEMPORARY.pop(), ignore_errors=True)
+
+
+def check_flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{argument}: must be True or False, got {value!r:.60}")
+    return value
+
+
 def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | None = None,
         progress: bool = False) -> RunResult:
     """Train and attack one run; its typed result. ``results``: also record it in that results folder (resuming an
     interrupted run of the same configuration there, as ``dpeval run`` does). Otherwise nothing is recorded and
-    the run's files (``model.pt``, ``log.txt``, attack artefacts) go to ``out`` (a new temporary folder when not
-    given: ``RunResult.folder``). An attack that fails after training is reported in its ``AttackOutcome.error``
-    (status ``failed``); any other failure raises."""
+    the run's files (``model.pt``, ``log.txt``, attack artefacts) go to ``out``, or to a new temporary folder
+    (``RunResult.folder``) removed when the Python process exits. ``progress``: progress bars (training and shadow
+    models) on stderr. An attack that fails after training is reported in its ``AttackOutcome.error`` (status
+    ``failed``); any other failure raises."""
     from dpeval.core.runtime import apply_thread_default
-    from dpeval.runner import AttacksFailed, perform, prepare
+    from dpeval.runner import AttacksFailed, execute, perform, prepare
 
-    spec = spec if isinstance(spec, RunSpec) else configure(spec)
+    spec = spec if isinstance(spec, RunSpec) else configure(settings_tree(spec, "spec"))
+    progress = check_flag(progress, "progress")
     if results is not None:
-        from dpeval.runner import execute
         from dpeval.store import ResultStore
 
+        if not isinstance(results, str | Path):
+            raise ConfigError(f"results: must be a folder path, got {type(results).__name__}")
         store = ResultStore(results)
         store.check(create=True)
-        metrics = execute(spec, store, progress=progress)
-        return dataclasses.replace(RunResult.from_flat(metrics), folder=store.run_dir(metrics["run_id"]))
+        return execute(spec, store, progress=progress)
     prep = prepare(spec)
     if prep.device.type == "cpu":
         apply_thread_default()
-    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="dpeval-run-"))
+    folder = run_folder(out, "dpeval-run-")
     try:
-        metrics = perform(prep, "", folder, progress=progress)
+        result = perform(prep, "", folder, progress=progress)
     except AttacksFailed as exc:
-        metrics = exc.metrics
-    return dataclasses.replace(RunResult.from_flat(metrics), folder=folder)
+        result = exc.result
+    return dataclasses.replace(result, folder=folder)
 
 
 def load_result(results: str | Path, run_id: str) -> RunResult:
-    """A stored run (any unique part of its id) as a ``RunResult``."""
+    """A stored run (any unique part of its id) as a ``RunResult``; ConfigError when the folder holds no results or
+    no single run matches ``run_id``."""
     from dpeval.store import ResultStore
 
-    row = ResultStore(results).get(run_id)
+    if not isinstance(results, str | Path):
+        raise ConfigError(f"results: must be a folder path, got {type(results).__name__}")
+    if not isinstance(run_id, str) or not run_id:
+        raise ConfigError(f"run_id: must be a run id or a unique part of one, got {run_id!r:.60}")
+    store = ResultStore(results)
+    store.check(create=False)
+    matches = store.matching(run_id)
+    if len(matches) != 1:
+        raise ConfigError(f"run_id: no run id contains {run_id!r:.60} in {results}" if not matches else
+                          f"run_id: {run_id!r:.60} is part of {len(matches)} run ids; give more of it")
+    row = matches[0]
     return dataclasses.replace(RunResult.from_flat({**(row["metrics"] or {}), "run_id": row["run_id"],
                                                     "status": row["status"]}),
-                               folder=ResultStore(results).run_dir(row["run_id"]))
+                               folder=store.run_dir(row["run_id"]))
+
+
+def attack_names(attacks: Any) -> list[str]:
+    """``attacks`` as a list of names: one name, or a list / tuple of them."""
+    if isinstance(attacks, str):
+        return [attacks]
+    if not isinstance(attacks, list | tuple) or not all(isinstance(a, str) for a in attacks):
+        raise ConfigError(f"attacks: must be an attack name or a list of them, got {attacks!r:.80}")
+    return list(attacks)
 
 
 # ---------------------------------------------------------------------------------------------------
 # the researcher's own victim
 
 
-def as_split(data: Split | tuple[torch.Tensor, torch.Tensor]) -> Split:
+def as_split(data: Any, argument: str) -> Split:
+    """``data`` (a ``Split`` or ``(x, y)``) checked as examples: finite inputs, integer labels ≥ 0, at least one
+    example; ConfigError naming ``argument`` otherwise."""
     if isinstance(data, Split):
-        return data
-    x, y = data
-    x, y = torch.as_tensor(x), torch.as_tensor(y).long()
-    return Split(x.float(), y, torch.arange(len(y)))
+        x, y = data.x, data.y
+    elif isinstance(data, tuple | list) and len(data) == 2:
+        x, y = data
+    else:
+        raise ConfigError(f"{argument}: must be a Split or an (x, y) pair of tensors, got {type(data).__name__}")
+    try:
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{argument}: x and y must be tensors ({exc})") from None
+    if x.dim() < 2 or len(x) == 0:
+        raise ConfigError(f"{argument}: needs at least one example (x: N × features…), got x of shape "
+                          f"{tuple(x.shape)}")
+    if y.shape != (len(x),):
+        raise ConfigError(f"{argument}: y must hold one label per row of x ({len(x)}), got shape {tuple(y.shape)}")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ConfigError(f"{argument}: labels must be integers (class indices), got {y.dtype}")
+    if x.is_complex() or x.dtype == torch.bool:
+        raise ConfigError(f"{argument}: x must hold real numbers, got {x.dtype}")
+    x = x.float()
+    if not bool(torch.isfinite(x).all()):
+        raise ConfigError(f"{argument}: x holds NaN or infinite values")
+    if int(y.min()) < 0:
+        raise ConfigError(f"{argument}: labels must be class indices >= 0, got {int(y.min())}")
+    source = data.source_index if isinstance(data, Split) else torch.arange(len(y))
+    return Split(x, y.long(), source)
+
+
+def row_digests(split: Split) -> set[bytes]:
+    """One digest per example (its input and label), to find examples two splits share."""
+    x = split.x.reshape(len(split.x), -1).contiguous()
+    return {hashlib.sha256(row.numpy().tobytes() + int(label).to_bytes(8, "little", signed=True)).digest()
+            for row, label in zip(x, split.y)}
+
+
+def check_disjoint(members: Split, nonmembers: Split) -> None:
+    """Members and non-members must be different examples: an example in both is a member the game would also
+    score as a non-member (with the same sets, any verdict is meaningless)."""
+    shared = len(row_digests(members) & row_digests(nonmembers))
+    if shared:
+        raise ConfigError(f"nonmembers: {shared} example(s) are also in members; members and non-members must be "
+                          f"different examples")
+
+
+def check_model(model: Any, argument: str = "model") -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{argument}: must be a torch.nn.Module, got {type(model).__name__}")
+    if not all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point()):
+        raise ConfigError(f"{argument}: its weights hold NaN or infinite values; a diverged model cannot be scored")
+    return model
 
 
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -137,23 +255,97 @@ def fresh_copy(model: nn.Module) -> Callable[[], nn.Module]:
     return build
 
 
-def outside_task(members: Split, nonmembers: Split, num_classes: int | None) -> Task:
+def shapes_of(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def first_difference(expected: dict[str, tuple[int, ...]], given: dict[str, tuple[int, ...]]) -> str:
+    differ = sorted(set(expected) ^ set(given)) or [n for n in expected if expected[n] != given[n]]
+    return differ[0]
+
+
+def checked_architecture(architecture: Any, model: nn.Module) -> Callable[[], nn.Module]:
+    """``architecture`` (None: ``fresh_copy(model)``), checked once: it builds an ``nn.Module`` of ``model``'s
+    architecture (the same state-dict names and shapes)."""
+    if architecture is None:
+        return fresh_copy(model)
+    if not callable(architecture):
+        raise ConfigError(f"architecture: must be a function building a fresh model, got {type(architecture).__name__}")
+    with torch.random.fork_rng(devices=[]):
+        built = architecture()
+    if not isinstance(built, nn.Module):
+        raise ConfigError(f"architecture: must build a torch.nn.Module, built {type(built).__name__}")
+    if shapes_of(built) != shapes_of(model):
+        raise ConfigError(f"architecture: builds another architecture than model's (first difference: "
+                          f"{first_difference(shapes_of(model), shapes_of(built))})")
+    return architecture
+
+
+class UserFunctionCheck:
+    """The first problem found with what a user's function (``train_shadow``, a release function) returned while
+    the attacks ran: the attack fails on it, and the API call then raises it as a ConfigError naming the
+    argument, instead of reporting a failed (or a meaningless) attack."""
+
+    def __init__(self) -> None:
+        self.problem: ConfigError | None = None
+
+    def refuse(self, message: str) -> ConfigError:
+        error = ConfigError(message)
+        self.problem = self.problem or error
+        return error
+
+    def raise_any(self) -> None:
+        if self.problem is not None:
+            raise self.problem
+
+
+def checked_trainer(train_shadow: Any, expected: dict[str, tuple[int, ...]], check: UserFunctionCheck,
+                    ) -> TrainShadow | None:
+    """``train_shadow`` wrapped to check what it gives back: the trained model (in place or returned) of the
+    victim's architecture, with finite weights. One wrapper per call: shadow models are never reused across calls
+    given a training function."""
+    if train_shadow is None:
+        return None
+    if not callable(train_shadow):
+        raise ConfigError(f"train_shadow: must be a function train_shadow(model, x, y, seed), got "
+                          f"{type(train_shadow).__name__}")
+
+    def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:
+        returned = train_shadow(model, x, y, seed)
+        trained = model if returned is None else returned
+        if not isinstance(trained, nn.Module):
+            raise check.refuse(f"train_shadow: must train the model it is given in place (returning None) or return "
+                               f"the trained nn.Module, returned {type(returned).__name__}")
+        if shapes_of(trained) != expected:
+            raise check.refuse(f"train_shadow: returned a model of another architecture than the victim's (first "
+                               f"difference: {first_difference(expected, shapes_of(trained))})")
+        if not all(bool(torch.isfinite(t).all()) for t in trained.state_dict().values() if t.is_floating_point()):
+            raise check.refuse("train_shadow: the trained model's weights hold NaN or infinite values")
+        return trained
+    return train
+
+
+def outside_task(members: Split, nonmembers: Split, num_classes: Any) -> Task:
     """A task whose private pool is the model's members and whose held-out split its non-members (no public
     split; the model's own normalisation stays inside it)."""
     if members.x.shape[1:] != nonmembers.x.shape[1:]:
-        raise ValueError(f"members and non-members differ in shape: {tuple(members.x.shape[1:])} vs "
-                         f"{tuple(nonmembers.x.shape[1:])}")
+        raise ConfigError(f"nonmembers: examples of shape {tuple(nonmembers.x.shape[1:])}, members' are "
+                          f"{tuple(members.x.shape[1:])}")
+    labels = int(max(members.y.max(), nonmembers.y.max())) + 1
+    if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
+                                    or num_classes < max(labels, 2)):
+        raise ConfigError(f"num_classes: must be an integer of at least {max(labels, 2)} (the labels go to "
+                          f"{labels - 1}), got {num_classes!r:.40}")
     shape = tuple(int(s) for s in members.x.shape[1:])
-    classes = num_classes or int(max(members.y.max(), nonmembers.y.max())) + 1
     empty = Split(members.x[:0], members.y[:0], members.source_index[:0])
     channels = shape[0] if len(shape) == 3 else 1
-    return Task("outside", members, nonmembers, empty, classes, shape,  # type: ignore[arg-type]
+    return Task("outside", members, nonmembers, empty, num_classes or labels, shape,  # type: ignore[arg-type]
                 (0.0,) * channels, (1.0,) * channels)
 
 
 def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torch.Tensor],
                      nonmembers: Split | tuple[torch.Tensor, torch.Tensor], recipe: Settings,
-                     attacks: tuple[str, ...] | list[str] = ("loss", "lira", "rmia"), *,
+                     attacks: str | tuple[str, ...] | list[str] = ("loss", "lira", "rmia"), *,
                      train_shadow: TrainShadow | None = None, architecture: Callable[[], nn.Module] | None = None,
                      num_classes: int | None = None, out: str | Path | None = None,
                      progress: bool = False) -> RunResult:
@@ -161,58 +353,38 @@ def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torc
 
     ``model``: the trained network (any ``nn.Module`` that dpeval's per-sample engines support: no BatchNorm),
     called on the inputs exactly as given. ``members`` / ``nonmembers``: the examples it was / was not trained on
-    (``Split``s, or ``(x, y)`` tensors). ``recipe``: how it was trained, as settings (``configure``): the
-    defense and its clip, ``privacy.noise_multiplier`` (or a target ε) and δ, the accountant, and the training
-    recipe (``train.epochs``, ``batch_size``, ``optimizer``, ``lr``, ``sampling``…) — the privacy ledger and ε
-    come from it, and the shadow models (LiRA, RMIA) train under it with dpeval's trainer, each on a pool as
-    large as ``members``; or with ``train_shadow(model, x, y, seed)``, your own training function (it trains the
-    fresh model it is given in place, or returns the trained one), so shadows can match a victim dpeval did not
-    train. ``architecture()``: builds a fresh, untrained model of the victim's architecture for each shadow
-    (default: a copy of ``model`` with its parameters reset; give it when ``model`` carries a training library's
-    state, e.g. a model Opacus has wrapped). Attack settings go in ``recipe``'s ``attack`` section
-    (``{"attack": {"shadows": 16}}``).
+    (``Split``s, or ``(x, y)`` tensors; integer labels; no example in both). ``recipe``: how it was trained, as
+    settings (``configure``): the defense and its clip, ``privacy.noise_multiplier`` (or a target ε) and δ, the
+    accountant, and the training recipe (``train.epochs``, ``batch_size``, ``optimizer``, ``lr``, ``sampling``…)
+    — the privacy ledger and ε come from it, and the shadow models (LiRA, RMIA) train under it with dpeval's
+    trainer, each on a pool as large as ``members``; or with ``train_shadow(model, x, y, seed)``, your own
+    training function (it trains the fresh model it is given in place, or returns the trained one), so shadows
+    can match a victim dpeval did not train. ``architecture()``: builds a fresh, untrained model of the victim's
+    architecture for each shadow (default: a copy of ``model`` with its parameters reset; give it when ``model``
+    carries a training library's state, e.g. a model Opacus has wrapped). Attack settings go in ``recipe``'s
+    ``attack`` section (``{"attack": {"shadows": 16}}``). Files go to ``out`` or a temporary folder removed when the
+    process exits. Shadow models are reused across calls only when everything that determines them is the same
+    (the data's contents, the architecture and its initial state, the recipe; never with a ``train_shadow``).
+    Bad input raises ``ConfigError`` naming the argument.
     """
-    from dpeval.core.runtime import resolve_device
-    from dpeval.core.streams import Streams
-    from dpeval.defenses import DEFENSES
-    from dpeval.engine.training import BatchSampler
-    from dpeval.runner import Prepared, attacker_view, check_attacks, plan_privacy, play_attacks
+    from dpeval.runner import play_attacks, prepare, run_result
 
-    spec = configure(recipe, attacks=list(attacks))
-    model = without_hooks(model)
-    member_split, nonmember_split = as_split(members), as_split(nonmembers)
+    spec = configure(settings_tree(recipe, "recipe"), attacks=attack_names(attacks))
+    progress = check_flag(progress, "progress")
+    model = without_hooks(check_model(model))
+    member_split, nonmember_split = as_split(members, "members"), as_split(nonmembers, "nonmembers")
+    check_disjoint(member_split, nonmember_split)
     task = outside_task(member_split, nonmember_split, num_classes)
-    device = resolve_device(spec.device)
-    defense_cls = DEFENSES.get(spec.defense_name, field="defense")
-    privacy = plan_privacy(spec, defense_cls, len(member_split))
-    check_attacks(spec, model, task)
-    streams = Streams(spec.seed)
-    build = architecture if architecture is not None else fresh_copy(model)
-    shapes = {name: p.shape for name, p in model.named_parameters() if p.requires_grad}
-    sampler = BatchSampler(len(member_split), spec.train.batch_size, spec.train.sampling,
-                           streams.scope("victim").generator("sampler"))
-
-    def make_defense(defense_streams: Streams, bound_to: nn.Module | None = None,
-                     steps_per_epoch: int = sampler.steps_per_epoch) -> Any:
-        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier, defense_streams, device,
-                              steps_per_epoch=steps_per_epoch)
-        defense.bind(bound_to if bound_to is not None else model, task)
-        return defense
-
-    prep = Prepared(spec, task, type(model).__name__, model, sampler, privacy, make_defense, build, streams, device)
-    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="dpeval-membership-"))
+    build = checked_architecture(architecture, model)
+    check = UserFunctionCheck()
+    trainer = checked_trainer(train_shadow, shapes_of(model), check)
+    prep = prepare(spec, task, given=(model, build))
+    folder = run_folder(out, "dpeval-membership-")
     states = {"final": {n: t.detach().clone() for n, t in model.state_dict().items()}}
-
-    def view_of(out_dir: Path) -> Any:
-        view = attacker_view(prep, states, {}, out_dir)
-        return dataclasses.replace(view, train_shadow=train_shadow)
-
-    outcomes, seconds = play_attacks(prep, states, {}, folder, view_of=view_of, progress=progress)
-    row: dict[str, Any] = {"run_id": "", "status": "failed" if any(o.error for o in outcomes.values()) else "done",
-                           "dataset": "outside", "model": prep.model_name, "defense": spec.defense_name,
-                           "seed": spec.seed, **privacy.metrics(), "time.attack_s": sum(seconds.values())}
-    result = RunResult.from_flat(row)
-    return dataclasses.replace(result, attacks=outcomes, folder=folder)
+    outcomes, seconds = play_attacks(prep, states, {}, folder, progress=progress, train_shadow=trainer)
+    check.raise_any()
+    return dataclasses.replace(run_result(prep, "", outcomes, sum(seconds.values()), dataset="outside"),
+                               folder=folder)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -221,13 +393,17 @@ def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torc
 ReleaseFunction = Callable[[dict[str, torch.Tensor], torch.Generator], Any]
 
 
-def function_defense(release: ReleaseFunction, noise_std: float = 0.0) -> type:
+def function_defense(release: ReleaseFunction, noise_std: float = 0.0, check: UserFunctionCheck | None = None,
+                     ) -> type:
     """A defense class around a release function (``attack_release``): the training loop's and the attacks' release
     path hands it a batch's per-sample gradients (name -> B × shape) and a generator of the run's ``noise`` stream;
     it returns the released (averaged) gradient, name -> shape, or a ``SharedGradient`` carrying its own public
     metadata (``mask``: the released coordinates; ``noise_std``: per coordinate). Not a DP defense to the
-    accountant (ε = inf): what it protects is what the attacks measure."""
+    accountant (ε = inf): what it protects is what the attacks measure. A release that is not a gradient per
+    parameter of its shape, or holds NaN or infinite values, is refused (``check`` keeps the first refusal)."""
     from dpeval.defenses.base import Defense, SharedGradient
+
+    check = check or UserFunctionCheck()
 
     class FunctionDefense(Defense):
         dp = False
@@ -246,43 +422,67 @@ def function_defense(release: ReleaseFunction, noise_std: float = 0.0) -> type:
             count = max(self.samples_seen, 1)
             out = release(per_sample, self.generator)
             self.reset()
-            if isinstance(out, SharedGradient):
-                return out
-            missing = set(self.param_shapes) - set(out)
-            if missing or any(tuple(out[n].shape) != tuple(s) for n, s in self.param_shapes.items()):
-                raise ValueError(f"the release function must return one gradient per parameter of its shape "
-                                 f"({', '.join(f'{n}: {tuple(s)}' for n, s in self.param_shapes.items())})")
-            return SharedGradient(dict(out), batch_size=count, noise_std=noise_std)
+            shared = out if isinstance(out, SharedGradient) else None
+            values = shared.values if shared is not None else out
+            if not isinstance(values, Mapping) or set(self.param_shapes) - set(values) or any(
+                    not isinstance(values[n], torch.Tensor) or tuple(values[n].shape) != tuple(s)
+                    for n, s in self.param_shapes.items()):
+                raise check.refuse(f"release: the release function must return one gradient per parameter of its "
+                                   f"shape ({', '.join(f'{n}: {tuple(s)}' for n, s in self.param_shapes.items())})")
+            if not all(bool(torch.isfinite(values[n]).all()) for n in self.param_shapes):
+                raise check.refuse("release: the release function returned NaN or infinite values; a release must "
+                                   "be a finite gradient")
+            return shared if shared is not None else SharedGradient(dict(out), batch_size=count, noise_std=noise_std)
 
     FunctionDefense.name = getattr(release, "__name__", "release")
     return FunctionDefense
 
 
+def check_weights(weights: Any, model: nn.Module) -> dict[str, torch.Tensor]:
+    """``weights`` as a state dict of ``model`` with finite values; ConfigError naming ``weights`` otherwise."""
+    if not isinstance(weights, Mapping) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise ConfigError(f"weights: must be a state dict (name -> tensor) of the recipe's model, got "
+                          f"{type(weights).__name__}")
+    given = {str(n): tuple(t.shape) for n, t in weights.items()}
+    if given != shapes_of(model):
+        raise ConfigError(f"weights: not a state dict of the recipe's model (first difference: "
+                          f"{first_difference(shapes_of(model), given)})")
+    if not all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point()):
+        raise ConfigError("weights: hold NaN or infinite values")
+    return {str(n): t.detach().clone() for n, t in weights.items()}
+
+
 def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
-                   attacks: tuple[str, ...] | list[str] = ("ig",), *, noise_std: float = 0.0,
+                   attacks: str | tuple[str, ...] | list[str] = ("ig",), *, noise_std: float = 0.0,
                    weights: dict[str, torch.Tensor] | None = None, out: str | Path | None = None) -> RunResult:
     """Attack a defense written as a function (``function_defense``) with the gradient attacks (``ig``, ``rgap``,
     ``grad-mia``), their games and verdicts, without a plug-in file or training: the model of ``recipe`` (its
     ``data``, ``model`` and ``attack`` settings) at its initialisation, or with ``weights`` (a state dict: the
     attacked state is then ``final``; ``attack.at`` defaults to that state). ``noise_std``: the public noise std
-    per released coordinate, for a function
-    that returns a plain gradient dict (mask-aware and noise-aware attacks read it)."""
-    from dpeval.runner import play_attacks, prepare
+    per released coordinate (finite, >= 0), for a function that returns a plain gradient dict (mask-aware and
+    noise-aware attacks read it). A release that is not a finite gradient of the model's shapes raises
+    ``ConfigError`` naming ``release``; files go to ``out`` or a temporary folder removed when the process exits."""
+    from dpeval.runner import play_attacks, prepare, run_result
 
-    raw = recipe.canonical() if isinstance(recipe, RunSpec) else copy.deepcopy(dict(recipe or {}))
+    if not callable(release):
+        raise ConfigError(f"release: must be a function release(grads, generator), got {type(release).__name__}")
+    if isinstance(noise_std, bool) or not isinstance(noise_std, int | float) or not math.isfinite(noise_std) \
+            or noise_std < 0:
+        raise ConfigError(f"noise_std: must be a finite number >= 0 (the public noise std per released "
+                          f"coordinate), got {noise_std!r:.40}")
+    raw = settings_tree(recipe, "recipe")
     raw.setdefault("attack", {}).setdefault("at", "final" if weights is not None else "init")  # no training here
-    spec = configure(raw, defense={"name": "none"}, attacks=list(attacks))
-    prep = prepare(spec, defense_cls=function_defense(release, noise_std))
+    spec = configure(raw, defense={"name": "none"}, attacks=attack_names(attacks))
+    check = UserFunctionCheck()
+    prep = prepare(spec, defense_cls=function_defense(release, float(noise_std), check))
     prep.model.to(prep.device).eval()
     init = copy.deepcopy(prep.model.state_dict())
-    final = {n: t.detach().clone() for n, t in weights.items()} if weights is not None else init
+    final = check_weights(weights, prep.model) if weights is not None else init
     defense = prep.make_defense(prep.streams.scope("victim"))
     defense.begin_epoch(0, spec.train.epochs)
     public = copy.deepcopy(defense.state_dict())
-    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="dpeval-release-"))
+    folder = run_folder(out, "dpeval-release-")
     outcomes, seconds = play_attacks(prep, {"init": init, "final": final}, {"init": public, "final": public}, folder)
-    result = RunResult.from_flat({"run_id": "", "status": "failed" if any(o.error for o in outcomes.values())
-                                  else "done", "dataset": spec.data.name, "model": prep.model_name,
-                                  "defense": getattr(release, "__name__", "release"), "seed": spec.seed,
-                                  **prep.privacy.metrics(), "time.attack_s": sum(seconds.values())})
-    return dataclasses.replace(result, attacks=outcomes, folder=folder)
+    check.raise_any()
+    result = run_result(prep, "", outcomes, sum(seconds.values()), defense=getattr(release, "__name__", "release"))
+    return dataclasses.replace(result, folder=folder)

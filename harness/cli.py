@@ -129,7 +129,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     setup_logging(debug)
     to_run = reference_to_run(spec, store, reference)
-    metrics = execute(spec, store, progress=not quiet)
+    metrics = execute(spec, store, progress=not quiet).flat()
     references = reference_runs(spec, store, to_run, progress=not quiet)
     text = format_run(metrics, results)
     if references:

@@ -68,15 +68,15 @@ class AttackOutcome:
 class Utility:
     test_accuracy: float
     train_accuracy: float
-    test_accuracy_by_epoch: list[float] = field(default_factory=list)
-    train_loss_by_epoch: list[float] = field(default_factory=list)
+    test_accuracy_by_epoch: list[float] | None = None  # None: nothing was trained (given weights)
+    train_loss_by_epoch: list[float] | None = None
 
 
 @dataclass(frozen=True)
 class Communication:
-    density: float       # mean fraction of the trainable coordinates a training step releases
-    bytes_sparse: int    # per step, as released
-    bytes_dense: int     # per step, the whole gradient
+    density: float | None       # mean fraction of the trainable coordinates a training step releases
+    bytes_sparse: int | None    # per step, as released (None: nothing was released, e.g. given weights)
+    bytes_dense: int | None     # per step, the whole gradient
 
 
 @dataclass(frozen=True)
@@ -120,11 +120,12 @@ class RunResult:
 
     def flat(self) -> dict[str, Any]:
         """The result keys (docs/results.md), as stored."""
-        out: dict[str, Any] = dict(self.extra)
-        out |= {"run_id": self.run_id, "status": self.status, "dataset": self.dataset, "model": self.model,
-                "defense": self.defense, "attack": "+".join(self.attacks) or "none", "seed": self.seed}
+        out: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "dataset": self.dataset,
+                               "model": self.model, "defense": self.defense,
+                               "attack": "+".join(self.attacks) or "none", "seed": self.seed}
+        out |= {k: v for k, v in self.extra.items() if k not in out}
         if self.utility is not None:
-            out |= {f"utility.{k}": v for k, v in vars(self.utility).items()}
+            out |= {f"utility.{k}": v for k, v in vars(self.utility).items() if v is not None or "_by_" not in k}
         if self.privacy is not None:
             out |= self.privacy.metrics()
         if self.comm is not None:

@@ -35,7 +35,6 @@ from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
 from dpeval.core.params import check_noise_scales
 from dpeval.core.registry import default_model
-from dpeval.core.result_keys import AttackKey
 from dpeval.core.runtime import apply_thread_default, resolve_device
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
@@ -47,7 +46,7 @@ from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
 from dpeval.logs import LOG_ONLY, RunLogHandler
-from dpeval.results import AttackOutcome
+from dpeval.results import AttackOutcome, Communication, RunResult, Timing, Utility
 from dpeval.store import ResultStore
 
 log = logging.getLogger("dpeval")
@@ -125,31 +124,39 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
 
 
 def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] | None = None,
-            plan: Callable[[RunSpec, type[Defense], int], PrivacyLedger] | None = None) -> Prepared:
+            plan: Callable[[RunSpec, type[Defense], int], PrivacyLedger] | None = None,
+            given: tuple[nn.Module, Callable[[], nn.Module]] | None = None) -> Prepared:
     """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
     raises ConfigError on any invalid input. ``defense_cls`` replaces the registry's class of
-    ``spec.defense_name`` (same parameters) and ``plan`` replaces :func:`plan_privacy`: the whole-run audit's
-    tests plant broken ones this way."""
+    ``spec.defense_name`` (same parameters: ``attack_release``'s function defense) and ``plan`` replaces
+    :func:`plan_privacy` (the whole-run audit's tests plant broken ones this way). ``given``: a victim trained
+    elsewhere and the builder of fresh models of its architecture (``score_membership``), instead of the model
+    ``spec.model`` names; every other step is the same."""
     device = resolve_device(spec.device)
     task = task if task is not None else load_task(spec.data)
     n = len(task.train)
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
-    model_name = spec.model.name or default_model(spec.data.name)
+    model_name = (spec.model.name or default_model(spec.data.name)) if given is None else type(given[0]).__name__
     streams = Streams(spec.seed)
     victim = streams.scope("victim")
     defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
     privacy = (plan or plan_privacy)(spec, defense_cls, n)
     projection = None
-    if spec.model.pca.dims > 0:  # released before training, so the attacker (and every shadow model) has it too
+    if spec.model.pca.dims > 0 and given is None:  # released before training: the attacker (and shadows) have it
         projection = input_pca(spec, task, privacy.pca_noise_multiplier, victim.generator("pca"))
 
-    def build() -> nn.Module:
+    def build_named() -> nn.Module:
         return build_model(model_name, task.shape, task.num_classes, task.mean, task.std, spec.model, task.vocab,
                            projection)
 
-    with victim.torch_global("init"):
-        model = build()
+    build = build_named if given is None else given[1]
+    if given is None:
+        with victim.torch_global("init"):
+            model = build()
+    else:
+        model = given[0]
+    check_per_sample(model, "model" if given is not None else "model.name")
     if spec.model.weights is not None:
         check_weights(spec, model)
     check_attacks(spec, model, task)
@@ -171,6 +178,16 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
         defense.bind(bound_to if bound_to is not None else model, task)
         return defense
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
+
+
+def check_per_sample(model: nn.Module, field: str) -> None:
+    """The per-sample engines need a model whose every example is computed alone: BatchNorm mixes the examples of
+    a batch (its per-sample gradients do not exist), so a model holding one is refused before anything runs."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ConfigError(f"{field}: {name or 'the model'} is a {type(module).__name__}, which mixes the examples "
+                              f"of a batch; per-sample gradients need a model without BatchNorm (GroupNorm or "
+                              f"LayerNorm instead)")
 
 
 def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
@@ -195,22 +212,23 @@ def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> No
 
 
 def base_metrics(prep: Prepared) -> dict[str, Any]:
+    """A run's result keys before training: what it is (``identity``), its configuration's columns and its planned
+    privacy ledger."""
     spec = prep.spec
-    row: dict[str, Any] = {
-        "run_key": spec.run_key,
-        "dataset": spec.data.name,
-        "model": prep.model_name,
-        "defense": spec.defense_name,
-        "attack": "+".join(spec.attacks) if spec.attacks else "none",
-        "seed": spec.seed,
-        "version": __version__,
-        "device": str(prep.device),
-    }
+    identity = {"dataset": spec.data.name, "model": prep.model_name, "defense": spec.defense_name,
+                "attack": "+".join(spec.attacks) if spec.attacks else "none", "seed": spec.seed}
+    return {**identity, **config_columns(prep), **prep.privacy.metrics()}
+
+
+def config_columns(prep: Prepared) -> dict[str, Any]:
+    """The run's configuration as result keys: its run key, version, device, the defense's and attacks' parameters
+    and the data's sizes (``RunResult.extra``)."""
+    spec = prep.spec
+    row: dict[str, Any] = {"run_key": spec.run_key, "version": __version__, "device": str(prep.device)}
     row.update({f"defense.{k}": v for k, v in dataclasses.asdict(spec.defense).items()})
     for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
         row.update({f"attack.{name}.{k}": ", ".join(map(str, v)) if isinstance(v, list) else v
                     for k, v in dataclasses.asdict(spec.attack[name]).items()})
-    row.update(prep.privacy.metrics())
     row.update({
         "data.train_size": len(prep.task.train),
         "data.test_size": len(prep.task.test),
@@ -235,21 +253,28 @@ def artefact_path(path: str | Path, run_id: str, run_dir: Path) -> str:
 
 
 class AttacksFailed(RuntimeError):
-    """Some attacks of a run failed after training: ``metrics`` holds everything that finished (training and
-    the other attacks, ``leakage.<attack>.error`` for the failed ones), so it can be recorded, not lost."""
+    """Some attacks of a run failed after training: ``result`` holds everything that finished (training and
+    the other attacks; the failed ones' ``AttackOutcome.error``), so it can be recorded, not lost."""
 
-    def __init__(self, message: str, metrics: dict[str, Any]) -> None:
+    def __init__(self, message: str, result: RunResult) -> None:
         super().__init__(message)
-        self.metrics = metrics
+        self.result = result
 
-    def __reduce__(self):  # crosses process boundaries (sweep workers) with its metrics
-        return (AttacksFailed, (str(self), self.metrics))
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The result keys to record (``leakage.<attack>.error`` for the failed attacks)."""
+        return self.result.flat()
+
+    def __reduce__(self):  # crosses process boundaries (sweep workers) with its result
+        return (AttacksFailed, (str(self), self.result))
 
 
 def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                  out_dir: Path, run_id: str = "") -> AttackerView:
+                  out_dir: Path, run_id: str = "", progress: bool = True,
+                  train_shadow: Callable[..., nn.Module | None] | None = None) -> AttackerView:
     """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep. Its
-    finished shadow models are kept under the run's folder, for the run ``run_id`` only."""
+    finished shadow models are kept under the run's folder, for the run ``run_id`` only. ``progress``: False
+    hides the shadow models' progress bar; ``train_shadow``: the researcher's own shadow training function."""
     spec, task = prep.spec, prep.task
     oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
                            int(spec.train.physical_batch_size), spec.train.precision)
@@ -258,21 +283,22 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
         shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
         privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
         streams=prep.streams, out_dir=out_dir, device=prep.device, shadow_progress=lambda key: checkpoint.ShadowStore(
-            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{run_id}:{spec.run_key}:{key}"))
+            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{run_id}:{spec.run_key}:{key}"),
+        train_shadow=train_shadow, progress=None if progress else False)
 
 
 def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                 out_dir: Path, run_id: str = "", view_of: Callable[[Path], AttackerView] | None = None,
-                 progress: bool = False) -> tuple[dict[str, AttackOutcome], dict[str, float]]:
+                 out_dir: Path, run_id: str = "", progress: bool = True,
+                 train_shadow: Callable[..., nn.Module | None] | None = None,
+                 ) -> tuple[dict[str, AttackOutcome], dict[str, float]]:
     """Play every attack of the run: its outcome (artefact paths as stored: ``artefact_path``, given the run's id)
     and its wall-clock seconds. An attack that raises does not stop the others: its outcome holds the error (the
-    traceback goes to the log). ``view_of(folder)`` builds the attacker's view instead of ``attacker_view`` (the
-    Python API's outside victims)."""
+    traceback goes to the log). ``progress`` and ``train_shadow``: ``attacker_view``'s."""
     outcomes: dict[str, AttackOutcome] = {}
     seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
         folder = out_dir / name
-        view = view_of(folder) if view_of is not None else attacker_view(prep, states, defense_states, folder, run_id)
+        view = attacker_view(prep, states, defense_states, folder, run_id, progress, train_shadow)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
@@ -289,24 +315,21 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
     return outcomes, seconds
 
 
-def run_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                out_dir: Path, run_id: str = "") -> dict[str, Any]:
-    """``play_attacks`` as result keys, with each attack's time as ``time.<attack>_s`` and ``failed_attacks``
-    naming the attacks that raised."""
-    outcomes, seconds = play_attacks(prep, states, defense_states, out_dir, run_id)
-    metrics: dict[str, Any] = {}
-    for name, outcome in outcomes.items():
-        metrics.update(outcome.flat())
-        metrics[f"time.{name}_s"] = seconds[name]
-    failed = [name for name, outcome in outcomes.items() if outcome.error is not None]
-    if failed:
-        metrics["failed_attacks"] = failed
-    return metrics
+@dataclass
+class Trained:
+    """What training (or loading given weights) measured, before the attacks: the typed parts of the result and
+    the other keys it reports."""
+
+    utility: Utility
+    comm: Communication
+    train_s: float
+    threads: int
+    extra: dict[str, Any]
 
 
 def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, checkpoints: bool = False,
-            resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train, attack and write the artefacts of one run into ``run_dir``; returns its flat result.
+            resume: dict[str, Any] | None = None) -> RunResult:
+    """Train, attack and write the artefacts of one run into ``run_dir``; returns its result.
 
     ``checkpoints``: write ``checkpoint.pt`` at the end of every epoch; ``resume``: such a checkpoint's
     payload, to go on from it exactly as the uninterrupted run would have. Touches no store: the caller
@@ -318,8 +341,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
     handler = RunLogHandler(run_dir / "log.txt")
     log.addHandler(handler)
     try:
-        metrics = {"run_id": run_id, **base_metrics(prep)}
-        log.info("run %s: %s", run_id, json_line(metrics))
+        log.info("run %s: %s", run_id, json_line({"run_id": run_id, **base_metrics(prep)}))
         warn_sampling(prep.privacy)
         seed_globals(prep.streams)
         asked = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
@@ -344,8 +366,8 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
 
         defense = prep.make_defense(prep.streams.scope("victim"))
         if spec.model.weights is not None:  # trained elsewhere: attacked as given, nothing trained here
-            metrics.update(given_weights(prep, defense, states, defense_states))
-            return finish(prep, metrics, states, defense_states, run_dir, run_id)
+            trained = given_weights(prep, defense, states, defense_states)
+            return finish(prep, trained, states, defense_states, run_dir, run_id, progress)
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
                        prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
                        on_epoch_end=save_checkpoint if checkpoints else None,
@@ -354,23 +376,15 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         states["final"] = copy.deepcopy(prep.model.state_dict())
         defense_states["final"] = copy.deepcopy(defense.state_dict())
         write_atomic(run_dir / "model.pt", lambda f: torch.save(states["final"], f))
-        metrics.update({
-            "utility.test_accuracy": result.history[-1]["test_accuracy"],
-            "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
-            "utility.test_accuracy_by_epoch": [h["test_accuracy"] for h in result.history],
-            "utility.train_loss_by_epoch": [h["train_loss"] for h in result.history],
-            "comm.density": result.density,
-            "comm.density_by_epoch": [h["density"] for h in result.history],
-            "comm.bytes_sparse": result.bytes_sparse,
-            "comm.bytes_dense": result.bytes_dense,
-            "time.train_s": result.train_s,
-            "time.threads": torch.get_num_threads(),
-            "train.engine_used": result.engine,
-        })
+        trained = Trained(
+            Utility(result.history[-1]["test_accuracy"], accuracy(prep.model, prep.task.train, prep.device),
+                    [h["test_accuracy"] for h in result.history], [h["train_loss"] for h in result.history]),
+            Communication(result.density, result.bytes_sparse, result.bytes_dense), result.train_s,
+            torch.get_num_threads(),
+            {"comm.density_by_epoch": [h["density"] for h in result.history], "train.engine_used": result.engine})
         released = prep.privacy.at(prep.sampler.sample_rate, result.steps)  # the releases training made
-        metrics.update(released.metrics())
         prep = dataclasses.replace(prep, privacy=released)
-        return finish(prep, metrics, states, defense_states, run_dir, run_id)
+        return finish(prep, trained, states, defense_states, run_dir, run_id, progress)
     except Exception:
         log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
         raise
@@ -379,25 +393,43 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         handler.close()
 
 
-def finish(prep: Prepared, metrics: dict[str, Any], states: dict[str, dict[str, torch.Tensor]],
-           defense_states: dict[str, Any], run_dir: Path, run_id: str) -> dict[str, Any]:
-    """Play the attacks on the trained (or given) victim and complete its result; ``AttacksFailed`` when some
+def finish(prep: Prepared, trained: Trained, states: dict[str, dict[str, torch.Tensor]],
+           defense_states: dict[str, Any], run_dir: Path, run_id: str, progress: bool = True) -> RunResult:
+    """Play the attacks on the trained (or given) victim and build its result; ``AttacksFailed`` when some
     attack raised (with everything that finished)."""
     attack_start = time.perf_counter()
-    metrics.update(run_attacks(prep, states, defense_states, run_dir, run_id))
-    metrics["time.attack_s"] = time.perf_counter() - attack_start
-    failed = metrics.pop("failed_attacks", [])
-    metrics["status"] = "failed" if failed else "done"
+    outcomes, seconds = play_attacks(prep, states, defense_states, run_dir, run_id, progress)
+    result = run_result(prep, run_id, outcomes, time.perf_counter() - attack_start, trained,
+                        {f"time.{name}_s": s for name, s in seconds.items()})
+    failed = [name for name, outcome in outcomes.items() if outcome.error is not None]
     if failed:
-        errors = "; ".join(f"{a}: {metrics[str(AttackKey(a, 'error'))]}" for a in failed)
+        errors = "; ".join(f"{a}: {outcomes[a].error}" for a in failed)
         kept = [a for a in prep.spec.attacks if a not in failed]
         raise AttacksFailed(f"attack(s) failed after training ({errors}); recorded with the results that "
-                            f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", metrics)
-    return metrics
+                            f"finished{' (' + ', '.join(kept) + ')' if kept else ''}", result)
+    return result
+
+
+def run_result(prep: Prepared, run_id: str, outcomes: dict[str, AttackOutcome], attack_s: float,
+               trained: Trained | None = None, extra: dict[str, Any] | None = None, dataset: str | None = None,
+               defense: str | None = None) -> RunResult:
+    """The typed result of a run (``dpeval.results``), built once: the CLI prints and the store records its
+    ``flat()`` view. ``trained`` None: nothing was trained here (the Python API's outside victims and release
+    functions: no utility, communication or times but the attacks'); ``dataset`` / ``defense`` name what the
+    spec's names do not."""
+    spec = prep.spec
+    failed = any(outcome.error is not None for outcome in outcomes.values())
+    timing = None if trained is None else Timing(trained.train_s, attack_s, trained.threads)
+    return RunResult(
+        run_id=run_id, status="failed" if failed else "done", dataset=dataset or spec.data.name,
+        model=prep.model_name, defense=defense or spec.defense_name, seed=spec.seed,
+        utility=None if trained is None else trained.utility, privacy=prep.privacy,
+        comm=None if trained is None else trained.comm, time=timing, attacks=outcomes,
+        extra={} if trained is None else {**config_columns(prep), **trained.extra, **(extra or {})})
 
 
 def given_weights(prep: Prepared, defense: Defense, states: dict[str, dict[str, torch.Tensor]],
-                  defense_states: dict[str, Any]) -> dict[str, Any]:
+                  defense_states: dict[str, Any]) -> Trained:
     """A victim trained elsewhere (``model.weights``): its weights become the ``final`` state (``init`` stays the
     run's own initialisation), its utility is measured, and the ledger of the recipe the user says it was trained
     with is reported as planned (nothing was released here: no communication, no training time)."""
@@ -408,10 +440,8 @@ def given_weights(prep: Prepared, defense: Defense, states: dict[str, dict[str, 
     states["final"] = copy.deepcopy(prep.model.state_dict())
     test = accuracy(prep.model, prep.task.test, prep.device) if len(prep.task.test) else float("nan")
     train = accuracy(prep.model, prep.task.train, prep.device)
-    return {"utility.test_accuracy": test, "utility.train_accuracy": train, "comm.density": None,
-            "comm.bytes_sparse": None, "comm.bytes_dense": None, "time.train_s": 0.0,
-            "time.threads": torch.get_num_threads(),
-            "model.weights_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return Trained(Utility(test, train, None, None), Communication(None, None, None), 0.0, torch.get_num_threads(),
+                   {"model.weights_sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
 
 
 def check_weights(spec: RunSpec, model: nn.Module) -> None:
@@ -430,6 +460,8 @@ def check_weights(spec: RunSpec, model: nn.Module) -> None:
         differ = sorted(set(expected) ^ set(given)) or [n for n in expected if expected[n] != given[n]]
         raise ConfigError(f"model.weights: {path} is not a state dict of {spec.model.name or 'the model'} "
                           f"({len(given)} tensors, {len(expected)} expected; first difference: {differ[0]})")
+    if not all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()):
+        raise ConfigError(f"model.weights: {path} holds NaN or infinite values (a diverged model cannot be attacked)")
     for _, attack in attacks_of(spec):
         for state_name in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
             if str(state_name) not in ("init", "final"):
@@ -463,8 +495,8 @@ def warn_divergence(losses: list[float], lr: float) -> None:
                     "fixes it)", first, last, len(losses), lr)
 
 
-def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[str, Any]:
-    """Run ``spec`` and record it; returns the flat result (the result keys of docs/results.md).
+def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> RunResult:
+    """Run ``spec`` and record it (its ``flat()`` result keys, docs/results.md); returns its result.
 
     First marks as failed the ``running`` rows of this folder whose process on this host is gone
     (``kill -9``, a crash). Ctrl-C and SIGTERM (raised as KeyboardInterrupt) record the run as failed with
@@ -484,7 +516,7 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         run_id = store.begin(spec.run_key, spec.canonical())
     run_dir = store.run_dir(run_id)
     try:
-        metrics = perform(prep, run_id, run_dir, progress, checkpoints=True, resume=resume)
+        result = perform(prep, run_id, run_dir, progress, checkpoints=True, resume=resume)
     except KeyboardInterrupt as exc:
         reason = str(exc) or "interrupted"
         exc.args = (f"{reason}; run {run_id} {store.record_failure(run_id, reason) or 'recorded as failed'}",)
@@ -498,10 +530,10 @@ def execute(spec: RunSpec, store: ResultStore, progress: bool = True) -> dict[st
         unrecorded = store.record_failure(run_id, error)
         raise RunFailure(f"run {run_id} failed: {error}{f'; {unrecorded}' if unrecorded else ''}"
                          f"{log_hint(run_dir)}") from exc
-    store.finish(run_id, metrics)
+    store.finish(run_id, result.flat())
     (run_dir / checkpoint.FILE).unlink(missing_ok=True)  # done: nothing left to resume
     shutil.rmtree(run_dir / SHADOWS, ignore_errors=True)
-    return metrics
+    return dataclasses.replace(result, folder=run_dir)
 
 
 def resumable(spec: RunSpec, store: ResultStore) -> tuple[str, dict[str, Any] | None]:

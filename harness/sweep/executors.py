@@ -42,7 +42,8 @@ def run_job(canonical: dict[str, Any], run_id: str, run_dir: str, workers: int =
     spec = build_spec(canonical)
     saved = Path(run_dir) / checkpoint.FILE
     resume = checkpoint.load(saved, spec.run_key) if saved.is_file() else None
-    return perform(prepare(spec), run_id, Path(run_dir), progress=False, checkpoints=True, resume=resume)
+    result = perform(prepare(spec), run_id, Path(run_dir), progress=False, checkpoints=True, resume=resume)
+    return result.flat()  # the driver records it as it comes back
 
 
 def _ray_job(canonical: dict[str, Any], run_id: str) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -36,3 +36,26 @@ def test_a_failed_attack_is_its_error_alone():
     assert outcome.flat() == {"leakage.ig.error": "RuntimeError: boom"}
     back = RunResult.from_flat({"run_id": "x", "status": "failed", "leakage.ig.error": "RuntimeError: boom"})
     assert back.attacks["ig"].error == "RuntimeError: boom" and back.attacks["ig"].verdict is None
+
+
+def test_the_result_a_run_returns_is_the_row_it_stores(tmp_path):
+    """A run builds its typed result once: the store records its flat view, and that row reads back as the same
+    result (a given-weights run's absent curves and communication included)."""
+    import torch
+
+    from dpeval.config import build_spec
+    from dpeval.runner import execute, prepare
+    from dpeval.store import ResultStore
+
+    raw = {"defense": "dpsgd", "attacks": ["loss"], "train": {"epochs": 1}, "data": {"max_train": 200}}
+    weights = tmp_path / "w.pt"
+    torch.save(prepare(build_spec(raw)).model.state_dict(), weights)
+    for settings in (raw, {**raw, "model": {"weights": str(weights)}}):
+        store = ResultStore(tmp_path / f"r{len(settings)}")
+        result = execute(build_spec(settings), store, progress=False)
+        row = store.get(result.run_id)["metrics"]
+        assert json.loads(json.dumps(result.flat(), default=str)) == row
+        back = RunResult.from_flat(row)
+        assert json.loads(json.dumps(back.flat(), default=str)) == row and back.utility == result.utility
+        assert result.folder == store.run_dir(result.run_id)
+    assert "utility.test_accuracy_by_epoch" not in row and row["comm.density"] is None  # the weights run

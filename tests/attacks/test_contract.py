@@ -108,7 +108,7 @@ def every_attack(results):
            "attack": {k: v for k, v in SMALL.items()}, "data": {"max_train": 400}}
     raw["attack"]["grad-mia"] = {"batch_size": 4}
     spec = build_spec(raw)
-    return execute(spec, ResultStore(results), progress=False)
+    return execute(spec, ResultStore(results), progress=False).flat()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -66,7 +66,7 @@ def test_victim_game_shadows_are_trained_like_the_victim(tmp_path, recorded_shad
     number of steps equal the victim's; its streams (shadow/i) give other initial weights and batches."""
     spec = build_spec({"defense": "dpsgd", "attacks": ["lira"], "train": {"epochs": 1},
                        "attack": {"shadows": 5}})
-    metrics = execute(spec, ResultStore(tmp_path), progress=False)
+    metrics = execute(spec, ResultStore(tmp_path), progress=False).flat()
     (call,) = recorded_shadow_training
     n = metrics["data.train_size"]
     assert len(call["pools"]) == 5 and all(len(pool) == n for pool in call["pools"])

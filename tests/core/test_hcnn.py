@@ -142,7 +142,7 @@ def tiny_spec(defense: str, **extra) -> object:
 def test_every_defense_trains_hcnn(defense, tmp_path):
     prep = prepare(tiny_spec(defense))
     before = {n: p.detach().clone() for n, p in prep.model.named_parameters()}
-    metrics = perform(prep, "t", tmp_path, progress=False)
+    metrics = perform(prep, "t", tmp_path, progress=False).flat()
     assert metrics["status"] == "done" and metrics["privacy.steps"] == 3
     assert metrics["train.engine_used"] == "lean"  # every defense, the fixed front outside the engine
     assert all(torch.isfinite(p).all() for p in prep.model.parameters())

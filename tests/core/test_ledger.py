@@ -39,7 +39,7 @@ def run(tmp_path_factory, sigma: float, accountant: str) -> dict:
                            "privacy": {"noise_multiplier": sigma, "accountant": accountant},
                            "train": {"epochs": EPOCHS, "batch_size": BATCH}, "data": {"max_train": 300},
                            "attack": {"batches": 2, "batch_size": 2, "at": "final"}})
-        _RUNS[key] = execute(spec, ResultStore(tmp_path_factory.mktemp("results")), progress=False)
+        _RUNS[key] = execute(spec, ResultStore(tmp_path_factory.mktemp("results")), progress=False).flat()
     return _RUNS[key]
 
 
@@ -98,7 +98,7 @@ def test_the_runs_ledger_counts_the_releases_training_made(tmp_path, monkeypatch
     monkeypatch.setattr(runner, "train", fewer)
     spec = build_spec({"defense": "dpsgd", "device": "cpu", "privacy": {"noise_multiplier": 1.0},
                        "train": {"epochs": 1, "batch_size": BATCH}, "data": {"max_train": 300}})
-    row = execute(spec, ResultStore(tmp_path), progress=False)
+    row = execute(spec, ResultStore(tmp_path), progress=False).flat()
     n = row["data.train_size"]
     steps = n // BATCH - 5
     assert row["privacy.steps"] == steps

@@ -85,7 +85,7 @@ def test_the_noise_stream_changes_no_batch():
 def test_same_seed_reproduces_every_metric(tmp_path):
     raw = {"defense": {"name": "rs"}, "attacks": ["ig", "loss"], "train": {"epochs": 2},
            "attack": {"ig_iterations": 25}}
-    runs = [execute(build_spec(raw), ResultStore(tmp_path / f"r{i}"), progress=False) for i in range(2)]
+    runs = [execute(build_spec(raw), ResultStore(tmp_path / f"r{i}"), progress=False).flat() for i in range(2)]
 
     def comparable(metrics):
         return json.dumps({k: v for k, v in metrics.items()
@@ -93,5 +93,5 @@ def test_same_seed_reproduces_every_metric(tmp_path):
                            and not k.endswith("time_s")}, sort_keys=True, default=str)
 
     assert comparable(runs[0]) == comparable(runs[1])
-    other = execute(build_spec({**raw, "seed": 1}), ResultStore(tmp_path / "r2"), progress=False)
+    other = execute(build_spec({**raw, "seed": 1}), ResultStore(tmp_path / "r2"), progress=False).flat()
     assert other["utility.test_accuracy_by_epoch"] != runs[0]["utility.test_accuracy_by_epoch"]
