@@ -237,8 +237,8 @@ class ResultStore:
         """Refuse (ConfigError naming ``option``) to write an output file — ``--out`` or a file a command writes
         beside it — that is one of the store's own files (the database, its journal, the sweep lock, also
         through a link) or lies inside a run's folder: writing there would destroy results; that is a symbolic
-        link: dpeval never writes through one; or, given ``ours``, that exists but is not a file ``ours``
-        recognises as the command's own earlier output."""
+        link: dpeval never writes through one; that is a device, a FIFO, a socket or a folder (never replaced);
+        or, given ``ours``, that exists but is not a file ``ours`` recognises as the command's own earlier output."""
         path = Path(out)
         try:
             target = path.resolve()
@@ -255,6 +255,7 @@ class ResultStore:
         if link:
             raise ConfigError(f"{option}: {out} is a symbolic link; dpeval never writes through one: remove it "
                               f"or name another file")
+        files.refuse_special(path, option)  # a device or a FIFO is never replaced by a file
         if foreign:
             raise ConfigError(f"{option}: {out} exists and is not an earlier output of this command; dpeval "
                               f"leaves it as it is: move it aside or name another file")

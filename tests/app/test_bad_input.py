@@ -12,7 +12,9 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -39,6 +41,32 @@ def _unwritable_available() -> bool:
 
 
 NEEDS_UNWRITABLE = pytest.mark.skipif(not _unwritable_available(), reason=f"needs a read-only {UNWRITABLE}")
+
+
+def _mknod_available() -> bool:
+    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"dpeval-mknod-{os.getpid()}"
+    try:
+        os.mknod(probe, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+NEEDS_MKNOD = pytest.mark.skipif(not _mknod_available(), reason="needs permission to make a device node")
+
+
+def special_outputs(work: Path) -> None:
+    """Output paths that are not regular files, made in the case's own folder (copying them would block or fail):
+    FIFOs, a unix socket and, where allowed, a character device with /dev/null's numbers (a stand-in for
+    ``/dev/full``: a writer that replaced it would harm nothing outside the test)."""
+    for name in ("fifo.yaml", "out.fifo", "fifo.html"):
+        os.mkfifo(work / name)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(work / "out.sock"))
+    server.close()
+    if _mknod_available():
+        os.mknod(work / "full.csv", stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
 
 def record_runs(root: Path, n: int, pad: int = 0) -> list[str]:
@@ -194,6 +222,12 @@ CASES = [
     case(["leaderboard", "--results", "store", "--out", "store/runs/{first}/board.csv"], "--out: store/runs/",
          id="leaderboard-out-inside-a-run"),
     case(["leaderboard", "--results", "store", "--out", "store"], "--out", id="leaderboard-out-is-a-folder"),
+    case(["leaderboard", "--results", "store", "--out", "out.fifo"], "--out: out.fifo is a FIFO (named pipe), not a "
+         "regular file", hang=True, id="leaderboard-out-is-a-fifo"),
+    case(["leaderboard", "--results", "store", "--out", "out.sock"], "--out: out.sock is a socket",
+         id="leaderboard-out-is-a-socket"),
+    case(["leaderboard", "--results", "store", "--out", "full.csv"], "--out: full.csv is a character device",
+         id="leaderboard-out-is-a-device", marks=NEEDS_MKNOD),
     case(["leaderboard", "--results", "store", "--sort", "nope"], "--sort", id="leaderboard-unknown-column"),
     # report
     case(["report", "--results", "nowhere", "--out", "r.html"], "nowhere", id="report-no-folder"),
@@ -208,6 +242,8 @@ CASES = [
     case(["report", "--results", "store"], "--out", id="report-out-missing"),
     case(["report", "--results", "store", "--out", "store.html"], "--out: store.html is part of the results store",
          id="report-out-links-to-the-store"),
+    case(["report", "--results", "store", "--out", "fifo.html"], "--out: fifo.html", hang=True,
+         id="report-out-is-a-fifo"),
     case(["report", "--results", "store", "--out", "store/runs/{first}/r.html"], "--out: store/runs/",
          id="report-out-inside-a-run"),
     # show
@@ -303,7 +339,7 @@ def test_bad_input_keeps_the_contract(args, names, code, options, template, tmp_
     base, common = template
     work = tmp_path / "work"
     shutil.copytree(base, work, symlinks=True)
-    os.mkfifo(work / "fifo.yaml")  # made here: copying a FIFO would block
+    special_outputs(work)  # made here: copying a FIFO would block
     first = ResultStore(work / "store").rows()[0]["run_id"]
     args = [a.replace("{common}", common).replace("{first}", first) for a in args]
     monkeypatch.chdir(work)

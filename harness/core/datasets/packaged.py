@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpeval.core.datasets._common import open_regular
 from dpeval.core.errors import ConfigError, RunFailure
-from dpeval.core.files import write_atomic
+from dpeval.core.files import open_regular, write_atomic
 
 
 @dataclass(frozen=True)
