@@ -621,8 +621,9 @@ def data_status(as_json: bool) -> None:
         rows[name] = {"folder": str(folder), "package": package.npm,
                       "status": "damaged" if problems else "verified" if found else "not installed",
                       "problem": problems[0] if problems else None}
-    text = [f"{name:<8} {row['status']:<13} {row['folder']}  ({row['package']})"
-            + (f"\n         {row['problem']}" if row["problem"] else "") for name, row in rows.items()]
+    # the folder comes from $DPEVAL_DATA: printed escaped, so a control character in it is text, not a command
+    text = [printable(f"{name:<8} {row['status']:<13} {row['folder']}  ({row['package']})")
+            + (f"\n         {printable(row['problem'])}" if row["problem"] else "") for name, row in rows.items()]
     emit(rows, as_json, "\n".join(text))
     if any(row["problem"] for row in rows.values()):
         sys.exit(1)
