@@ -166,6 +166,8 @@ class ResultStore:
             return
         if create and not os.access(root, os.W_OK | os.X_OK):
             raise ConfigError(f"--results: {root} is not writable")
+        if create:
+            self._refuse_linked_parts()
         if not self.db_path.exists():
             if not create:
                 raise ConfigError(f"--results: {root} holds no results store ({STORE_FILE}); run `dpeval run` or "
@@ -193,6 +195,16 @@ class ResultStore:
                               "name another --results folder or move the file aside")
         if missing and create:
             self._migrate(sorted(missing))
+
+    def _refuse_linked_parts(self) -> None:
+        """A command that records runs never writes through a link at the store's database (or its journal) or at
+        ``runs/``: the rows or the run folders would land wherever it points, outside this results folder."""
+        for name in (*STORE_FILES, "runs"):
+            path = self.root / name
+            if name != LOCK_FILE and path.is_symlink():
+                raise ConfigError(f"--results: {printable(path, 200)} is a symbolic link; dpeval never records runs "
+                                  f"through one: replace it with the real {'folder' if name == 'runs' else 'file'} "
+                                  f"or name another --results folder")
 
     def _recover_journal(self) -> None:
         """A ``-journal`` left by a writer that crashed mid-transaction: SQLite rolls it back the first time

@@ -116,6 +116,10 @@ def template(tmp_path_factory):
     (base / "symlock" / ".sweep.lock").unlink()
     (base / "symlock" / ".sweep.lock").symlink_to("../outside.txt")
     (base / "store.csv").symlink_to("store/results.sqlite")
+    (base / "linkeddb").mkdir()  # a store whose database is elsewhere: a run would record its row there
+    (base / "linkeddb" / "results.sqlite").symlink_to("../store/results.sqlite")
+    shutil.copytree(base / "store", base / "linkedruns", ignore=shutil.ignore_patterns("runs", ".sweep.lock"))
+    (base / "linkedruns" / "runs").symlink_to("../store/runs")  # and one whose run folders would land elsewhere
     (base / "store.html").symlink_to("store/results.sqlite")
     return base, os.path.commonprefix(ids)
 
@@ -158,6 +162,10 @@ CASES = [
     case(["run", "--results", "foreign"], "not a dpeval results store", id="run-foreign-sqlite"),
     case(["run", "--results", UNWRITABLE], UNWRITABLE, id="run-results-unwritable",
                  marks=NEEDS_UNWRITABLE),
+    case(["run", "--results", "linkeddb", "--epochs", "1"], "--results: linkeddb/results.sqlite is a symbolic link",
+         id="run-store-database-is-a-link"),
+    case(["run", "--results", "linkedruns", "--epochs", "1"], "--results: linkedruns/runs is a symbolic link",
+         id="run-store-runs-folder-is-a-link"),
     case(["run", "--defense", "none", "--set", "defense.clip=0.5"], "defense.clip: unknown setting; "
                  "valid keys here: none", id="run-param-of-parameterless-defense"),
     case(["run", "--epsilon", "inf"], "privacy.epsilon", id="run-epsilon-inf"),
@@ -188,6 +196,8 @@ CASES = [
                  id="sweep-dry-run-corrupted-store"),
     case(["sweep", "ok.yaml", "--results", "afile"], "afile", id="sweep-results-is-a-file"),
     case(["sweep", "ok.yaml", "--results", ""], "--results", id="sweep-results-empty"),
+    case(["sweep", "ok.yaml", "--results", "linkedruns"], "--results: linkedruns/runs is a symbolic link",
+         id="sweep-store-runs-folder-is-a-link"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
