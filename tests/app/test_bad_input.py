@@ -112,6 +112,8 @@ def template(tmp_path_factory):
     (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
                                                       "attack": {"targets": [6, 10**12]}}))
     (base / "outside.txt").write_text("a file outside the results folder\n")
+    (base / "longint.yaml").write_text(f"train:\n  epochs: {LONG_INT}\n")  # past Python's int-str limit
+    (base / "longgrid.yaml").write_text(f"train:\n  epochs: [1, {LONG_INT}]\n")
     shutil.copytree(base / "store", base / "symlock")
     (base / "symlock" / ".sweep.lock").unlink()
     (base / "symlock" / ".sweep.lock").symlink_to("../outside.txt")
@@ -124,6 +126,7 @@ def template(tmp_path_factory):
     return base, os.path.commonprefix(ids)
 
 
+LONG_INT = "7" * 5000  # int() refuses more than 4300 digits with a ValueError (not a YAML error)
 # "Billion laughs": nine levels of nine aliases, 9**9 strings once expanded.
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
@@ -166,6 +169,10 @@ CASES = [
          id="run-store-database-is-a-link"),
     case(["run", "--results", "linkedruns", "--epochs", "1"], "--results: linkedruns/runs is a symbolic link",
          id="run-store-runs-folder-is-a-link"),
+    case(["run", "--config", "longint.yaml"], "--config: malformed YAML in longint.yaml at line 2, column 11: an "
+         "integer of 5000 characters", id="run-yaml-integer-past-the-digit-limit"),
+    case(["run", "--set", f"train.epochs={LONG_INT}"], "train.epochs: must be an integer",
+         id="run-set-integer-past-the-digit-limit"),
     case(["run", "--defense", "none", "--set", "defense.clip=0.5"], "defense.clip: unknown setting; "
                  "valid keys here: none", id="run-param-of-parameterless-defense"),
     case(["run", "--epsilon", "inf"], "privacy.epsilon", id="run-epsilon-inf"),
@@ -198,6 +205,8 @@ CASES = [
     case(["sweep", "ok.yaml", "--results", ""], "--results", id="sweep-results-empty"),
     case(["sweep", "ok.yaml", "--results", "linkedruns"], "--results: linkedruns/runs is a symbolic link",
          id="sweep-store-runs-folder-is-a-link"),
+    case(["sweep", "longgrid.yaml", "--dry-run"], "SWEEP_FILE: malformed YAML in longgrid.yaml",
+         id="sweep-integer-past-the-digit-limit"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
