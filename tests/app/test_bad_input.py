@@ -112,6 +112,9 @@ def template(tmp_path_factory):
     (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
                                                       "attack": {"targets": [6, 10**12]}}))
     (base / "outside.txt").write_text("a file outside the results folder\n")
+    (base / "huge_grid.yaml").write_text(yaml.safe_dump({"train": {"epochs": list(range(1, 101)),
+                                                              "lr": [0.001 * i for i in range(1, 101)]},
+                                                    "seeds": list(range(100))}))  # 10**6 points
     (base / "longint.yaml").write_text(f"train:\n  epochs: {LONG_INT}\n")  # past Python's int-str limit
     (base / "longgrid.yaml").write_text(f"train:\n  epochs: [1, {LONG_INT}]\n")
     shutil.copytree(base / "store", base / "symlock")
@@ -207,6 +210,8 @@ CASES = [
          id="sweep-store-runs-folder-is-a-link"),
     case(["sweep", "longgrid.yaml", "--dry-run"], "SWEEP_FILE: malformed YAML in longgrid.yaml",
          id="sweep-integer-past-the-digit-limit"),
+    case(["sweep", "huge_grid.yaml", "--dry-run"], "huge_grid.yaml: the grid has 1000000 points", hang=True,
+         id="sweep-dry-run-million-point-grid"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
