@@ -16,6 +16,7 @@ again just before the rename.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -123,3 +124,23 @@ def open_regular(path: Path | str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+
+
+def file_digest(path: str | Path) -> str | None:
+    """The SHA-256 of a regular file's bytes (None when it is not one or cannot be read: whoever uses the file
+    says why), remembered per (file, size, modification time) so that a key computed often reads it once."""
+    try:
+        with open_regular(path) as f:
+            info = os.fstat(f.fileno())
+            key = (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            if key not in _DIGESTS:
+                digest = hashlib.sha256()
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+                _DIGESTS[key] = digest.hexdigest()
+            return _DIGESTS[key]
+    except OSError:
+        return None
