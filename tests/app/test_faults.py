@@ -258,3 +258,17 @@ def test_a_sweep_worker_killed_by_sigkill_fails_its_point_and_the_lane_goes_on(t
     (first, _, error), second = outcomes
     assert first == "killed" and error.startswith("WorkerKilled: ") and "\n" not in error
     assert second == ("next", {"run_id": "next"}, None)
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_as_a_runs_log_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO for writing waits for a reader: a run whose folder held one named log.txt used to hang."""
+    from dpeval.core.errors import ConfigError
+    from dpeval.logs import RunLogHandler
+
+    os.mkfifo(tmp_path / "log.txt")
+    with pytest.raises(ConfigError, match="log.txt is a FIFO"):
+        RunLogHandler(tmp_path / "log.txt")
+    handler = RunLogHandler(tmp_path / "other.txt")  # the control: a new regular file is opened and written
+    handler.close()
+    assert (tmp_path / "other.txt").is_file()
