@@ -112,7 +112,7 @@ class Registry(Generic[T]):
 
     def _origin(self, module: str | None) -> str:
         """"the plug-in module M (distribution D)" for a module an entry point names (or one of its submodules)."""
-        for declaration in (self._declared or {}).values():
+        for declaration in self.declared().values():
             if declaration.origin and module and (module + ".").startswith(declaration.module + "."):
                 return declaration.origin
         return f"the plug-in module {module}"
