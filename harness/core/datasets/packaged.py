@@ -37,6 +37,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -291,7 +292,12 @@ def refuse_links_to(target: Path) -> None:
 
 def remove_stale_staging(parent: Path, stem: str) -> None:
     """Remove the staging folders of killed installs of ``stem``: older than ``STALE_S`` and their lock free (a
-    running install holds its lock, so its folder is never taken)."""
+    running install holds its lock, so its folder is never taken); also those of earlier dpeval versions
+    (``.raw-`` and 8 random characters, no lock) once a day old."""
+    for folder in parent.glob(f".{stem}-*"):
+        legacy = re.fullmatch(rf"\.{re.escape(stem)}-[a-z0-9_]{{8}}", folder.name) is not None
+        if legacy and not folder.is_symlink() and folder.is_dir() and time.time() - folder.lstat().st_mtime > 86400:
+            shutil.rmtree(folder, ignore_errors=True)
     for folder in parent.glob(f".{stem}{STAGING}*"):
         try:
             if folder.is_symlink() or not folder.is_dir() or time.time() - folder.lstat().st_mtime < STALE_S:
