@@ -211,8 +211,14 @@ def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declarat
         return {}
     from importlib.metadata import entry_points
 
-    found = {}
-    for ep in entry_points(group=group):
+    found: dict[str, Declaration] = {}
+    try:
+        points = list(entry_points(group=group))
+    except Exception as exc:  # an installed distribution's metadata that does not parse: no plug-in is usable
+        log.warning("warning: %s", printable(f"the installed plug-ins ({group}) cannot be listed: "
+                                             f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+        return found
+    for ep in points:
         module = ep.value.split(":", 1)[0].strip()
         dist = ep.dist.name if ep.dist is not None else "unknown"
         origin = f"the plug-in module {printable(module, 100)} (distribution {printable(dist, 100)})"

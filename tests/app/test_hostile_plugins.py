@@ -142,6 +142,19 @@ def test_a_broken_plugin_breaks_only_its_own_name(site, how, tmp_path):
     assert len(named.stderr.strip().splitlines()) == 1 and DIST in named.stderr, named.stderr
 
 
+def test_unreadable_entry_point_metadata_breaks_no_builtin(site):
+    """An ``entry_points.txt`` line without ``=`` makes importlib.metadata raise TypeError for the whole group."""
+    info = site / "hostile_plugin-0.1.dist-info"
+    install(site, {}, {})
+    (info / "entry_points.txt").write_text("[dpeval.defenses]\nno value here\n")
+    listed = CliRunner().invoke(main, ["list", "--json"])
+    assert listed.exit_code == 0 and "dpsgd" in json.loads(listed.stdout)["defenses"], listed.output
+    warnings = listed.stderr.strip().splitlines()  # one per registry that looked (each reads its own group)
+    assert any("(dpeval.defenses) cannot be listed" in w for w in warnings)
+    assert all("cannot be listed" in w for w in warnings), warnings
+    assert builtin_dpsgd()
+
+
 def test_list_with_params_reports_a_broken_plugin_in_one_line(site):
     install(site, {"hostile/bad.py": "raise RuntimeError('plug-in exploded')\n"}, {"broken": "hostile.bad"})
     listed = CliRunner().invoke(main, ["list", "--params"])
