@@ -424,8 +424,9 @@ def data_status(as_json: bool) -> None:
         rows[name] = {"folder": str(folder), "package": package.npm,
                       "status": "damaged" if problems else "verified" if found else "not installed",
                       "problem": problems[0] if problems else None}
-    text = [f"{name:<8} {row['status']:<13} {row['folder']}  ({row['package']})"
-            + (f"\n         {row['problem']}" if row["problem"] else "") for name, row in rows.items()]
+    # the folder comes from $DPEVAL_DATA: printed escaped, so a control character in it is text, not a command
+    text = [printable(f"{name:<8} {row['status']:<13} {row['folder']}  ({row['package']})")
+            + (f"\n         {printable(row['problem'])}" if row["problem"] else "") for name, row in rows.items()]
     emit(rows, as_json, "\n".join(text))
     if any(row["problem"] for row in rows.values()):
         sys.exit(1)
@@ -475,23 +476,35 @@ def list_cmd(with_params: bool, as_json: bool) -> None:
                             "datasets": DATASETS.describe(), "models": MODELS.describe()}
     defaults = {n: DATASETS.detail(n, "default_model") for n in DATASETS.names()}
     data["default_models"] = {n: m for n, m in defaults.items() if m is not None}
-    params = {"defenses": {n: describe(DEFENSES.get(n).Params) for n in DEFENSES.names()},
-              "attacks": {n: describe(ATTACKS.get(n).Params) for n in ATTACKS.names()}}
-    if with_params:
+    params: dict[str, dict[str, Any]] = {}
+    unavailable: dict[str, str] = {}  # --params: a broken plug-in's one-line reason instead of its parameters
+    if with_params:  # only then are the modules (and torch) imported: names and descriptions are read from source
+        for section, registry in (("defenses", DEFENSES), ("attacks", ATTACKS)):
+            params[section] = {}
+            for name in registry.names():
+                try:
+                    params[section][name] = describe(registry.get(name).Params)
+                except ConfigError as exc:
+                    unavailable[name] = str(exc)
         data["parameters"] = params
+        if unavailable:
+            data["unavailable"] = unavailable
     text = []
     for section in ("defenses", "attacks", "datasets", "models"):
         text.append(f"{section}:")
         for name, desc in data[section].items():
             model = data["default_models"].get(name) if section == "datasets" else None
-            text.append(f"  {name:<16} {desc}" + (f" [default model: {model}]" if model else ""))
+            line = f"  {name:<16} {desc}" + (f" [default model: {model}]" if model else "")
+            text.append(printable(line))  # a plug-in's name or description may hold terminal commands
             prefix = "defense" if section == "defenses" else "attack"
-            for row in params.get(section, {}).get(name, []) if with_params else []:
+            if name in unavailable and section in params:
+                text.append(printable(f"      (parameters unavailable: {unavailable[name]})"))
+            for row in params.get(section, {}).get(name, []):
                 allowed = f" ({row['allowed']})" if row["allowed"] else ""
                 own = name.replace("-", "_") + "_"
                 key = (f"{name}.{row['name'][len(own):]}" if prefix == "attack" and row["name"].startswith(own)
                        else row["name"])  # attack.ig.iterations, not attack.ig_iterations
-                text.append(f"      {prefix}.{key} = {row['default']!r}{allowed}: {row['help']}")
+                text.append(printable(f"      {prefix}.{key} = {row['default']!r}{allowed}: {row['help']}"))
     emit(data, as_json, "\n".join(text))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,16 @@ from dpeval.core.spec import RunSpec
 
 class _StrictLoader(yaml.SafeLoader):
     """Safe YAML that refuses a key written twice in one mapping (plain YAML keeps the last one silently).
-    Keys merged in with ``<<`` may still be overridden: that is what a merge is for."""
+    Keys merged in with ``<<`` may still be overridden: that is what a merge is for. An integer too long for
+    Python to read (over ``sys.get_int_max_str_digits()`` digits, a ValueError) is a YAML error at its place."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(str(node.value))} characters, longer than Python reads "
+                f"({sys.get_int_max_str_digits()} digits at most)", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -46,6 +56,9 @@ class _StrictLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {brief(key)} (first given at line {first + 1})", key_node.start_mark)
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 
 
 MAX_YAML_BYTES = 1 << 20      # a settings file or sweep is a few KB; far larger is a mistake or an attack

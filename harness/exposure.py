@@ -18,11 +18,20 @@ false alarm at that member's threshold), as the ROC curve's points are.
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from dpeval.core.files import open_regular
+
+# The largest scores file read (bytes): a game scores a few hundred thousand examples per target, ~40 bytes a line;
+# a file far larger (a sparse file, a mistake) is refused by its size before anything is read.
+MAX_SCORES_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -38,9 +47,15 @@ class Exposure:
 
 def exposures(scores_csv: str | Path, target: int = -1) -> list[Exposure]:
     """The members of ``target``'s game (-1: the victim), most exposed first. Raises ValueError on a file that
-    is not a scores file or holds no member or no non-member of that target."""
+    is not a scores file or holds no member or no non-member of that target, OSError on one that is not a regular
+    file (a FIFO would block, a device never end) or is larger than ``MAX_SCORES_BYTES``."""
     members, nonmember_scores = [], []
-    with open(scores_csv, newline="") as f:
+    with open_regular(scores_csv) as raw:
+        size = os.fstat(raw.fileno()).st_size
+        if size > MAX_SCORES_BYTES:
+            raise OSError(errno.EFBIG, f"{size} bytes, more than the {MAX_SCORES_BYTES} a scores file may hold",
+                          str(scores_csv))
+        f = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         reader = csv.DictReader(f)
         missing = {"target", "split", "index", "label", "member", "score"} - set(reader.fieldnames or ())
         if missing:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
+
+from dpeval.core.errors import ConfigError
+from dpeval.core.files import refuse_special
 
 LOG_ONLY = {"log_only": True}
 
@@ -40,15 +44,25 @@ class StderrHandler(logging.StreamHandler):
 
 
 class RunLogHandler(logging.FileHandler):
-    """A run's ``log.txt``, appended to, never opened through a link (``O_NOFOLLOW``: OSError ELOOP)."""
+    """A run's ``log.txt``, appended to, never opened through a link (``O_NOFOLLOW``: OSError ELOOP) and only when
+    it is a regular file (a FIFO there would block the run, a device take its log: ConfigError naming it)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, encoding="utf-8")
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
 
     def _open(self) -> Any:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        return open(fd, "a", encoding=self.encoding)
+        refuse_special(self.baseFilename)  # before opening: opening a FIFO for writing waits for a reader
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o644)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # what was opened, not what the name meant a moment ago
+                raise ConfigError(f"{self.baseFilename} is not a regular file; dpeval writes a run's log only into one")
+            os.set_blocking(fd, True)
+            return open(fd, "a", encoding=self.encoding)
+        except BaseException:
+            os.close(fd)
+            raise
 
 
 def setup_logging(debug: bool = False, terminal: bool = True) -> None:

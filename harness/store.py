@@ -166,6 +166,8 @@ class ResultStore:
             return
         if create and not os.access(root, os.W_OK | os.X_OK):
             raise ConfigError(f"--results: {root} is not writable")
+        if create:
+            self._refuse_linked_parts()
         if not self.db_path.exists():
             if not create:
                 raise ConfigError(f"--results: {root} holds no results store ({STORE_FILE}); run `dpeval run` or "
@@ -193,6 +195,16 @@ class ResultStore:
                               "name another --results folder or move the file aside")
         if missing and create:
             self._migrate(sorted(missing))
+
+    def _refuse_linked_parts(self) -> None:
+        """A command that records runs never writes through a link at the store's database (or its journal) or at
+        ``runs/``: the rows or the run folders would land wherever it points, outside this results folder."""
+        for name in (*STORE_FILES, "runs"):
+            path = self.root / name
+            if name != LOCK_FILE and path.is_symlink():
+                raise ConfigError(f"--results: {printable(path, 200)} is a symbolic link; dpeval never records runs "
+                                  f"through one: replace it with the real {'folder' if name == 'runs' else 'file'} "
+                                  f"or name another --results folder")
 
     def _recover_journal(self) -> None:
         """A ``-journal`` left by a writer that crashed mid-transaction: SQLite rolls it back the first time
@@ -237,8 +249,8 @@ class ResultStore:
         """Refuse (ConfigError naming ``option``) to write an output file — ``--out`` or a file a command writes
         beside it — that is one of the store's own files (the database, its journal, the sweep lock, also
         through a link) or lies inside a run's folder: writing there would destroy results; that is a symbolic
-        link: dpeval never writes through one; or, given ``ours``, that exists but is not a file ``ours``
-        recognises as the command's own earlier output."""
+        link: dpeval never writes through one; that is a device, a FIFO, a socket or a folder (never replaced);
+        or, given ``ours``, that exists but is not a file ``ours`` recognises as the command's own earlier output."""
         path = Path(out)
         try:
             target = path.resolve()
@@ -255,6 +267,7 @@ class ResultStore:
         if link:
             raise ConfigError(f"{option}: {out} is a symbolic link; dpeval never writes through one: remove it "
                               f"or name another file")
+        files.refuse_special(path, option)  # a device or a FIFO is never replaced by a file
         if foreign:
             raise ConfigError(f"{option}: {out} exists and is not an earlier output of this command; dpeval "
                               f"leaves it as it is: move it aside or name another file")

@@ -6,29 +6,66 @@ at its name), are flushed to the disk, then renamed over the target (a rename re
 does not write through it). On any error the temporary file is closed (a file held open keeps its space on a
 full disk) and removed. A folder that is written into again (an interrupted run's) must hold no link at all
 (``refuse_links``): a linked folder would take every write elsewhere.
+
+Only a regular file (or a link, replaced as a link) is ever replaced: a device (``--out /dev/full`` renamed over
+would remove the device for every program on the machine), a FIFO, a socket or a folder at the target is refused
+(``refuse_special``, :class:`ConfigError` naming the path and what it is) before anything is written, and looked at
+again just before the rename.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from dpeval.core.errors import ConfigError
+from dpeval.core.errors import ConfigError, printable
+
+KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO (named pipe)",
+         stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a symbolic link (not followed): "a
+    character device", "a FIFO (named pipe)", ...; None otherwise (also when it cannot be looked at: the write
+    then fails with the system's own reason)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def refuse_special(path: str | Path, option: str | None = None) -> None:
+    """ConfigError (naming ``option`` when given) when ``path`` is a device, a FIFO, a socket or a folder: dpeval
+    writes only regular files, and never replaces anything else."""
+    kind = special_kind(path)
+    if kind is not None:
+        where = f"{option}: " if option else ""
+        raise ConfigError(f"{where}{printable(path, 200)} is {kind}, not a regular file; dpeval never writes over "
+                          f"one: name a regular file (a new path or an earlier output)")
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
     """``write(f)`` into a temporary file ``f`` (binary, opened for writing) beside ``path``, then rename it to
-    ``path``; an OSError (e.g. ENOSPC) leaves ``path`` as it was."""
+    ``path``; an OSError (e.g. ENOSPC) leaves ``path`` as it was. ConfigError, with nothing written, when ``path``
+    is not a regular file (``refuse_special``)."""
     path = Path(path)
+    refuse_special(path)  # before the temporary file: nothing is created beside a device
     tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        refuse_special(path)  # again: one may have been made there while the bytes were written
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -64,3 +101,46 @@ def refuse_links(folder: str | Path) -> None:
         if found:
             raise ConfigError(f"{found[0]} is a symbolic link; dpeval never writes through one into a run's "
                               f"folder: remove it (rm {found[0]}) and run the same command again")
+
+
+class NotRegularFile(OSError):
+    """A FIFO, a device, a socket or a folder where a data file is expected (``strerror``: "not a regular file")."""
+
+
+def check_regular(path: Path | str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """``path`` opened for binary reading, only if it is a regular file (links followed): a FIFO would block the
+    loader, a device (``/dev/zero``) never end. Raises OSError (:class:`NotRegularFile` for anything not regular);
+    its ``strerror`` says what is wrong without the path."""
+    check_regular(path, os.stat(path).st_mode)  # before opening: opening a device can itself act
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never waits for a FIFO's writer (one may appear meanwhile)
+    try:
+        check_regular(path, os.fstat(fd).st_mode)  # what was opened, not what the name meant a moment ago
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+
+
+def file_digest(path: str | Path) -> str | None:
+    """The SHA-256 of a regular file's bytes (None when it is not one or cannot be read: whoever uses the file
+    says why), remembered per (file, size, modification time) so that a key computed often reads it once."""
+    try:
+        with open_regular(path) as f:
+            info = os.fstat(f.fileno())
+            key = (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            if key not in _DIGESTS:
+                digest = hashlib.sha256()
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+                _DIGESTS[key] = digest.hexdigest()
+            return _DIGESTS[key]
+    except OSError:
+        return None

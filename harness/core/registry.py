@@ -12,21 +12,30 @@ Plug-ins from outside the package: another installed distribution declares entry
 ``dpeval.defenses``, ``dpeval.attacks``, ``dpeval.datasets`` and ``dpeval.models``, each ``name = "module"``
 (the module whose decorator registers ``name``). They are found through the installed distributions' metadata
 and their modules' source is read from the distribution's files, so listing and checking still import nothing;
-the module is imported when its name is asked for. A built-in name wins over an entry point of the same name
-(with a warning), and an entry point whose module does not register its name is reported when it is used.
+the module is imported when its name is asked for. A built-in name always wins: an entry point of a built-in's
+name is ignored (with a one-line warning naming the plug-in and its distribution), and a plug-in module that
+registers a built-in's name (``@DEFENSES.register("dpsgd", ...)`` in another module) is refused when it is
+imported, so a run recorded as ``dpsgd`` is always the built-in DP-SGD. A broken plug-in — an entry point value
+that is not a module name, a source that does not parse or is not UTF-8, a module or parent package that raises
+when imported, a module that does not register its name — is reported in one line naming it and its distribution
+when its name is asked for (and described as broken by ``dpeval list``); every other name keeps working. Nothing
+of a plug-in is imported to list or check names: its source file is found from the distribution's file list or by
+looking along ``sys.path`` without running any package's ``__init__`` (a plug-in found neither way is listed with
+a generic description).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
-from dpeval.core.errors import ConfigError, brief
+from dpeval.core.errors import ConfigError, brief, printable
 
 T = TypeVar("T")
 log = logging.getLogger("dpeval")
@@ -38,6 +47,8 @@ class Declaration:
     description: str
     details: dict[str, Any]  # the literal keywords of its decorator
     attributes: dict[str, Any] = field(default_factory=dict)  # literal attributes set in the decorated class's body
+    origin: str = ""   # a plug-in's: "the plug-in module M (distribution D)"; "" for a built-in
+    broken: str = ""   # why a plug-in cannot be used (its entry point or source), "" when nothing is known wrong
 
 
 class Registry(Generic[T]):
@@ -55,11 +66,17 @@ class Registry(Generic[T]):
         self._descriptions: dict[str, str] = {}
         self._details: dict[str, dict[str, Any]] = {}
         self._declared: dict[str, Declaration] | None = None
+        self._builtin: dict[str, Declaration] | None = None
 
     def register(self, name: str, description: str, **details: Any) -> Callable[[T], T]:
         """Register the decorated object as ``name``; ``details`` (literals, so the source tells them without
         an import) are read back by :meth:`detail`."""
         def decorator(obj: T) -> T:
+            builtin = self.builtin().get(name)
+            module = getattr(obj, "__module__", None)
+            if builtin is not None and module != builtin.module:
+                raise ConfigError(f"{self._origin(module)} registers the built-in {self.kind} name {name!r}; "
+                                  f"refused (a built-in name always means the built-in): rename it in the plug-in")
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
@@ -71,21 +88,34 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def declared(self) -> dict[str, Declaration]:
-        """The entries declared in the source of the package and of the entry points' modules (read once, never
-        imported)."""
-        if self._declared is None:
-            self._declared = {}
+    def builtin(self) -> dict[str, Declaration]:
+        """The entries declared in the source of the package itself (read once, never imported)."""
+        if self._builtin is None:
+            self._builtin = {}
             for module, path in _source_files(self.scan):
                 for name, description, details, attributes in _declarations(path, self.var):
-                    self._declared[name] = Declaration(module, description, details, attributes)
+                    self._builtin[name] = Declaration(module, description, details, attributes)
+        return self._builtin
+
+    def declared(self) -> dict[str, Declaration]:
+        """The built-in entries and those the entry points' modules declare (read once, never imported)."""
+        if self._declared is None:
+            declared = dict(self.builtin())
             for name, declaration in _entry_point_declarations(self.group, self.var).items():
-                if name in self._declared:
-                    log.warning("warning: the %s %r of the plug-in module %s is ignored: a built-in %s has that "
-                                "name", self.kind, name, declaration.module, self.kind)
+                if name in declared:
+                    log.warning("warning: %s", printable(f"the {self.kind} {name!r} of {declaration.origin} is "
+                                                         f"ignored: a built-in {self.kind} has that name"))
                     continue
-                self._declared[name] = declaration
+                declared[name] = declaration
+            self._declared = declared
         return self._declared
+
+    def _origin(self, module: str | None) -> str:
+        """"the plug-in module M (distribution D)" for a module an entry point names (or one of its submodules)."""
+        for declaration in self.declared().values():
+            if declaration.origin and module and (module + ".").startswith(declaration.module + "."):
+                return declaration.origin
+        return f"the plug-in module {module}"
 
     def check(self, name: str, field: str | None = None) -> None:
         """ConfigError naming the choices unless ``name`` is registered or declared (imports nothing)."""
@@ -97,14 +127,18 @@ class Registry(Generic[T]):
     def get(self, name: str, field: str | None = None) -> T:
         self.check(name, field)
         if name not in self._items:
-            module = self.declared()[name].module
+            declaration = self.declared()[name]
+            where = f"{field or self.kind}: the {self.kind} {brief(name)}"
+            origin = declaration.origin or f"its module {declaration.module}"
+            if declaration.broken:
+                raise ConfigError(f"{where} cannot be loaded: {origin} is broken: {declaration.broken}")
             try:
-                importlib.import_module(module)  # its decorator registers it
-            except ImportError as exc:
-                raise ConfigError(f"{field or self.kind}: the {self.kind} {name!r} cannot be loaded: its module "
-                                  f"{module} fails to import ({type(exc).__name__}: {exc})") from None
+                importlib.import_module(declaration.module)  # its decorator registers it
+            except (Exception, SystemExit) as exc:  # whatever a plug-in raises at import is its failure, one line
+                raise ConfigError(f"{where} cannot be loaded: {origin} fails to import "
+                                  f"({type(exc).__name__}: {brief(str(exc), 300)})") from None
             if name not in self._items:
-                raise ConfigError(f"{field or self.kind}: the module {module} declares no {self.kind} {name!r} "
+                raise ConfigError(f"{where} cannot be loaded: {origin} declares no {self.kind} {brief(name)} "
                                   f"(its entry point names it; the module must register it with "
                                   f"@{self.var}.register({name!r}, ...))")
         return self._items[name]
@@ -148,17 +182,26 @@ def _source_files(target: str) -> list[tuple[str, Path]]:
 
 
 def _module_source(dist: Any, module: str) -> Path | None:
-    """The source file of ``module`` among a distribution's installed files, without importing anything (None when
-    the distribution does not list it, e.g. an editable install: the module's spec is then looked up)."""
+    """The source file of ``module`` among a distribution's installed files, else found along ``sys.path`` by the
+    path finder one package level at a time — never importing anything, not even a parent package's
+    ``__init__`` (None when neither finds it, e.g. an editable install served by its own finder)."""
     stem = module.replace(".", "/")
     for file in dist.files or ():
         if str(file) in (f"{stem}.py", f"{stem}/__init__.py"):
             return Path(dist.locate_file(file))
-    try:
-        spec = importlib.util.find_spec(module)  # imports the module's parent packages, not the module
-    except (ImportError, ValueError):
-        return None
-    return Path(spec.origin) if spec is not None and spec.origin else None
+    search: list[str] | None = None
+    spec = None
+    parts = module.split(".")
+    for depth in range(len(parts)):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]), search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def _is_module_name(text: str) -> bool:
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
 
 
 def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declaration]:
@@ -168,16 +211,33 @@ def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declarat
         return {}
     from importlib.metadata import entry_points
 
-    found = {}
-    for ep in entry_points(group=group):
+    found: dict[str, Declaration] = {}
+    try:
+        points = list(entry_points(group=group))
+    except Exception as exc:  # an installed distribution's metadata that does not parse: no plug-in is usable
+        log.warning("warning: %s", printable(f"the installed plug-ins ({group}) cannot be listed: "
+                                             f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+        return found
+    for ep in points:
         module = ep.value.split(":", 1)[0].strip()
-        path = _module_source(ep.dist, module) if ep.dist is not None else None
-        description, details = f"(plug-in from {ep.dist.name if ep.dist else module})", {}
-        if path is not None and path.is_file():
-            for name, text, keywords, _ in _declarations(path, var):
-                if name == ep.name:
-                    description, details = text, keywords
-        found[ep.name] = Declaration(module, description, details)
+        dist = ep.dist.name if ep.dist is not None else "unknown"
+        origin = f"the plug-in module {printable(module, 100)} (distribution {printable(dist, 100)})"
+        description, details, broken = f"(plug-in from {dist})", {}, ""
+        try:
+            if not _is_module_name(module):
+                raise ValueError(f"its entry point {group}: {ep.name} = {ep.value!r} does not name a module")
+            path = _module_source(ep.dist, module) if ep.dist is not None else None
+            if path is not None and path.is_file():
+                for name, text, keywords, _ in _declarations(path, var):
+                    if name == ep.name:
+                        description, details = text, keywords
+        except (Exception, SystemExit) as exc:  # a plug-in's fault: reported when it is named, listed as broken
+            if isinstance(exc, ValueError) and str(exc).startswith("its entry point"):
+                broken = str(exc)
+            else:
+                broken = f"its source cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            description = f"(broken plug-in from {dist}: {broken})"
+        found[ep.name] = Declaration(module, description, details, origin=origin, broken=broken)
     return found
 
 
@@ -187,7 +247,8 @@ def _declarations(path: Path, var: str) -> list[tuple[str, str, dict[str, Any], 
     :meth:`Registry.detail` of an imported entry still has it); the attributes are those the decorated class's
     own body sets to literals (``headline, higher_leaks = "auc", True``), not inherited ones."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    # bytes: parsed as Python reads a source (UTF-8 unless a coding line says otherwise; anything else a SyntaxError)
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
         for deco in getattr(node, "decorator_list", ()):
             if not (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.func.attr == "register"
                     and isinstance(deco.func.value, ast.Name) and deco.func.value.id == var and len(deco.args) >= 2):

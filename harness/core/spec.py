@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpeval.core.files import file_digest
 from dpeval.core.params import Params, param, unkeyed
 from dpeval.core.settings import DataConfig, ModelConfig, PrivacyConfig, TrainConfig
 
@@ -67,5 +68,7 @@ class RunSpec:
                 for step in parents:
                     where = where[step]
                 del where[leaf]
+        if self.model.weights is not None:  # the file's content, not only its name: new weights are a new run
+            content["model"]["weights_sha256"] = file_digest(self.model.weights)
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
@@ -144,7 +145,8 @@ class ProcessExecutor(Executor):
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP raised in the driver), it records the points that finished and
     terminates the workers at once, instead of waiting for the running points. Killed outright, it leaves
-    workers that stop on their own (``_exit_without_driver``)."""
+    workers that stop on their own (``_exit_without_driver``). A worker killed on its own (``kill -9``, the OOM
+    killer) fails the point it ran, said in one line, and its lane goes on in a fresh process."""
 
     def __init__(self, workers: int, debug: bool = False) -> None:
         self.workers = workers
@@ -154,8 +156,7 @@ class ProcessExecutor(Executor):
         from dpeval.attacks.membership_game import shadow_games
 
         queue = [(spec, shadow_games(spec)) for spec in specs]
-        lanes = [ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker,
-                                     initargs=(self.debug, os.getpid())) for _ in range(self.workers)]
+        lanes = [self._lane() for _ in range(self.workers)]
         games: list[frozenset[str]] = [frozenset()] * self.workers  # the games of each lane's last point
         pending: dict[Future, tuple[int, tuple]] = {}
         stop = False
@@ -178,7 +179,12 @@ class ProcessExecutor(Executor):
                     busy.add(lane)
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    stop = _report(future, pending.pop(future)[1], on_result) or stop
+                    lane, job = pending.pop(future)
+                    stop = _report(future, job, on_result) or stop
+                    if isinstance(future.exception(), BrokenProcessPool):  # its worker died: a new one takes over
+                        lanes[lane].shutdown(wait=False)
+                        lanes[lane] = self._lane()
+                        games[lane] = frozenset()  # the new process holds no shadows
         except BaseException:
             for future in [f for f in pending if f.done()]:  # finished before the interruption: keep them
                 _report(future, pending.pop(future)[1], on_result)
@@ -187,6 +193,10 @@ class ProcessExecutor(Executor):
             raise
         for pool in lanes:
             pool.shutdown()
+
+    def _lane(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker,
+                                   initargs=(self.debug, os.getpid()))
 
 
 def next_point(queue: list[frozenset[str]], mine: frozenset[str], others: frozenset[str]) -> int | None:
@@ -201,6 +211,9 @@ def next_point(queue: list[frozenset[str]], mine: frozenset[str], others: frozen
 def _report(future: Future, job: tuple, on_result: Callable) -> bool:
     try:
         metrics = future.result()
+    except BrokenProcessPool:
+        return on_result(job, None, "WorkerKilled: the worker process running it ended abruptly (killed by a "
+                                    "signal, e.g. SIGKILL from the out-of-memory killer); nothing of it was kept")
     except Exception as exc:
         return on_result(job, getattr(exc, "metrics", None), f"{type(exc).__name__}: {exc}")
     return on_result(job, metrics, None)

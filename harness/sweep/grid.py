@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from dpeval.core.params import Params, from_dict, param
 from dpeval.core.spec import RunSpec
 
 NATURAL_LISTS = {"attacks", "data.synthetic.shape"}
+# The most grid points (seeds included) one sweep file may hold: every point is built and validated before any
+# runs, so a file of a million (three lists of 100) would not even finish planning; split a larger study.
+MAX_GRID_POINTS = 10_000
 
 
 @dataclass
@@ -123,6 +127,11 @@ def expand(raw: dict[str, Any], where: str = "sweep") -> list[dict[str, Any]]:
         if not value:
             raise ConfigError(f"{where}: {path}: empty list; a swept field needs at least one value")
         axes.append((path, value))
+    count = math.prod(len(values) for _, values in axes)
+    if count > MAX_GRID_POINTS:
+        sizes = " × ".join(f"{len(values)} {path}" for path, values in axes)
+        raise ConfigError(f"{where}: the grid has {count} points ({sizes}); a sweep file may hold at most "
+                          f"{MAX_GRID_POINTS}: split it into several files")
     points = []
     for combo in itertools.product(*(values for _, values in axes)):
         point = copy.deepcopy(raw)
@@ -156,8 +165,6 @@ def settings_of(spec: RunSpec) -> dict[str, Any]:
     """A grid point's settings that apply to it, flat as the leaderboard's columns: names of defense,
     attacks, dataset, model, seed; its defense's and attacks' parameters; ``train.*`` / ``data.*``; for a
     DP run the requested ε (``privacy.epsilon`` marks the point private, as in a result)."""
-    import math
-
     from dpeval.defenses import DEFENSES
     from dpeval.leaderboard import setting_columns
 

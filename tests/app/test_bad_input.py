@@ -12,7 +12,9 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -39,6 +41,32 @@ def _unwritable_available() -> bool:
 
 
 NEEDS_UNWRITABLE = pytest.mark.skipif(not _unwritable_available(), reason=f"needs a read-only {UNWRITABLE}")
+
+
+def _mknod_available() -> bool:
+    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"dpeval-mknod-{os.getpid()}"
+    try:
+        os.mknod(probe, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+NEEDS_MKNOD = pytest.mark.skipif(not _mknod_available(), reason="needs permission to make a device node")
+
+
+def special_outputs(work: Path) -> None:
+    """Output paths that are not regular files, made in the case's own folder (copying them would block or fail):
+    FIFOs, a unix socket and, where allowed, a character device with /dev/null's numbers (a stand-in for
+    ``/dev/full``: a writer that replaced it would harm nothing outside the test)."""
+    for name in ("fifo.yaml", "out.fifo", "fifo.html"):
+        os.mkfifo(work / name)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(work / "out.sock"))
+    server.close()
+    if _mknod_available():
+        os.mknod(work / "full.csv", stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
 
 def record_runs(root: Path, n: int, pad: int = 0) -> list[str]:
@@ -84,14 +112,24 @@ def template(tmp_path_factory):
     (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
                                                       "attack": {"targets": [6, 10**12]}}))
     (base / "outside.txt").write_text("a file outside the results folder\n")
+    (base / "huge_grid.yaml").write_text(yaml.safe_dump({"train": {"epochs": list(range(1, 101)),
+                                                              "lr": [0.001 * i for i in range(1, 101)]},
+                                                    "seeds": list(range(100))}))  # 10**6 points
+    (base / "longint.yaml").write_text(f"train:\n  epochs: {LONG_INT}\n")  # past Python's int-str limit
+    (base / "longgrid.yaml").write_text(f"train:\n  epochs: [1, {LONG_INT}]\n")
     shutil.copytree(base / "store", base / "symlock")
     (base / "symlock" / ".sweep.lock").unlink()
     (base / "symlock" / ".sweep.lock").symlink_to("../outside.txt")
     (base / "store.csv").symlink_to("store/results.sqlite")
+    (base / "linkeddb").mkdir()  # a store whose database is elsewhere: a run would record its row there
+    (base / "linkeddb" / "results.sqlite").symlink_to("../store/results.sqlite")
+    shutil.copytree(base / "store", base / "linkedruns", ignore=shutil.ignore_patterns("runs", ".sweep.lock"))
+    (base / "linkedruns" / "runs").symlink_to("../store/runs")  # and one whose run folders would land elsewhere
     (base / "store.html").symlink_to("store/results.sqlite")
     return base, os.path.commonprefix(ids)
 
 
+LONG_INT = "7" * 5000  # int() refuses more than 4300 digits with a ValueError (not a YAML error)
 # "Billion laughs": nine levels of nine aliases, 9**9 strings once expanded.
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
@@ -130,6 +168,14 @@ CASES = [
     case(["run", "--results", "foreign"], "not a dpeval results store", id="run-foreign-sqlite"),
     case(["run", "--results", UNWRITABLE], UNWRITABLE, id="run-results-unwritable",
                  marks=NEEDS_UNWRITABLE),
+    case(["run", "--results", "linkeddb", "--epochs", "1"], "--results: linkeddb/results.sqlite is a symbolic link",
+         id="run-store-database-is-a-link"),
+    case(["run", "--results", "linkedruns", "--epochs", "1"], "--results: linkedruns/runs is a symbolic link",
+         id="run-store-runs-folder-is-a-link"),
+    case(["run", "--config", "longint.yaml"], "--config: malformed YAML in longint.yaml at line 2, column 11: an "
+         "integer of 5000 characters", id="run-yaml-integer-past-the-digit-limit"),
+    case(["run", "--set", f"train.epochs={LONG_INT}"], "train.epochs: must be an integer",
+         id="run-set-integer-past-the-digit-limit"),
     case(["run", "--defense", "none", "--set", "defense.clip=0.5"], "defense.clip: unknown setting; "
                  "valid keys here: none", id="run-param-of-parameterless-defense"),
     case(["run", "--epsilon", "inf"], "privacy.epsilon", id="run-epsilon-inf"),
@@ -160,6 +206,12 @@ CASES = [
                  id="sweep-dry-run-corrupted-store"),
     case(["sweep", "ok.yaml", "--results", "afile"], "afile", id="sweep-results-is-a-file"),
     case(["sweep", "ok.yaml", "--results", ""], "--results", id="sweep-results-empty"),
+    case(["sweep", "ok.yaml", "--results", "linkedruns"], "--results: linkedruns/runs is a symbolic link",
+         id="sweep-store-runs-folder-is-a-link"),
+    case(["sweep", "longgrid.yaml", "--dry-run"], "SWEEP_FILE: malformed YAML in longgrid.yaml",
+         id="sweep-integer-past-the-digit-limit"),
+    case(["sweep", "huge_grid.yaml", "--dry-run"], "huge_grid.yaml: the grid has 1000000 points", hang=True,
+         id="sweep-dry-run-million-point-grid"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
@@ -194,6 +246,12 @@ CASES = [
     case(["leaderboard", "--results", "store", "--out", "store/runs/{first}/board.csv"], "--out: store/runs/",
          id="leaderboard-out-inside-a-run"),
     case(["leaderboard", "--results", "store", "--out", "store"], "--out", id="leaderboard-out-is-a-folder"),
+    case(["leaderboard", "--results", "store", "--out", "out.fifo"], "--out: out.fifo is a FIFO (named pipe), not a "
+         "regular file", hang=True, id="leaderboard-out-is-a-fifo"),
+    case(["leaderboard", "--results", "store", "--out", "out.sock"], "--out: out.sock is a socket",
+         id="leaderboard-out-is-a-socket"),
+    case(["leaderboard", "--results", "store", "--out", "full.csv"], "--out: full.csv is a character device",
+         id="leaderboard-out-is-a-device", marks=NEEDS_MKNOD),
     case(["leaderboard", "--results", "store", "--sort", "nope"], "--sort", id="leaderboard-unknown-column"),
     # report
     case(["report", "--results", "nowhere", "--out", "r.html"], "nowhere", id="report-no-folder"),
@@ -208,6 +266,8 @@ CASES = [
     case(["report", "--results", "store"], "--out", id="report-out-missing"),
     case(["report", "--results", "store", "--out", "store.html"], "--out: store.html is part of the results store",
          id="report-out-links-to-the-store"),
+    case(["report", "--results", "store", "--out", "fifo.html"], "--out: fifo.html", hang=True,
+         id="report-out-is-a-fifo"),
     case(["report", "--results", "store", "--out", "store/runs/{first}/r.html"], "--out: store/runs/",
          id="report-out-inside-a-run"),
     # show
@@ -303,7 +363,7 @@ def test_bad_input_keeps_the_contract(args, names, code, options, template, tmp_
     base, common = template
     work = tmp_path / "work"
     shutil.copytree(base, work, symlinks=True)
-    os.mkfifo(work / "fifo.yaml")  # made here: copying a FIFO would block
+    special_outputs(work)  # made here: copying a FIFO would block
     first = ResultStore(work / "store").rows()[0]["run_id"]
     args = [a.replace("{common}", common).replace("{first}", first) for a in args]
     monkeypatch.chdir(work)

@@ -55,3 +55,23 @@ def test_a_file_that_is_not_a_scores_file_or_has_no_game_is_refused(tmp_path):
         exposures(tmp_path / "x.csv")
     with pytest.raises(ValueError, match="non-members"):
         exposures(write_scores(tmp_path / "m.csv", [1.0], []))
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    """``dpeval.exposure.exposures`` on a FIFO used to wait for a writer forever."""
+    import os
+
+    os.mkfifo(tmp_path / "scores.csv")
+    with pytest.raises(OSError, match="not a regular file"):
+        exposures(tmp_path / "scores.csv")
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from dpeval import exposure
+
+    path = write_scores(tmp_path / "scores.csv", [1.0, 2.0], [0.5, 1.5])
+    assert len(exposures(path)) == 2  # the control: within the limit it is read
+    monkeypatch.setattr(exposure, "MAX_SCORES_BYTES", path.stat().st_size - 1, raising=False)
+    with pytest.raises(OSError, match=f"{path.stat().st_size} bytes"):
+        exposures(path)

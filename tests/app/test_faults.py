@@ -233,3 +233,42 @@ def test_sweep_workers_log_their_epochs_and_fail_in_one_line(tmp_path):
     assert "Traceback" in bad and "train.lr" in bad
     failed = [line for line in proc.stderr.splitlines() if rows[1e30]["run_id"] in line]
     assert failed and all("train.lr" in line for line in failed)
+
+
+def killed_job(canonical, run_id, run_dir, workers):
+    """A worker's job that is killed with SIGKILL (as the out-of-memory killer does) when its run is "killed"."""
+    if run_id == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"run_id": run_id}
+
+
+@pytest.mark.timeout(300)
+def test_a_sweep_worker_killed_by_sigkill_fails_its_point_and_the_lane_goes_on(tmp_path, monkeypatch):
+    """A worker killed outright used to leave the driver with a BrokenProcessPool traceback at the next point
+    (recorded running, never run). Now that point fails with one line and the next runs in a fresh worker."""
+    from dpeval.config import build_spec
+    from dpeval.sweep import executors
+
+    monkeypatch.setattr(executors, "_worker_job", killed_job)  # pickled by name: the worker imports this module
+    specs = [build_spec({"seed": seed}) for seed in (0, 1)]
+    ids = iter(["killed", "next"])
+    outcomes = []
+    executors.ProcessExecutor(1).run(specs, lambda spec: (spec, next(ids), tmp_path),
+                                     lambda job, metrics, error: outcomes.append((job[1], metrics, error)))
+    (first, _, error), second = outcomes
+    assert first == "killed" and error.startswith("WorkerKilled: ") and "\n" not in error
+    assert second == ("next", {"run_id": "next"}, None)
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_as_a_runs_log_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO for writing waits for a reader: a run whose folder held one named log.txt used to hang."""
+    from dpeval.core.errors import ConfigError
+    from dpeval.logs import RunLogHandler
+
+    os.mkfifo(tmp_path / "log.txt")
+    with pytest.raises(ConfigError, match="log.txt is a FIFO"):
+        RunLogHandler(tmp_path / "log.txt")
+    handler = RunLogHandler(tmp_path / "other.txt")  # the control: a new regular file is opened and written
+    handler.close()
+    assert (tmp_path / "other.txt").is_file()

@@ -344,3 +344,15 @@ def test_a_positive_control_none_leaks_more_records_than_a_defense_that_names_no
         row = next(r for r in table.split("<tr>")[2:] if r.startswith("<td>none</td>"))
         counts.append(float(re.findall(r"<td[^>]*>([^<]*)</td>", row)[3]))
     assert counts[0] >= 40 > counts[1]
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_scores_file_is_listed_as_damaged_without_reading_it(tmp_path):
+    """A terabyte (sparse) scores.csv used to be read whole; it is now left out by its size, in one note."""
+    scored_store(tmp_path / "r")
+    victim = next((tmp_path / "r" / "runs").glob("*/lira/scores.csv"))
+    with open(victim, "r+b") as f:
+        f.truncate(10**12)
+    written = report(tmp_path / "r", tmp_path / "report.html")
+    assert len(written["damaged"]) == 1 and "1000000000000 bytes" in written["damaged"][0]
+    assert "<h3>Exposure under lira</h3>" in (tmp_path / "report.html").read_text()  # the other runs still shown

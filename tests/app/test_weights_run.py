@@ -41,3 +41,21 @@ def test_weights_that_do_not_fit_are_refused_before_anything_is_written(tmp_path
         out = invoke("run", "--defense", "dpsgd", "--weights", str(weights), "--results", str(tmp_path / "r"))
         assert out.exit_code == 2 and message in out.output and out.output.count("\n") == 1, out.output
     assert not (tmp_path / "r").exists() or ResultStore(tmp_path / "r").rows() == []
+
+
+def test_new_contents_at_the_same_weights_path_are_a_new_point(tmp_path):
+    """A sweep over ``model.weights`` used to skip a point as already done after the file's contents changed (its
+    run key held the path only). The key now holds the content's SHA-256; a run without weights keeps its key."""
+    import os
+
+    from dpeval.config import build_spec
+
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"first weights")
+    spec = build_spec({"model": {"weights": str(weights)}})
+    store = ResultStore(tmp_path / "results")
+    store.finish(store.begin(spec.run_key, spec.canonical()), {"status": "done"})
+    assert build_spec({"model": {"weights": str(weights)}}).run_key in store.done_keys()  # unchanged: done
+    weights.write_bytes(b"other weights")
+    os.utime(weights, ns=(1, 1))  # even with an old modification time
+    assert build_spec({"model": {"weights": str(weights)}}).run_key not in store.done_keys()

