@@ -182,7 +182,7 @@ def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> No
     seen: set[str] = set()
     tasks: dict[str, Task] = {}
     for spec in specs:
-        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device")},
+        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device", "defaults")},
                            sort_keys=True, default=str)
         if shape in seen:
             continue
@@ -207,6 +207,7 @@ def base_metrics(prep: Prepared) -> dict[str, Any]:
         "seed": spec.seed,
         "version": __version__,
         "device": str(prep.device),
+        "defaults": ", ".join(spec.defaults) or "none",  # the data set's defaults this run took
     }
     row.update({f"defense.{k}": v for k, v in dataclasses.asdict(spec.defense).items()})
     for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
