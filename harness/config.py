@@ -218,10 +218,26 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     spec.defense = from_dict(DEFENSES.get(defense_name).Params, defense_raw, "defense")
     spec.attacks = attacks
     spec.attack = _validate_attack_params(attack_raw, attacks, [ATTACKS.get(name) for name in attacks])
+    if spec.model.weights is not None:
+        applied += _given_weights_states(spec, attack_raw)
     if spec.privacy.epsilon is None and spec.privacy.noise_multiplier is None:
         spec.privacy.epsilon = DEFAULT_EPSILON
     spec.defaults = [*spec.defaults, *(a for a in applied if a not in spec.defaults)]  # a stored run's, then new
     return spec
+
+
+def _given_weights_states(spec: RunSpec, attack_raw: Any) -> list[str]:
+    """A run from ``model.weights`` has two states, ``init`` (its own initialisation) and ``final`` (the given
+    weights): an attack whose ``at`` the settings leave at a default naming others (``trajectory``) attacks
+    ``final``. Returns the ``attack.<name>.at=final`` it set."""
+    applied = []
+    for name, params in spec.attack.items():
+        own = attack_raw.get(name) if isinstance(attack_raw, dict) else None
+        given = isinstance(attack_raw, dict) and "at" in attack_raw or isinstance(own, dict) and "at" in own
+        if hasattr(params, "at") and not given and params.at not in ("init", "final"):
+            params.at = "final"
+            applied.append(f"attack.{name}.at=final")
+    return applied
 
 
 def _validate_attack_params(raw: Any, names: list[str], classes: list[type]) -> dict[str, Any]:

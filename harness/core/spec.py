@@ -37,9 +37,10 @@ class RunSpec:
     seed: int = param(0, "run seed: every random stream of the run derives from it (docs/architecture.md)",
                       low=0)
     device: str = param("auto", "`auto` uses CUDA when present; not part of the run key", choices=DEVICES)
-    defaults: list[str] = param(factory=list, help="recorded by dpeval: the data set's default settings this run "
-                                                   "took, as `key=value` (keys the run did not set: \"Data-set "
-                                                   "defaults\" below); not part of the run key")
+    defaults: list[str] = param(factory=list, help="recorded by dpeval: the defaults this run took for keys it "
+                                                   "did not set, as `key=value`: its data set's recipe (\"Data-set "
+                                                   "defaults\" below), `attack.<name>.at=final` with `model.weights`; "
+                                                   "not part of the run key")
 
     def canonical(self) -> dict[str, Any]:
         """The fully-defaulted nested form: what is hashed, stored and shown."""
