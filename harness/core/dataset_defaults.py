@@ -1,7 +1,7 @@
 """Per-data-set training defaults: the recipe a run on a real data set starts from.
 
 The generic defaults of ``dpeval.core.settings`` (Adam at lr 0.01, B = 128, 20 epochs) are tuned for the embedded
-digits (1,437 examples). On 60,000 MNIST images they over-train under the noise (86.8 % for DP-SGD at ε = 3), so
+digits (1,437 examples). On MNIST's 54,000 they over-train under the noise (86.8 % for DP-SGD at ε = 3), so
 each real data set carries the recipe dpeval measured on it (docs/configuration.md, "Data-set defaults"). A recipe
 fills only the keys the run does not set (YAML, a flag or ``--set`` always wins), and only where it was measured:
 
@@ -49,7 +49,8 @@ RECIPES: dict[str, Recipe] = {
     # The RS paper's Table-2 DP-CNN/S baseline (E = 40), 86.3 % at ε = 3 over 4 seeds here.
     "fashionmnist": Recipe("dpcnn-small", {**_SMALL_CNN, "train.epochs": 40}, _SMALL_CNN_DEFENSES),
     # The RS paper's DP-CNN baseline from its code's README (B = 1000, lr 1, no momentum, C = 1, E = 40), measured on
-    # GPUs here: 61.7 ± 0.6 % at ε = 3 (3 seeds; the paper 62.8). Only the defenses measured with this network.
+    # GPUs here: 61.7 ± 0.6 % at ε = 3 (3 seeds; the paper 62.8). Only the defenses whose paper recipes train this
+    # network: RS (C = 1) and random freeze (C = 0.1 with momentum 0.9: the same step by the scaling rule C/(1−μ)).
     "cifar10": Recipe("dpcnn", {"train.epochs": 40, "train.batch_size": 1000, "train.physical_batch_size": 250,
                                 "train.optimizer": "sgd", "train.lr": 1.0, "train.momentum": 0.0},
                       {"dpsgd": {"clip": 1.0}, "rs": {"clip": 1.0}, "random-freeze": {"clip": 1.0}}),
