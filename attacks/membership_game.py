@@ -125,9 +125,10 @@ def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Gen
                   else torch.arange(held_out))  # all of them: the draws below are as before
         index, recipe = torch.cat([torch.arange(n), n + chosen]), train
         if len(chosen) < n:
-            log.warning("attack: the victim game has %d held-out examples for %d members, so each example is IN "
-                        "for %.0f%% of the shadows (half with a population of 2n); online LiRA then has few OUT "
-                        "references", len(chosen), n, 100 * n / len(index))
+            log.warning("attack: the victim game has %d members but only %d held-out examples, so its population "
+                        "is %d examples, not 2 × %d; each shadow trains on %d of them, so each example is IN for "
+                        "%.0f%% of the shadows instead of half, and online LiRA has few OUT references per example",
+                        n, len(chosen), len(index), n, n, 100 * n / len(index))
         membership = sig.fixed_size_membership(k, len(index), n, gen)
     else:
         index = torch.randperm(len(pop.y), generator=gen)[: len(pop.y) // 2 * 2].sort().values

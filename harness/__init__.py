@@ -1,9 +1,9 @@
 """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs measured leakage.
 
 The Python API (docs/api.md) is reachable from this package, loaded on first use so that ``import dpeval`` stays
-light: ``configure``, ``run``, ``load_data``, ``score_membership``, ``attack_release``, ``load_result`` (from
-``dpeval.api``) and the typed results ``RunResult``, ``AttackOutcome`` (``dpeval.results``), ``RunSpec``
-(``dpeval.core.spec``). The package's layers: ``dpeval.core`` ← ``dpeval.defenses`` ← ``dpeval.engine`` ←
+light: ``configure``, ``run``, ``load_data``, ``build_model``, ``score_membership``, ``attack_release``,
+``load_result`` (from ``dpeval.api``) and the typed results ``RunResult``, ``AttackOutcome`` (``dpeval.results``),
+``RunSpec`` (``dpeval.core.spec``). The package's layers: ``dpeval.core`` ← ``dpeval.defenses`` ← ``dpeval.engine`` ←
 ``dpeval.attacks`` ← the application (cli, config, runner, store, sweep, leaderboard, report, audit, api);
 docs/architecture.md draws them.
 """
@@ -15,7 +15,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = {"configure": "dpeval.api", "run": "dpeval.api", "load_data": "dpeval.api", "score_membership": "dpeval.api",
+_API = {"configure": "dpeval.api", "run": "dpeval.api", "load_data": "dpeval.api", "build_model": "dpeval.api",
+        "score_membership": "dpeval.api",
         "attack_release": "dpeval.api", "load_result": "dpeval.api", "RunResult": "dpeval.results",
         "AttackOutcome": "dpeval.results", "RunSpec": "dpeval.core.spec"}
 __all__ = ["__version__", *_API]

@@ -5,6 +5,8 @@ or YAML involved (docs/api.md). Everything here is also reachable as ``dpeval.<n
 * ``run(spec)``: train the victim with its defense, play its attacks, return a ``RunResult``; with ``results=``
   also recorded in a results folder, exactly as ``dpeval run`` records it.
 * ``load_data(settings)``: the data a run would use (private pool, test, public splits), for your own training.
+* ``build_model(settings)``: the model a run would build (untrained), to train elsewhere and attack with
+  ``dpeval run --weights``.
 * ``score_membership(model, members, nonmembers, recipe)``: a model trained elsewhere (your loop, Opacus, a
   fine-tuned checkpoint) scored by the membership attacks with the same games and verdicts as a dpeval run;
   shadow models train with dpeval's trainer under the recipe it was trained with, or with your own function.
@@ -106,6 +108,19 @@ def check_flag(value: Any, argument: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{argument}: must be True or False, got {value!r:.60}")
     return value
+
+
+def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module:
+    """The model a run with these settings trains, untrained: the same architecture, input normalisation
+    (``Sequential(Normalize(mean, std), net)``: buffers ``0.mean``, ``0.std``, then the network's ``1.*``) and
+    initial weights. Train it your way, ``torch.save(model.state_dict(), path)``, and ``dpeval run --weights path``
+    with the same settings attacks it."""
+    from dpeval.runner import prepare
+
+    spec = configure(settings, **dotted)
+    if spec.model.weights is not None:
+        raise ConfigError("model.weights: build_model builds the untrained model; leave model.weights unset")
+    return prepare(spec).model
 
 
 def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | None = None,

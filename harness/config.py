@@ -5,12 +5,16 @@ validates it against the declared settings (``dpeval.core.settings``) and the ch
 own ``Params``: unknown keys are rejected with the list of valid ones, values are type-, range- and
 choice-checked from their declarations, and every failure is a ``ConfigError`` naming the dotted field.
 
-The canonical form is the fully-defaulted nested dict; the run key is a hash of it (``device`` excluded:
-where a run executes does not change what it is).
+A real data set's training defaults (``dpeval.core.dataset_defaults``) fill the keys the settings leave out
+before validation; the spec records which (``RunSpec.defaults``).
+
+The canonical form is the fully-defaulted nested dict; the run key is a hash of it (``device`` and ``defaults``
+excluded: where a run executes does not change what it is, nor whether a value was given or defaulted).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
 import sys
@@ -19,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from dpeval.core.dataset_defaults import fill_defaults
 from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.params import coerce, field_names, from_dict
 from dpeval.core.settings import DEFAULT_EPSILON
@@ -192,15 +197,16 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     from dpeval.core.registry import DATASETS, MODELS, default_model
     from dpeval.defenses import DEFENSES
 
-    raw = dict(raw)
+    raw = copy.deepcopy(raw)  # the data set's defaults fill nested sections: never the caller's
     top = [f for f in field_names(RunSpec) if f != "defense_name"]
     for key in raw:
         if key not in top:
             raise ConfigError(f"{key}: unknown setting; valid top-level keys: {', '.join(top)}")
+    if isinstance(raw.get("defense"), str):
+        raw["defense"] = {"name": raw["defense"]}
+    applied = fill_defaults(raw, default_model)
 
     defense_raw = raw.pop("defense", None) or {}
-    if isinstance(defense_raw, str):
-        defense_raw = {"name": defense_raw}
     if not isinstance(defense_raw, dict):
         raise ConfigError("defense: must be a defense name or a mapping with 'name' and its parameters")
     defense_raw = dict(defense_raw)
@@ -225,9 +231,26 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     spec.defense = from_dict(DEFENSES.get(defense_name).Params, defense_raw, "defense")
     spec.attacks = attacks
     spec.attack = _validate_attack_params(attack_raw, attacks, [ATTACKS.get(name) for name in attacks])
+    if spec.model.weights is not None:
+        applied += _given_weights_states(spec, attack_raw)
     if spec.privacy.epsilon is None and spec.privacy.noise_multiplier is None:
         spec.privacy.epsilon = DEFAULT_EPSILON
+    spec.defaults = [*spec.defaults, *(a for a in applied if a not in spec.defaults)]  # a stored run's, then new
     return spec
+
+
+def _given_weights_states(spec: RunSpec, attack_raw: Any) -> list[str]:
+    """A run from ``model.weights`` has two states, ``init`` (its own initialisation) and ``final`` (the given
+    weights): an attack whose ``at`` the settings leave at a default naming others (``trajectory``) attacks
+    ``final``. Returns the ``attack.<name>.at=final`` it set."""
+    applied = []
+    for name, params in spec.attack.items():
+        own = attack_raw.get(name) if isinstance(attack_raw, dict) else None
+        given = isinstance(attack_raw, dict) and "at" in attack_raw or isinstance(own, dict) and "at" in own
+        if hasattr(params, "at") and not given and params.at not in ("init", "final"):
+            params.at = "final"
+            applied.append(f"attack.{name}.at=final")
+    return applied
 
 
 def _validate_attack_params(raw: Any, names: list[str], classes: list[type]) -> dict[str, Any]:

@@ -167,6 +167,7 @@ class Headline:
     rate: float | None          # the defense's rate there
     p_value: float | None
     interval: tuple[float, float] | None = None  # a confidence interval of the headline, when reported
+    decided_by: tuple[str, float] | None = None  # another statistic that gave the verdict (``decisive``)
 
     @property
     def column(self) -> str:
@@ -187,7 +188,7 @@ class Headline:
         """e.g. "no-leak-detected: IG PSNR 7.62 dB at final (rate 0.90) vs best data-free guess 12.1 dB, p = 1"."""
         unit = unit_of(self.label)
         name = self.label[: self.label.rfind("(")].strip() if unit else self.label
-        text = f"{self.verdict or 'no verdict'}: {name} {fmt(self.value)}{f' {unit}' if unit else ''}"
+        text = f"{name} {fmt(self.value)}{f' {unit}' if unit else ''}"
         if self.state:
             text += f" at {self.state}"
             if self.rate is not None:
@@ -198,12 +199,28 @@ class Headline:
             text += f" vs {self.reference_name} {fmt(self.reference)}{f' {unit}' if unit else ''}"
         if self.p_value is not None:
             text += f", p = {fmt(self.p_value, 2)}"
-        return text
+        if self.decided_by is not None:  # the statistic that decided first, the headline after it
+            statistic, value = self.decided_by
+            return f"{self.verdict}: {statistic} {fmt(value)} > 0 ({text})"
+        return f"{self.verdict or 'no verdict'}: {text}"
 
     def short(self) -> str:
         """e.g. "ig 7.62 no-leak-detected @final" (sweep status lines)."""
         state = f" @{self.state}" if self.state else ""
         return f"{self.attack} {fmt(self.value)} {self.verdict or 'no-verdict'}{state}"
+
+
+def decisive(record: dict[str, Any], attack: str, head: Headline) -> tuple[str, float] | None:
+    """The statistic other than the headline that made the verdict ``leaks``, or None when the headline itself
+    supports it. A membership verdict (``attacks/membership_metrics.py``) is ``leaks`` when the ε lower bound is
+    above 0 *or* the AUC's interval lies above chance: when the AUC does not, the bound decided."""
+    bound = record.get(leakage_key(attack, "epsilon_lower_bound"))
+    if head.verdict is not Verdict.LEAKS or not is_number(bound) or not bound > 0 or head.reference is None:
+        return None
+    low = head.interval[0] if head.interval is not None else head.value
+    if is_number(low) and (low > head.reference if head.higher_leaks else low < head.reference):
+        return None
+    return "ε lower bound", float(bound)
 
 
 def read(record: dict[str, Any], attack: str) -> Headline | None:
@@ -221,8 +238,10 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
         reference, name = facts.chance_level(), "chance"
     rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
     low, high = get(f"{facts.headline}_ci_low"), get(f"{facts.headline}_ci_high")
-    return Headline(attack, facts.headline, metric_label(attack), get(facts.headline),
+    head = Headline(attack, facts.headline, metric_label(attack), get(facts.headline),
                     facts.higher_leaks, Verdict.parse(get(VERDICT)), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None)
+    head.decided_by = decisive(record, attack, head)
+    return head

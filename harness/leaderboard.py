@@ -149,7 +149,7 @@ def results_digest(metrics: dict[str, Any]) -> str:
 
 
 def group_key(row: dict[str, Any]) -> str:
-    config = {k: v for k, v in row["config"].items() if k not in ("seed", "device")}
+    config = {k: v for k, v in row["config"].items() if k not in ("seed", "device", "defaults")}
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

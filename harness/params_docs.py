@@ -30,7 +30,7 @@ def table(section: str) -> str:
         return params_table(SETTINGS[section], section)
     if section == "run":
         rows = params_table(RunSpec, "").split("\n")
-        return "\n".join(rows[:2] + [r for r in rows[2:] if r.startswith(("| `seed`", "| `device`"))])
+        return "\n".join(rows[:2] + [r for r in rows[2:] if r.startswith(("| `seed`", "| `device`", "| `defaults`"))])
     kind, _, name = section.partition(":")
     if kind in (registries := _plugin_registries()):
         return params_table(registries[kind].get(name).Params, kind)

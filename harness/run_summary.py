@@ -38,6 +38,8 @@ def format_run(m: dict[str, Any], results: str | Path | None = None) -> str:
         f"trained or released here; ε is the recipe's as given",
         f"  time            train {m['time.train_s']:.1f} s  attacks {m['time.attack_s']:.1f} s",
     ]
+    if m.get("defaults", "none") != "none":
+        lines.append(f"  defaults        {m['dataset']}'s recipe for what the run did not set: {m['defaults']}")
     from dpeval.headlines import attacks_in
 
     for attack in attacks_in(m):

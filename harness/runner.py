@@ -197,7 +197,7 @@ def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> No
     seen: set[str] = set()
     tasks: dict[str, Task] = {}
     for spec in specs:
-        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device")},
+        shape = json.dumps({k: v for k, v in spec.canonical().items() if k not in ("seed", "device", "defaults")},
                            sort_keys=True, default=str)
         if shape in seen:
             continue
@@ -224,7 +224,8 @@ def config_columns(prep: Prepared) -> dict[str, Any]:
     """The run's configuration as result keys: its run key, version, device, the defense's and attacks' parameters
     and the data's sizes (``RunResult.extra``)."""
     spec = prep.spec
-    row: dict[str, Any] = {"run_key": spec.run_key, "version": __version__, "device": str(prep.device)}
+    row: dict[str, Any] = {"run_key": spec.run_key, "version": __version__, "device": str(prep.device),
+                           "defaults": ", ".join(spec.defaults) or "none"}  # the data set's defaults this run took
     row.update({f"defense.{k}": v for k, v in dataclasses.asdict(spec.defense).items()})
     for name in spec.attacks:  # the attacks' parameters, like the defense's (lists as comma-joined text)
         row.update({f"attack.{name}.{k}": ", ".join(map(str, v)) if isinstance(v, list) else v
@@ -434,7 +435,7 @@ def given_weights(prep: Prepared, defense: Defense, states: dict[str, dict[str, 
     run's own initialisation), its utility is measured, and the ledger of the recipe the user says it was trained
     with is reported as planned (nothing was released here: no communication, no training time)."""
     path = Path(str(prep.spec.model.weights))
-    prep.model.load_state_dict(load_checkpoint(path))
+    prep.model.load_state_dict(read_weights(path))
     defense.begin_epoch(0, prep.spec.train.epochs)
     defense_states["init"] = defense_states["final"] = copy.deepcopy(defense.state_dict())
     states["final"] = copy.deepcopy(prep.model.state_dict())
@@ -450,23 +451,27 @@ def check_weights(spec: RunSpec, model: nn.Module) -> None:
     path = Path(str(spec.model.weights))
     if not path.is_file():
         raise ConfigError(f"model.weights: {path} is not a file")
-    try:
-        state = load_checkpoint(path)
-    except Exception as exc:  # torch raises pickle, zip and runtime errors alike
-        raise ConfigError(f"model.weights: {path} is not a tensors-only state dict ({type(exc).__name__})") from None
+    state = read_weights(path)
     expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    given = {n: tuple(t.shape) for n, t in state.items()} if isinstance(state, dict) else {}
+    given = {n: tuple(t.shape) for n, t in state.items()}
     if given != expected:
+        name = spec.model.name or default_model(spec.data.name)
+        net = {n[2:]: shape for n, shape in expected.items() if n.startswith("1.")}  # Sequential(Normalize, net)
+        if given and given in (net, {f"1.{n}": shape for n, shape in net.items()}):
+            raise ConfigError(f"model.weights: {path} holds the network {name} without dpeval's input normalisation "
+                              f"(a run's model is Sequential(Normalize, net): keys 0.mean, 0.std, 1.*); save the "
+                              f"state_dict() of the model dpeval.build_model(...) builds with the run's settings "
+                              f"(docs/api.md)")
         differ = sorted(set(expected) ^ set(given)) or [n for n in expected if expected[n] != given[n]]
-        raise ConfigError(f"model.weights: {path} is not a state dict of {spec.model.name or 'the model'} "
+        raise ConfigError(f"model.weights: {path} is not a state dict of {name} "
                           f"({len(given)} tensors, {len(expected)} expected; first difference: {differ[0]})")
     if not all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()):
         raise ConfigError(f"model.weights: {path} holds NaN or infinite values (a diverged model cannot be attacked)")
-    for _, attack in attacks_of(spec):
+    for name, attack in attacks_of(spec):
         for state_name in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
             if str(state_name) not in ("init", "final"):
-                raise ConfigError(f"attack.at: {state_name} was not recorded: a run from model.weights has only "
-                                  f"the states init and final")
+                raise ConfigError(f"attack.{name}.at: {state_name} was not recorded: a run from model.weights has "
+                                  f"only the states init and final (the given weights); set attack.{name}.at=final")
 
 
 def warn_sampling(plan: PrivacyLedger) -> None:
@@ -558,6 +563,32 @@ def json_line(data: dict[str, Any]) -> str:
 def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a model state saved by a run (tensors only: ``weights_only=True`` refuses pickled code)."""
     return torch.load(path, weights_only=True, map_location="cpu")
+
+
+WRAPPED = ("state_dict", "model")  # where a training checkpoint commonly keeps the model's state dict
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict in a ``model.weights`` file: the file's dict itself, or the one a checkpoint keeps under
+    ``state_dict`` or ``model`` (``{"model": model.state_dict(), "epoch": 20}``). Never unpickles anything; a
+    ConfigError in one line otherwise."""
+    try:
+        loaded = load_checkpoint(path)
+    except Exception as exc:  # torch raises pickle, zip and runtime errors alike
+        raise ConfigError(f"model.weights: {path} is not a tensors-only state dict ({type(exc).__name__}); save "
+                          f"model.state_dict() with torch.save") from None
+
+    def is_state(d: Any) -> bool:
+        return isinstance(d, dict) and bool(d) and all(isinstance(t, torch.Tensor) for t in d.values())
+
+    if is_state(loaded):
+        return loaded
+    for key in WRAPPED:
+        if isinstance(loaded, dict) and is_state(loaded.get(key)):
+            return loaded[key]
+    held = f"a dict of {', '.join(map(repr, list(loaded)[:5]))}" if isinstance(loaded, dict) else type(loaded).__name__
+    raise ConfigError(f"model.weights: {path} holds {held}, not a state dict; pass the file of "
+                      f"torch.save(model.state_dict()), or a checkpoint dict holding it under 'state_dict' or 'model'")
 
 
 def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Task]:

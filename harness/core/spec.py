@@ -2,7 +2,8 @@
 
 ``dpeval.config.build_spec`` builds it from raw settings (validated against the declared settings and the chosen
 defense's and attacks' own ``Params``); the canonical form is the fully-defaulted nested dict, and the run key is a
-hash of it (``device`` excluded: where a run executes does not change what it is; settings added after results
+hash of it (``device`` and ``defaults`` excluded: where a run executes does not change what it is, nor whether its
+settings were given or came from the data set's defaults; settings added after results
 were stored are left out while at their defaults: ``dpeval.core.params.param(added=)``).
 """
 
@@ -37,6 +38,10 @@ class RunSpec:
     seed: int = param(0, "run seed: every random stream of the run derives from it (docs/architecture.md)",
                       low=0)
     device: str = param("auto", "`auto` uses CUDA when present; not part of the run key", choices=DEVICES)
+    defaults: list[str] = param(factory=list, help="recorded by dpeval: the defaults this run took for keys it "
+                                                   "did not set, as `key=value`: its data set's recipe (\"Data-set "
+                                                   "defaults\" below), `attack.<name>.at=final` with `model.weights`; "
+                                                   "not part of the run key")
 
     def canonical(self) -> dict[str, Any]:
         """The fully-defaulted nested form: what is hashed, stored and shown."""
@@ -50,6 +55,7 @@ class RunSpec:
             "train": dataclasses.asdict(self.train),
             "seed": self.seed,
             "device": self.device,
+            "defaults": list(self.defaults),
         }
 
     def victim(self) -> dict[str, Any]:
@@ -59,7 +65,7 @@ class RunSpec:
 
     @property
     def run_key(self) -> str:
-        content = {k: v for k, v in self.canonical().items() if k != "device"}
+        content = {k: v for k, v in self.canonical().items() if k not in ("device", "defaults")}
         owners = [(content[s], getattr(self, s)) for s in ("data", "model", "defense", "privacy", "train")]
         owners += [(content["attack"][name], params) for name, params in self.attack.items()]
         for section, params in owners:  # see param(added=, keyed=)

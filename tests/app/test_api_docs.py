@@ -27,5 +27,7 @@ def test_the_pages_python_runs_as_written(page, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(code)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1500)
+                          env={**os.environ, "OMP_NUM_THREADS": "1",  # `dpeval` beside this Python, as installed
+                               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+                          timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]

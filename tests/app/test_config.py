@@ -242,8 +242,9 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     import hashlib
     import json
 
-    spec = build_spec({"data": {"name": "fashionmnist"}})
+    spec = build_spec({"data": {"name": "fashionmnist"}, "defense": {"name": "none"}})  # no data-set defaults
     content = {k: v for k, v in spec.canonical().items() if k != "device"}
+    assert content.pop("defaults") == []
     assert content["data"].pop("normalize") == "auto" and content["train"].pop("checkpoint_every") == 0
     assert content["data"].pop("tokens")["length"] == 16
     assert [content["model"].pop(k) for k in ("depth", "width", "heads", "patch", "seq_len", "vocab", "activation")] \

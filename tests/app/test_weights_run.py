@@ -59,3 +59,54 @@ def test_new_contents_at_the_same_weights_path_are_a_new_point(tmp_path):
     weights.write_bytes(b"other weights")
     os.utime(weights, ns=(1, 1))  # even with an old modification time
     assert build_spec({"model": {"weights": str(weights)}}).run_key not in store.done_keys()
+
+
+def run_model_state(tmp_path):
+    import dpeval
+
+    return dpeval.build_model({"data": {"name": "digits"}}).state_dict()
+
+
+def test_a_checkpoint_dict_holding_the_state_dict_is_read(tmp_path):
+    """The common layouts: ``{"model": state_dict, "epoch": 20}`` and ``{"state_dict": …}`` (never unpickled)."""
+    import torch
+
+    state = run_model_state(tmp_path)
+    for i, layout in enumerate(({"model": state, "epoch": 20}, {"state_dict": state, "optimizer": {}})):
+        path = tmp_path / f"checkpoint{i}.pt"
+        torch.save(layout, path)
+        out = invoke("run", "--weights", str(path), "--results", str(tmp_path / "r"))
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["model.weights_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_other_layouts_are_refused_in_one_line_saying_what_to_pass(tmp_path):
+    import torch
+
+    state = run_model_state(tmp_path)
+    bare = {k[2:]: v for k, v in state.items() if k.startswith("1.")}  # the network without the Normalize wrapper
+    cases = {"dict.pt": ({"weights": state, "epoch": 3}, "pass the file of torch.save(model.state_dict())"),
+             "list.pt": ([1, 2], "holds list, not a state dict"),
+             "bare.pt": (bare, "without dpeval's input normalisation")}
+    for name, (content, message) in cases.items():
+        torch.save(content, tmp_path / name)
+        out = invoke("run", "--weights", str(tmp_path / name), "--results", str(tmp_path / "r"))
+        assert out.exit_code == 2 and message in out.output and out.output.count("\n") == 1, out.output
+    assert "dpeval.build_model" in out.output  # the hint says how to build what a run loads
+
+
+def test_gradient_attacks_on_given_weights_attack_the_state_that_exists(tmp_path):
+    from dpeval.config import build_spec
+
+    weights = {"model": {"weights": str(tmp_path / "w.pt")}}
+    spec = build_spec({**weights, "attacks": ["ig", "loss"]})
+    assert spec.attack["ig"].at == "final" and spec.defaults == ["attack.ig.at=final"]
+    assert build_spec({**weights, "attacks": ["ig"], "attack": {"ig": {"at": "init"}}}).attack["ig"].at == "init"
+    assert build_spec({"attacks": ["ig"]}).attack["ig"].at == "trajectory"  # a trained run keeps its default
+
+    import torch
+
+    torch.save(run_model_state(tmp_path), tmp_path / "w.pt")
+    out = invoke("run", "--weights", str(tmp_path / "w.pt"), "--attack", "ig", "--set", "attack.ig.at=epoch:1",
+                 "--results", str(tmp_path / "r"))
+    assert out.exit_code == 2 and "set attack.ig.at=final" in out.output and out.output.count("\n") == 1, out.output

@@ -338,6 +338,14 @@ def fake_task(n: int, m: int):
     return SimpleNamespace(train=split(n, 0), test=split(m, n))
 
 
+def test_a_small_held_out_set_is_explained_in_one_plain_sentence(caplog):
+    caplog.set_level("WARNING", logger="dpeval")
+    mc.plan_game(fake_task(120, 40), build_spec({}).train, 16, "victim", torch.Generator().manual_seed(0))
+    assert ("the victim game has 120 members but only 40 held-out examples, so its population is 160 examples, "
+            "not 2 × 120; each shadow trains on 120 of them, so each example is IN for 75% of the shadows instead "
+            "of half") in caplog.text
+
+
 @pytest.mark.parametrize("n,m,k", [(100, 300, 16), (100, 100, 8), (120, 40, 16)])
 def test_victim_game_population_is_twice_the_pool_when_the_data_allows(n, m, k):
     """LiRA's design: with at least n held-out examples the population is the n members and a random n of
