@@ -201,3 +201,39 @@ def test_planted_under_noising_exceeds_the_bound_and_fails(tmp_path):
     assert correct[key("bound_check")] == "PASS", correct
     assert correct[key("success_ci_low")] <= correct[key("bound")]
     assert correct[key("bound")] < correct[key("bound_rdp")] <= correct[key("bound_dp")]
+
+
+# --------------------------------------------------------------------------------------------------
+# where it shows: the headline, and `dpeval run` failing like an audit when the bound is exceeded
+
+
+def test_headline_names_chance_and_the_bound():
+    from dpeval.headlines import read
+
+    record = {key("success"): 0.365, key("success_ci_low"): 0.298, key("success_ci_high"): 0.436,
+              key("chance"): 0.1, key("p_value"): 1e-23, key("bound"): 0.521, key("bound_check"): "PASS",
+              key("verdict"): "leaks"}
+    text = read(record, "informed-recon").sentence()
+    assert text.startswith("leaks: informed reconstruction success 0.365")
+    assert "vs chance 0.1" in text and "DP bound 0.521 (PASS)" in text
+
+
+def test_run_exits_1_when_the_bound_check_fails(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import dpeval.runner
+    from dpeval.cli import main
+
+    def planted(spec, store, progress=True):  # a finished run whose attack exceeded its bound
+        return {"run_id": "r1", "defense": "dpsgd", "attack": "informed-recon", "status": "done", "dataset": "digits",
+                "model": "cnn", "seed": 0, "privacy.accountant": "rdp", "privacy.delta": 1e-5, "privacy.epsilon": 1.0,
+                "privacy.noise_multiplier": 4.0, "privacy.sample_rate": 0.1, "privacy.sampling": "poisson",
+                "privacy.steps": 18, "comm.bytes_dense": 1, "comm.bytes_sparse": 1, "comm.density": 1.0,
+                "time.attack_s": 1.0, "time.train_s": 1.0, "utility.test_accuracy": 0.5, "utility.train_accuracy": 0.5,
+                key("success"): 0.9, key("bound"): 0.2, key("bound_check"): "FAIL", key("verdict"): "leaks"}
+
+    monkeypatch.setattr(dpeval.runner, "execute", planted)
+    result = CliRunner().invoke(main, ["run", "--defense", "dpsgd", "--attack", "informed-recon", "--json",
+                                       "--results", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "FAIL: informed-recon" in result.stderr
