@@ -31,6 +31,7 @@ def test_full_batch_is_exactly_gdp(sigma, steps, n):
     assert rero.gdp_bound(math.sqrt(steps) / sigma, n) == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_subsampled_bound_matches_monte_carlo():
     rng = np.random.default_rng(0)
     for sigma, q, steps, n in [(1.0, 0.1, 50, 10), (0.8, 0.05, 200, 4)]:
