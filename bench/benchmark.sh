@@ -10,13 +10,16 @@
 #                                           # follows it in the same worker, below)
 #   bench/benchmark.sh RESULTS audits       # one phase (attacks, utility or audits) or several ("attacks utility"):
 #                                           # the audits write no results folder, so they can run beside the sweeps
+#   bench/benchmark.sh RESULTS informed     # not among the defaults: the informed reconstruction game
+#                                           # (informed-recon, docs/informed-reconstruction.md) on every private row
 #   python bench/benchmark_page.py --export RESULTS  # docs/benchmark.md, its CSVs and figures
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/benchmark-fashionmnist}
 phases=${2:-attacks utility audits}
 for phase in $phases; do
-    case $phase in attacks | utility | audits) ;; *) echo "unknown phase '$phase' (attacks, utility, audits)" >&2; exit 2 ;; esac
+    case $phase in attacks | utility | audits | informed) ;;
+        *) echo "unknown phase '$phase' (attacks, utility, audits, informed)" >&2; exit 2 ;; esac
 done
 runs() { [[ " $phases " == *" $1 "* ]]; }
 mkdir -p "$results/utility-recipes"
@@ -33,6 +36,14 @@ utility() {  # the utility of defense $1 at two more seeds: the same recipe, no 
     sed -e 's/^attacks: .*/attacks: []/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [1, 2]/' \
         "configs/benchmark/fashionmnist/$1.yaml" > "$results/utility-recipes/$1.yaml"
     $DPEVAL sweep "$results/utility-recipes/$1.yaml" --results "$results" --workers "$WORKERS" --quiet
+}
+informed() {  # the informed reconstruction game on defense $1's private rows at seed 0: the attack sweep's victims
+    # (the same recipe and seed train the same model), trained once more with only informed-recon (200 games each)
+    [ "$1" = none ] && return 0
+    mkdir -p "$results/informed-recipes"
+    sed -e 's/^attacks: .*/attacks: [informed-recon]/' -e '/^attack: /d' -e 's/^seeds: .*/seeds: [0]/' \
+        "configs/benchmark/fashionmnist/$1.yaml" > "$results/informed-recipes/$1.yaml"
+    $DPEVAL sweep "$results/informed-recipes/$1.yaml" --results "$results" --workers "$WORKERS" --quiet
 }
 audits() {  # the one-run audit of every private row at every ε
     for d in $defenses; do
@@ -54,5 +65,6 @@ audits() {  # the one-run audit of every private row at every ε
 for d in $defenses; do  # a defense's row complete (attacks, then utility) before the next, whatever PHASES' order
     if runs attacks; then attacks "$d"; fi
     if runs utility; then utility "$d"; fi
+    if runs informed; then informed "$d"; fi
 done
 if runs audits; then audits; fi

@@ -431,17 +431,35 @@ class GEPDesign(CanaryDesign):
         return Canaries(defense.d, dense=(span + resid) / math.sqrt(2.0),
                         parts={"embedding": span, "residual": resid})
 
-    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def _lifted(shared: SharedGradient) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the flat release, its embedding part V·θ̃ lifted back to the parameters)."""
         extra = shared.extra
-        bases, groups, emb = extra["gep.bases"], extra["gep.groups"], extra["gep.embedding"]
         flat = flatten(shared.grads, extra["gep.param_order"])
         lifted = torch.zeros_like(flat)
-        anchors = torch.zeros(canaries.dense.shape[0], device=flat.device)
         start = 0
-        for (lo, hi), v in zip(groups, bases):
-            lifted[lo:hi] = v @ emb[start:start + v.shape[1]]
-            anchors += canaries.energy_in(lo, hi, v)
+        for (lo, hi), v in zip(extra["gep.groups"], extra["gep.bases"]):
+            lifted[lo:hi] = v @ extra["gep.embedding"][start:start + v.shape[1]]
             start += v.shape[1]
+        return flat, lifted
+
+    def isotropic(self, defense: Defense, shared: SharedGradient) -> torch.Tensor:
+        """The embedding θ̃ over its noise std, then the residual r̃ = release − V·θ̃ over its own (none for
+        B-GEP): two independent Gaussian releases stacked, unit noise on every coordinate."""
+        extra = shared.extra
+        flat, lifted = self._lifted(shared)
+        std_emb, std_res = extra["gep.noise_std_embedding"], extra["gep.noise_std_residual"]
+        parts = [extra["gep.embedding"] / (std_emb if std_emb > 0 else 1.0)]
+        if not extra["gep.biased"]:
+            parts.append((flat - lifted) / (std_res if std_res > 0 else 1.0))
+        return torch.cat(parts)
+
+    def score(self, defense: Defense, shared: SharedGradient, canaries: Canaries) -> dict[str, torch.Tensor]:
+        extra = shared.extra
+        flat, lifted = self._lifted(shared)
+        anchors = torch.zeros(canaries.dense.shape[0], device=flat.device)
+        for (lo, hi), v in zip(extra["gep.groups"], extra["gep.bases"]):
+            anchors += canaries.energy_in(lo, hi, v)
         score = canaries.parts["embedding"] @ lifted / extra["gep.noise_std_embedding"]
         if extra["gep.noise_std_residual"] > 0:  # B-GEP releases no residual
             score = score + canaries.parts["residual"] @ (flat - lifted) / extra["gep.noise_std_residual"]

@@ -168,6 +168,8 @@ class Headline:
     p_value: float | None
     interval: tuple[float, float] | None = None  # a confidence interval of the headline, when reported
     decided_by: tuple[str, float] | None = None  # another statistic that gave the verdict (``decisive``)
+    bound: float | None = None  # what the run's accounted mechanism allows the headline (informed reconstruction)
+    bound_check: str | None = None  # PASS / FAIL: whether the headline stayed within ``bound``
 
     @property
     def column(self) -> str:
@@ -199,6 +201,8 @@ class Headline:
             text += f" vs {self.reference_name} {fmt(self.reference)}{f' {unit}' if unit else ''}"
         if self.p_value is not None:
             text += f", p = {fmt(self.p_value, 2)}"
+        if self.bound is not None:
+            text += f"; DP bound {fmt(self.bound, 3)}{f' ({self.bound_check})' if self.bound_check else ''}"
         if self.decided_by is not None:  # the statistic that decided first, the headline after it
             statistic, value = self.decided_by
             return f"{self.verdict}: {statistic} {fmt(value)} > 0 ({text})"
@@ -233,7 +237,8 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
 
     reference, name = None, ""
     if facts.baseline and is_number(get(facts.baseline)):
-        reference, name = float(get(facts.baseline)), "best data-free guess"
+        reference = float(get(facts.baseline))
+        name = "chance" if facts.baseline == "chance" else "best data-free guess"
     elif facts.chance_level() is not None:
         reference, name = facts.chance_level(), "chance"
     rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
@@ -242,6 +247,8 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
                     facts.higher_leaks, Verdict.parse(get(VERDICT)), reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
-                    (low, high) if is_number(low) and is_number(high) else None)
+                    (low, high) if is_number(low) and is_number(high) else None,
+                    bound=float(get("bound")) if is_number(get("bound")) else None,
+                    bound_check=get("bound_check") if isinstance(get("bound_check"), str) else None)
     head.decided_by = decisive(record, attack, head)
     return head

@@ -37,7 +37,7 @@ STREAMS: dict[str, str] = {
     "targets": "which private examples a gradient attack targets",
     "restarts": "an optimisation attack's random starts",
     "baseline": "data-free baseline guesses of a reconstruction attack",
-    "candidates": "grad-mia's member batches and non-member candidates",
+    "candidates": "grad-mia's member batches and non-member candidates; informed-recon's candidate pools and secrets",
     "release": "the noise of one observed release (indexed by the release)",
     "canaries": "audit canary directions and in/out assignment",
     "threshold": "the random half on which a membership threshold is chosen",

@@ -65,15 +65,34 @@ class ReleaseOracle:
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, at: str,
                  streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
-        epoch = AttackState(at).defense_epoch(self.epochs)
+        defense = self.defense_at(model, at, streams)
+        shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
+        return shared, self.report(at, shared)
+
+    def defense_at(self, model: nn.Module, at: str, streams: Streams) -> Defense:
+        """A fresh defense drawing from ``streams``, bound to ``model``, in the state training recorded at ``at``."""
         defense = self.make_defense(streams, bound_to=model)
-        defense.begin_epoch(epoch, self.epochs)
+        defense.begin_epoch(AttackState(at).defense_epoch(self.epochs), self.epochs)
         public_state = self.defense_states.get(at)
         if public_state:
             defense.load_state_dict(copy.deepcopy(public_state))
-        shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
-        report: dict[str, Any] = {"state": at, "epoch": epoch, "density": float(shared.density),
-                                  "noise_std": float(shared.noise_std)}
+        return defense
+
+    def release_gradients(self, model: nn.Module, grads: dict[str, torch.Tensor], at: str, streams: Streams,
+                          batch_size: int) -> tuple[SharedGradient, dict[str, Any]]:
+        """The release of a logical step of B = ``batch_size`` whose examples' per-sample gradients (computed by the
+        caller with ``PerSampleGradients`` at the weights of ``at``, as ``observe_release`` computes them) are
+        ``grads`` (``{name: [b, *shape]}``; b = 0: a step that holds none of them releases noise alone), through
+        the same defense stages as ``__call__``: for a game that releases the same examples many times."""
+        defense = self.defense_at(model, at, streams)
+        if next(iter(grads.values())).shape[0]:
+            defense.clip_and_accumulate(grads)
+        shared = defense.release(batch_size)
+        return shared, self.report(at, shared)
+
+    def report(self, at: str, shared: SharedGradient) -> dict[str, Any]:
+        report: dict[str, Any] = {"state": at, "epoch": AttackState(at).defense_epoch(self.epochs),
+                                  "density": float(shared.density), "noise_std": float(shared.noise_std)}
         if shared.rate is not None:
             report["defense_rate"] = float(shared.rate)
-        return shared, report
+        return report

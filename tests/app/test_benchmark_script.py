@@ -76,3 +76,14 @@ def test_one_phase_runs_alone_and_an_unknown_phase_is_refused(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
         run_benchmark(tmp_path, None, "shadows")
     assert failed.value.returncode == 2 and "unknown phase 'shadows'" in failed.value.stderr
+
+
+def test_the_informed_phase_sweeps_every_private_row_with_that_attack_alone(tmp_path):
+    calls, results = run_benchmark(tmp_path, None, "informed")
+    assert [c.split()[1] for c in calls] == [f"{results}/informed-recipes/{d}.yaml" for d in PRIVATE]
+    recipe = yaml.safe_load((results / "informed-recipes" / "gep.yaml").read_text())
+    source = yaml.safe_load((ROOT / "configs" / "benchmark" / "fashionmnist" / "gep.yaml").read_text())
+    assert recipe["attacks"] == ["informed-recon"] and "attack" not in recipe and recipe["seeds"] == [0]
+    assert {k: v for k, v in recipe.items() if k not in ("attacks", "seeds")} == \
+        {k: v for k, v in source.items() if k not in ("attacks", "attack", "seeds")}  # the same victim's recipe
+

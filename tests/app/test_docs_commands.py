@@ -20,7 +20,8 @@ from tests.helpers import FASHIONMNIST_INSTALLED
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_RUN = ["--set", "data.max_train=256", "--quiet"]  # and the fewest epochs the command's states allow
 SMALL_ATTACK = {"ig": ["attack.ig.iterations=2", "attack.ig.targets=1"], "rgap": ["attack.rgap.targets=1"],
-                "lira": ["attack.lira.shadows=4"], "rmia": ["attack.rmia.shadows=4"]}
+                "lira": ["attack.lira.shadows=4"], "rmia": ["attack.rmia.shadows=4"],
+                "informed-recon": ["attack.informed-recon.targets=2"]}
 PLACEHOLDER = re.compile(r"\b(NAME|FILE|DIR|COLUMN|E|D|N|S)\b|\s\[--|\$|\\$")
 
 
