@@ -175,8 +175,9 @@ def fastdp_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro:
     import contextlib
     import io
 
-    from dpeval.core.per_sample import micro_batches
     from fastDP import PrivacyEngine
+
+    from dpeval.core.per_sample import micro_batches
 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its configuration

@@ -52,6 +52,7 @@ from torch.func import functional_call
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.per_sample import fixed_front
 from dpeval.defenses.base import Defense
+from dpeval.defenses.clipping import row_squares
 from dpeval.defenses.lean import LeanBatch, LeanPlan
 
 WORKSPACE_BUDGET = 1 << 21  # CPU: elements (8 MiB in float32) of transient workspace per chunk of samples
@@ -298,9 +299,8 @@ class BookKeeping:
         group_of = {n: m for m, g in enumerate(plan.groups) for n in g}
         layer_groups = {path: {group_of[n] for n, (p, _) in self.owner.items() if p == path} for path in self.layers}
         kept: dict[str, _Kept] = {}
-        # each group's per-parameter statistics, summed once when it closes (one op, not one per parameter); in
-        # float64 where a plan has probes (GEP's residual ‖g‖² − ‖θ‖² must not lose digits), else float32
-        wide = torch.float64 if plan.probes else x.dtype
+        # each group's per-parameter statistics, summed in float64 once when it closes (two operators, not one per
+        # parameter; GEP's residual ‖g‖² − ‖θ‖² must not lose digits)
         stats: list[list[torch.Tensor]] = [[] for _ in plan.groups]
         probes = torch.zeros(b, plan.probe_dim, device=x.device) if plan.probes else None
         factors: list[torch.Tensor | None] = [None] * len(plan.groups)
@@ -309,8 +309,10 @@ class BookKeeping:
         held: set[str] = set()  # layers seen in backprop whose groups are still open
 
         def close(group: int) -> None:
-            parts = [t.to(wide) for t in stats[group]]
-            total = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+            parts = stats[group]
+            if len({t.dtype for t in parts}) > 1:  # GEP's float64 statistics beside float32 ones
+                parts = [t.double() for t in parts]
+            total = torch.stack(parts).sum(0, dtype=torch.float64)
             c = factors[group] = plan.factors(group, total, probes).to(x.dtype)
             for name in plan.groups[group] if plan.sums else ():
                 path, attr = self.owner[name]
@@ -437,19 +439,19 @@ class BookKeeping:
         t = kernel.token_count(module, k.a, k.ds)
         if t == 1 and isinstance(kernel, LinearKernel):  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
             a, ds = kernel.tokens(module, k.a, k.ds)
-            return _row_squares(a) * _row_squares(ds)
+            return row_squares(a) * row_squares(ds)
         if ghost_norm_pays(t, w.numel()):  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
             squares = []
             for lo in range(0, b, step):
                 ga, gs = kernel.grams(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, T] each
-                squares.append(torch.einsum("bts,bts->b", ga, gs))
+                squares.append(ga.mul_(gs).sum((1, 2)))  # a reduction: as precise as row_squares
             return _join(squares)
         step = self._chunk(kernel, module, k.a, w)
         g = _join([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
                    for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():
             k.per_sample["weight"] = g  # smaller than what it replaces: keep it for the sum
-        return _row_squares(g)
+        return row_squares(g)
 
     @staticmethod
     def _chunk(kernel: LayerKernel, module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
@@ -478,18 +480,12 @@ def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor 
     shift, scale = plan.shift.get(name), plan.scale.get(name)
     if shift is None and scale is None:
         # summed in float64 where probes make a residual of it (GEP), else one fused dot per row
-        return flat.pow(2).sum(1, dtype=torch.float64) if plan.probes else _row_squares(flat)
+        return flat.pow(2).sum(1, dtype=torch.float64) if plan.probes else row_squares(flat)
     w = torch.sub(g, shift) if shift is not None else g * scale  # one fresh buffer, transformed in place
     if shift is not None and scale is not None:
         w.mul_(scale)
     w = w.reshape(g.shape[0], -1)
-    return _row_squares(w)  # a fused dot per row: no squared copy
-
-
-def _row_squares(t: torch.Tensor) -> torch.Tensor:
-    """‖t_i‖² per row i of ``t`` [b, ...]: one fused dot per row (one operator, no squared copy)."""
-    flat = t.reshape(t.shape[0], -1)
-    return torch.einsum("bi,bi->b", flat, flat)
+    return row_squares(w)
 
 
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
