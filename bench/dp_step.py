@@ -16,6 +16,10 @@ Paths (all clip to R = 1, noise σ = 1, SGD; a step = every micro-batch of the l
   per-sample gradients (``train.engine=func``), for the ratio
 - ``gep-anchors-reused``: ``gep`` with its anchors computed once and reused (``anchor_every`` huge): the
   lean GEP step without the per-step anchor refresh
+- ``fastdp-bk``, ``fastdp-bk-layer``: FastDP's ``PrivacyEngine`` (the group-wise clipping paper's own code,
+  awslabs/fast-differential-privacy: book-keeping, ``clipping_mode="MixOpt"``, Abadi clipping at R = 1, σ = 1),
+  all-layer and layer-wise; run only where ``import fastDP`` works (it is not a dependency: put its source and
+  ``transformers`` on ``PYTHONPATH``, see docs/performance.md), skipped with a line saying so elsewhere
 - ``non-private-bf16``, ``func-bf16``: ``non-private`` and ``func`` with the forward and backward passes under
   bfloat16 autocast (``train.precision=bf16``; float32 parameters, clipping and noise), the pair to compare
 
@@ -58,9 +62,22 @@ DEFENSE_PARAMS = {"none": {}, "rs": {"schedule": "constant"}, "random-freeze": {
 # which separates the lean step's own cost from the anchor refresh Algorithm 2 makes every step
 VARIANTS = {"gep-anchors-reused": ("gep", {"anchor_every": 10**9})}
 PATHS = ("non-private", "opacus", "func", "lean-M1", "lean-M2", "lean-layer", "lean-param", *DEFENSE_PARAMS,
-         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"), *VARIANTS, "non-private-bf16", "func-bf16")
+         *(f"func-{d}" for d in DEFENSE_PARAMS if d != "none"), *VARIANTS, "fastdp-bk", "fastdp-bk-layer",
+         "non-private-bf16", "func-bf16")
 GROUPS = {"lean-M2": "uniform:2", "lean-layer": "layer", "lean-param": "param"}
 PUBLIC = 200  # public examples for GEP's anchors (the synthetic 2,000-example task's 10% public split)
+
+
+FASTDP_STYLES = {"fastdp-bk": "all-layer", "fastdp-bk-layer": "layer-wise"}
+
+
+def fastdp_available() -> bool:
+    """Whether FastDP (``fastDP``) imports here: it is measured where it does, skipped elsewhere."""
+    try:
+        import fastDP  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, or its own imports (transformers) fail: not measurable here
+        return False
+    return True
 
 
 GPT = {"depth": 4, "width": 256, "heads": 4, "seq_len": 64, "vocab": 4096}
@@ -125,6 +142,8 @@ def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.T
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         return step
+    if path in FASTDP_STYLES:
+        return fastdp_step(model, x, y, micro, FASTDP_STYLES[path])
     shapes = {n: p.shape for n, p in params.items()}
     streams = Streams(0).scope("bench")
     name = path.removeprefix("func-")
@@ -145,6 +164,31 @@ def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.T
             feed(xb, yb)
         for name, value in defense.release(batch).grads.items():
             params[name].grad = value
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def fastdp_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int, style: str):
+    """FastDP's book-keeping step as its README trains: the engine attached to the optimizer, one backward
+    per micro-batch of a summed loss (it accumulates the clipped sums), then ``step``."""
+    import contextlib
+    import io
+
+    from fastDP import PrivacyEngine
+
+    from dpeval.core.per_sample import micro_batches
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its configuration
+        engine = PrivacyEngine(model, batch_size=x.shape[0], sample_size=50_000, epochs=1, noise_multiplier=1.0,
+                               max_grad_norm=1.0, clipping_mode="MixOpt", clipping_fn="Abadi",
+                               clipping_style=style, loss_reduction="sum", torch_seed_is_fixed=True)
+        engine.attach(opt)
+
+    def step() -> None:
+        for xb, yb in micro_batches(x, y, micro):
+            F.cross_entropy(model(xb), yb, reduction="sum").backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
@@ -283,6 +327,9 @@ def main() -> None:
         return
     micro = args.micro or args.batch
     device = args.device
+    if any(p in FASTDP_STYLES for p in args.paths) and not fastdp_available():
+        print(f"# skipped (FastDP not importable): {' '.join(p for p in args.paths if p in FASTDP_STYLES)}")
+        args.paths = [p for p in args.paths if p not in FASTDP_STYLES]
     cuda = device.startswith("cuda")
     name = torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine()
     print(f"# {name}, {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}; "

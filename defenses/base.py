@@ -202,8 +202,7 @@ class Defense(ABC):
 
     def accumulate_lean(self, batch: LeanBatch) -> None:
         """Add the engine's sums of one micro-batch (the default: they are already the clipped sums)."""
-        for name, value in batch.sums.items():
-            self._sum[name] += value
+        self.add_to_sum(batch.sums)
         self.samples_seen += batch.count
 
     # -- the three stages --------------------------------------------------------------------------------
@@ -225,11 +224,15 @@ class Defense(ABC):
         mask = self.release_mask()
         average: dict[str, torch.Tensor] = {}
         unreleased: dict[str, torch.Tensor] = {}  # only with a mask
-        for name, total in self._sum.items():
-            noise = self.gaussian(total.shape, std)
-            if mask is None:
-                average[name] = (total + noise) / batch_size
-            else:
+        if mask is None:  # (Σ + z·std) / B for every parameter at once: three operators, not three per parameter
+            noises = [self.standard_normal(t.shape) for t in self._sum.values()]
+            torch._foreach_mul_(noises, std)  # rounded as ``gaussian`` rounds: a masked release of all agrees
+            averages = torch._foreach_add(list(self._sum.values()), noises)
+            torch._foreach_div_(averages, batch_size)
+            average = dict(zip(self._sum, averages))
+        else:
+            for name, total in self._sum.items():
+                noise = self.gaussian(total.shape, std)
                 average[name] = (total + noise * mask[name]) / batch_size
                 unreleased[name] = (~mask[name]) * noise / batch_size
         shared = SharedGradient(self.transform(average), batch_size=batch_size, noise_std=std / batch_size,
@@ -262,13 +265,24 @@ class Defense(ABC):
 
     # -- helpers for subclasses ---------------------------------------------------------------------------
     def reset(self) -> None:
-        self._sum = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}
+        """A fresh zero running sum: one buffer (one operator), each parameter's sum a view of it."""
+        shapes = list(self.param_shapes.values())
+        flat = torch.zeros(sum(math.prod(s) for s in shapes), device=self.device)
+        self._sum = {n: v.view(s) for (n, s), v in zip(self.param_shapes.items(),
+                                                         flat.split([math.prod(s) for s in shapes]))}
         self.samples_seen = 0
 
+    def add_to_sum(self, sums: dict[str, torch.Tensor]) -> None:
+        """``_sum[name] += value`` for every entry of ``sums``, as one operator."""
+        torch._foreach_add_([self._sum[n] for n in sums], list(sums.values()))
+
+    def standard_normal(self, shape: torch.Size) -> torch.Tensor:
+        """N(0, 1) draws from the defense's own generator (seeded per run; not a cryptographically secure RNG)."""
+        return torch.randn(shape, generator=self.generator, device=self.device)
+
     def gaussian(self, shape: torch.Size, std: float) -> torch.Tensor:
-        """Noise from the defense's own generator (seeded per run; not a cryptographically secure RNG)."""
-        noise = torch.randn(shape, generator=self.generator, device=self.device)
-        return noise * std
+        """N(0, std²) draws from the defense's own generator."""
+        return self.standard_normal(shape) * std
 
     # -- public state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -48,6 +48,5 @@ class DPSGD(Defense):
         return self._plan
 
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        for name, value in self._clipping.clip_sum(grads).items():
-            self._sum[name] += value
+        self.add_to_sum(self._clipping.clip_sum(grads))
         self.samples_seen += next(iter(grads.values())).shape[0]

@@ -56,6 +56,7 @@ from torch.func import functional_call
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.per_sample import fixed_front
 from dpeval.defenses.base import Defense
+from dpeval.defenses.clipping import row_squares
 from dpeval.defenses.lean import LeanBatch, LeanPlan
 
 WORKSPACE_BUDGET = 1 << 21  # CPU: elements (8 MiB in float32) of transient workspace per chunk of samples
@@ -153,6 +154,9 @@ def register_kernel(layer: type[nn.Module]) -> Callable[[type[K]], type[K]]:
 
 @register_kernel(nn.Linear)
 class LinearKernel(LayerKernel):
+    def token_count(self, module, a, ds):
+        return a[0].numel() // a.shape[-1]
+
     def tokens(self, module, a, ds):
         b = a.shape[0]
         return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
@@ -192,6 +196,9 @@ class Conv2dKernel(LayerKernel):
     def weight_sum(self, module, a, ds):
         return torch.nn.grad.conv2d_weight(a, module.weight.shape, ds, module.stride, module.padding,
                                            module.dilation, module.groups)
+
+    def token_count(self, module, a, ds):
+        return ds[0, 0].numel()  # output pixels, without unfolding a sample
 
     def workspace(self, module, a):
         kh, kw = module.kernel_size
@@ -323,8 +330,9 @@ class LeanEngine:
         group_of = {n: m for m, g in enumerate(plan.groups) for n in g}
         layer_groups = {path: {group_of[n] for n, (p, _) in self.owner.items() if p == path} for path in self.layers}
         kept: dict[str, _Kept] = {}
-        # statistics accumulate in float64: GEP's residual norm ‖g‖² − ‖θ‖² must not lose digits
-        stats = [torch.zeros(b, device=x.device, dtype=torch.float64) for _ in plan.groups]
+        # each group's per-parameter statistics, summed in float64 once when it closes (two operators, not one per
+        # parameter; GEP's residual ‖g‖² − ‖θ‖² must not lose digits)
+        stats: list[list[torch.Tensor]] = [[] for _ in plan.groups]
         probes = torch.zeros(b, plan.probe_dim, device=x.device) if plan.probes else None
         factors: list[torch.Tensor | None] = [None] * len(plan.groups)
         pending = [len(g) for g in plan.groups]  # parameters not yet seen in backprop
@@ -332,7 +340,11 @@ class LeanEngine:
         held: set[str] = set()  # layers seen in backprop whose groups are still open
 
         def close(group: int) -> None:
-            c = factors[group] = plan.factors(group, stats[group], probes).to(x.dtype)
+            parts = stats[group]
+            if len({t.dtype for t in parts}) > 1:  # GEP's float64 statistics beside float32 ones
+                parts = [t.double() for t in parts]
+            total = torch.stack(parts).sum(0, dtype=torch.float64)
+            c = factors[group] = plan.factors(group, total, probes).to(x.dtype)
             for name in plan.groups[group] if plan.sums else ():
                 path, attr = self.owner[name]
                 sums[name] = self._weighted_sum(self.layers[path], kept[path], attr, c)
@@ -350,7 +362,7 @@ class LeanEngine:
             prefix = f"{path}." if path else ""
             for attr, sq in self._statistics(module, k, self.trainable[path], prefix, plan, probes).items():
                 group = group_of[prefix + attr]
-                stats[group] += sq
+                stats[group].append(sq)
                 pending[group] -= 1
                 if pending[group] == 0:
                     close(group)
@@ -444,8 +456,8 @@ class LeanEngine:
             if keep:
                 parts.append(g)
         if keep:
-            k.per_sample["weight"] = torch.cat(parts)
-        return torch.cat(stats)
+            k.per_sample["weight"] = _join(parts)
+        return _join(stats)
 
     def _weight_square_norms(self, kernel: LayerKernel, module: nn.Module, k: _Kept) -> torch.Tensor:
         """‖∂L_i/∂W‖² of a weight layer, by ghost norm or by instantiation (then kept in ``k``).
@@ -458,19 +470,19 @@ class LeanEngine:
         t = kernel.token_count(module, k.a, k.ds)
         if t == 1 and isinstance(kernel, LinearKernel):  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
             a, ds = kernel.tokens(module, k.a, k.ds)
-            return a.pow(2).sum((1, 2)) * ds.pow(2).sum((1, 2))
+            return row_squares(a) * row_squares(ds)
         if ghost_norm_pays(t, w.numel()):  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
             squares = []
             for lo in range(0, b, step):
                 ga, gs = kernel.grams(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, T] each
-                squares.append(ga.mul_(gs).sum((1, 2)))
-            return torch.cat(squares)
+                squares.append(ga.mul_(gs).sum((1, 2)))  # a reduction: as precise as row_squares
+            return _join(squares)
         step = self._chunk(kernel, module, k.a, w)
-        g = torch.cat([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
-                       for lo in range(0, b, step)])
+        g = _join([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
+                   for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():
             k.per_sample["weight"] = g  # smaller than what it replaces: keep it for the sum
-        return g.view(b, -1).pow(2).sum(1)
+        return row_squares(g)
 
     @staticmethod
     def _chunk(kernel: LayerKernel, module: nn.Module, a: torch.Tensor, weight: torch.Tensor | None = None) -> int:
@@ -498,12 +510,18 @@ def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor 
         probes[:, col:col + v.shape[1]] += flat[:, lo:hi] @ v
     shift, scale = plan.shift.get(name), plan.scale.get(name)
     if shift is None and scale is None:
-        return flat.pow(2).sum(1, dtype=torch.float64)
+        # summed in float64 where probes make a residual of it (GEP), else one fused dot per row
+        return flat.pow(2).sum(1, dtype=torch.float64) if plan.probes else row_squares(flat)
     w = torch.sub(g, shift) if shift is not None else g * scale  # one fresh buffer, transformed in place
     if shift is not None and scale is not None:
         w.mul_(scale)
     w = w.reshape(g.shape[0], -1)
-    return torch.einsum("bi,bi->b", w, w).double()  # a fused dot per row: no squared copy, no float64 cast
+    return row_squares(w)
+
+
+def _join(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The chunks of samples as one tensor (no copy when there is one chunk, as on a GPU)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _one_token_linear(a: torch.Tensor, ds: torch.Tensor, shift: torch.Tensor | None,

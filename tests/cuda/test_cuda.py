@@ -222,14 +222,20 @@ def test_lean_matches_the_torch_func_path_on_the_device():
 
 
 def test_bf16_on_the_device_clips_exactly_and_trains(tmp_path):
-    """train.precision bf16 on the device: float32 per-sample gradients within 20 % of float32's, each clipped
-    contribution within C·(1 ± 1e-5); a short digits run in bf16 learns about as well as its float32 twin."""
+    """train.precision bf16 on the device: float32 per-sample gradients within 35 % of float32's, each clipped
+    contribution within C·(1 ± 1e-5); a short digits run in bf16 learns about as well as its float32 twin.
+
+    The bound is this model's measured bf16 error, not a guess: the largest relative error over 16 samples of the
+    untrained ResNet-20-GN has median 0.20, 90th percentile 0.26 and maximum 0.28 over 40 batches (10 seeds,
+    CPU autocast), and perturbing the float32 weights by bf16's unit roundoff (relative 2⁻⁹) moves the gradients
+    as much (median 0.12, max 0.23): the gradients are that sensitive to rounding, and 0.2158 on an H200 is one
+    draw of that distribution (docs/performance.md, "bfloat16"). The lower bound checks that bf16 is in effect."""
     prep = prepared("dpsgd", {}, "resnet20-gn", DEVICE)
     x, y = prep.task.train.x[:16].to(DEVICE), prep.task.train.y[:16].to(DEVICE)
     grads = PerSampleGradients(prep.model, precision="bf16")(x, y)
     g32, g16 = flat_rows(PerSampleGradients(prep.model)(x, y)), flat_rows(grads)
     error = ((g16 - g32).norm(dim=1) / g32.norm(dim=1)).max()
-    assert 1e-4 < error < 0.2
+    assert 1e-4 < error < 0.35
     clip = 0.01 * float(g16.norm(dim=1).min())  # every example clipped
     for i in range(len(y)):
         defense = DPSGD(ClipParams(clip=clip), {n: q.shape for n, q in prep.model.named_parameters()}, 0.0,
