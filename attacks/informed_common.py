@@ -161,7 +161,7 @@ def segments(states: list[AttackState], steps: int, epochs: int) -> list[tuple[s
 
 
 class InformedReconstructionAttack(Attack):
-    """The family: a subclass implements ``score(view, signals) -> {statistic: [n] scores}``; the first statistic
+    """The family: a subclass implements ``guess(signals) -> {statistic: [n] scores}``; the first statistic
     makes the guess, every statistic is reported with its own success rate."""
 
     Params = InformedParams
@@ -174,7 +174,7 @@ class InformedReconstructionAttack(Attack):
     def check_task(cls, params: Any, task: Task) -> None:
         check_pool(params, task.test)
 
-    def score(self, view: AttackerView, signals: Signals) -> dict[str, np.ndarray]:
+    def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
@@ -209,7 +209,7 @@ class InformedReconstructionAttack(Attack):
                 game.replay(release, whiten, grads, int(secrets[j]), span, held[j], own.scope(state, "target", j))
         guesses = {}
         for j, game in enumerate(games):
-            scores = self.score(view, game.signals(q))
+            scores = self.guess(game.signals(q))
             guesses[j] = {k: int(np.argmax(v)) for k, v in scores.items()}
         return self._report(view, guesses, secrets, held, games, pools, plan)
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from dpeval.attacks.informed_common import InformedReconstructionAttack, Signals
 from dpeval.attacks.registry import ATTACKS
-from dpeval.attacks.view import AttackerView
 
 
 def likelihood_scores(s: Signals) -> np.ndarray:
@@ -45,5 +44,5 @@ class InformedReconstruction(InformedReconstructionAttack):
                    "state and every release, and names the target among n candidates; its success beside the bound "
                    "1 − f(1/n) of the run's accounted mechanism.")
 
-    def score(self, view: AttackerView, signals: Signals) -> dict[str, np.ndarray]:
-        return {"likelihood": likelihood_scores(signals), "linear": linear_scores(signals)}
+    def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
+        return {"likelihood": likelihood_scores(evidence), "linear": linear_scores(evidence)}
