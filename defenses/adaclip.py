@@ -41,7 +41,7 @@ from dpeval.core.streams import Streams
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors, per_sample_norms
-from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 from dpeval.defenses.registry import DEFENSES
 
 log = logging.getLogger("dpeval")

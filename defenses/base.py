@@ -52,7 +52,7 @@ import torch
 from dpeval.core.params import Params
 from dpeval.core.streams import Streams
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 
 if TYPE_CHECKING:
     from dpeval.defenses.clipping import GroupClipping
@@ -195,7 +195,7 @@ class Defense(ABC):
 
     # -- the lean engine (harness/engine/lean.py) ------------------------------------------------
     def lean_plan(self) -> LeanPlan | None:
-        """The per-sample statistics and factors of the current micro-batch (``defenses/lean.py``), so the
+        """The per-sample statistics and factors of the current micro-batch (``defenses/lean_plan.py``), so the
         lean engine can form this defense's sums during backprop without materialising per-sample
         gradients. ``None`` (the default): only ``clip_and_accumulate`` on materialised gradients."""
         return None

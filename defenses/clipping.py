@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpeval.defenses.lean import LeanPlan
+from dpeval.defenses.lean_plan import LeanPlan
 
 CLIP_FUNCTIONS = ("auto", "abadi")
 AUTO_GAMMA = 0.01   # the paper's stability constant in R/(‖g‖ + γ)

@@ -18,7 +18,7 @@ from dpeval.core.params import param
 from dpeval.core.streams import Streams
 from dpeval.defenses.base import Defense, DefenseParams
 from dpeval.defenses.clipping import GroupClipping
-from dpeval.defenses.lean import LeanPlan
+from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.defenses.registry import DEFENSES
 
 

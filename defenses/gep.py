@@ -44,7 +44,7 @@ from dpeval.core.streams import Streams
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors
-from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 from dpeval.defenses.registry import DEFENSES
 
 ANCHOR_BUDGET = 1 << 25  # elements (128 MiB float32) of anchor gradients held at once

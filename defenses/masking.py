@@ -43,7 +43,7 @@ from dpeval.core.params import param
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors, per_sample_norms
-from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.defenses.lean import LeanPlan
+from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.defenses.registry import DEFENSES
 
 

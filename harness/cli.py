@@ -125,6 +125,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
 
     store = ResultStore(results)
     store.check(create=True)
+    from dpeval.reference import deltas, format_deltas, reference_runs, reference_to_run
     from dpeval.runner import execute  # heavy (torch, every layer): only once the input is known to be valid
 
     setup_logging(debug)
@@ -133,8 +134,6 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     references = reference_runs(spec, store, to_run, progress=not quiet)
     text = format_run(metrics, results)
     if references:
-        from dpeval.reference import deltas, format_deltas
-
         metrics = {**metrics, "reference": {r["metrics"]["defense"]: deltas(metrics, r) for r in references}}
         text += "\n  reference       this run − the reference run:\n" + "\n".join(
             line for r in references for line in format_deltas(metrics, r))
@@ -157,41 +156,6 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
                 notes.append(f"dpeval: note: attack.{name}.{key} can be written attack.{name}.{key[len(prefix):]} "
                              f"(the same setting; results keep the key attack.{name}.{key})")
     return notes
-
-
-def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
-    """The configuration of the reference ``--reference`` asks for when ``store`` holds no matching run of it with
-    the same attacks, else None. Called before the main run: what only the reference needs (an ε that its
-    defense must reach, its defense's rules) is checked here, so that exit 2 still means nothing was written."""
-    from dpeval.reference import covers, find_reference, reference_spec
-    from dpeval.runner import prepare, resumable
-
-    if asked is None or asked == spec.defense_name:
-        return None
-    wanted = reference_spec(spec, asked)
-    row = find_reference(store.rows("done"), spec, asked)
-    if row is not None and covers(row, wanted.canonical()):
-        return None
-    try:
-        prepare(wanted)  # every check `run` makes before training
-        resumable(wanted, store)  # an interrupted reference's checkpoint must load
-    except ConfigError as exc:
-        raise ConfigError(f"--reference {asked}: {exc}") from None
-    return wanted
-
-
-def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[dict[str, Any]]:
-    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``, after running ``to_run``
-    (``reference_to_run``) when given."""
-    from dpeval.reference import REFERENCES, find_reference
-    from dpeval.runner import execute
-
-    if to_run is not None:
-        click.echo(f"dpeval: running the reference: --defense {to_run.defense_name} with the same settings", err=True)
-        execute(to_run, store, progress=progress)
-    rows = store.rows("done")
-    found = (find_reference(rows, spec, defense) for defense in REFERENCES if defense != spec.defense_name)
-    return [row for row in found if row is not None]
 
 
 # ---------------------------------------------------------------------------------------------------

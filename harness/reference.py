@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
+
 from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
 from dpeval.core.spec import RunSpec
 from dpeval.headlines import attacks_in, fmt, read, unit_of
 
@@ -85,3 +88,36 @@ def format_deltas(metrics: dict[str, Any], reference: dict[str, Any]) -> list[st
                      f"{head.verdict or 'none'} vs "
                      f"{other.verdict or 'none'})")
     return lines
+
+
+def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
+    """The configuration of the reference ``--reference`` asks for when ``store`` holds no matching run of it with
+    the same attacks, else None. Called before the main run: what only the reference needs (an ε that its
+    defense must reach, its defense's rules) is checked here, so that exit 2 still means nothing was written."""
+    from dpeval.runner import prepare, resumable
+
+    if asked is None or asked == spec.defense_name:
+        return None
+    wanted = reference_spec(spec, asked)
+    row = find_reference(store.rows("done"), spec, asked)
+    if row is not None and covers(row, wanted.canonical()):
+        return None
+    try:
+        prepare(wanted)  # every check `run` makes before training
+        resumable(wanted, store)  # an interrupted reference's checkpoint must load
+    except ConfigError as exc:
+        raise ConfigError(f"--reference {asked}: {exc}") from None
+    return wanted
+
+
+def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[dict[str, Any]]:
+    """The stored reference runs (``none``, ``dpsgd``) that match ``spec``, after running ``to_run``
+    (``reference_to_run``) when given."""
+    from dpeval.runner import execute
+
+    if to_run is not None:
+        click.echo(f"dpeval: running the reference: --defense {to_run.defense_name} with the same settings", err=True)
+        execute(to_run, store, progress=progress)
+    rows = store.rows("done")
+    found = (find_reference(rows, spec, defense) for defense in REFERENCES if defense != spec.defense_name)
+    return [row for row in found if row is not None]

@@ -1,6 +1,6 @@
 """The lean per-sample engine (``train.engine: lean``): memory-lean per-sample clipping by book-keeping (Bu et al.;
 FastDP's "BK" / mixed ghost norm), for every defense that declares its per-sample statistics
-(``Defense.lean_plan``; the plans are described in ``defenses/lean.py``).
+(``Defense.lean_plan``; the plans are described in ``defenses/lean_plan.py``).
 
 One forward and one backward pass per micro-batch, no per-sample gradient of the whole model ever exists:
 
@@ -57,7 +57,7 @@ from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.per_sample import fixed_front
 from dpeval.defenses.base import Defense
 from dpeval.defenses.clipping import row_squares
-from dpeval.defenses.lean import LeanBatch, LeanPlan
+from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 
 WORKSPACE_BUDGET = 1 << 21  # CPU: elements (8 MiB in float32) of transient workspace per chunk of samples
 CUDA_WORKSPACE_SHARE = 1 / 64  # a CUDA device: the share of its memory one chunk's workspace may take
@@ -301,7 +301,7 @@ class _Kept:
 
 class LeanEngine:
     """``engine(x, y, plan) -> LeanBatch``: the factor-weighted gradient sums of one micro-batch (and the
-    plan's probes), computed during one backward pass (see the module docstring and ``defenses/lean.py``).
+    plan's probes), computed during one backward pass (see the module docstring and ``defenses/lean_plan.py``).
 
     Parameter names are those of ``model.named_parameters()``.
     """

@@ -68,14 +68,14 @@ def test_a_model_scored_after_another_gets_its_own_shadows(digits, tmp_path):
     """Model B scored alone and right after model A (other data, the same recipe) gets the same LiRA result:
     A's shadows, trained on A's data, are not reused for B — not from memory, nor from an ``out`` folder both
     calls share."""
-    from dpeval.attacks import membership_common
+    from dpeval.attacks import membership_game
 
     x, y = digits
     members_a, nonmembers_a = sets(x, y, 0)
     members_b, nonmembers_b = sets(x, y, 400)
     torch.manual_seed(1)
     model_a, model_b = fit(mlp(), *members_a), fit(mlp(), *members_b)
-    membership_common._POOLS.clear()
+    membership_game._POOLS.clear()
     alone = lira_auc(dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, "lira",
                                              out=tmp_path / "alone"))
     lira_auc(dpeval.score_membership(model_a, members_a, nonmembers_a, SHADOW_RECIPE, "lira", out=tmp_path / "shared"))
@@ -86,7 +86,7 @@ def test_a_model_scored_after_another_gets_its_own_shadows(digits, tmp_path):
     again = dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, "lira")
     assert lira_auc(again) == alone
     # model B scored on A's data into the folder where it was scored on its own: its signals there are not reused
-    membership_common._POOLS.clear()
+    membership_game._POOLS.clear()
     other = lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, "lira",
                                              out=tmp_path / "other"))
     assert lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, "lira",
