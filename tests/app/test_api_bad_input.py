@@ -76,20 +76,21 @@ def test_a_model_scored_after_another_gets_its_own_shadows(digits, tmp_path):
     torch.manual_seed(1)
     model_a, model_b = fit(mlp(), *members_a), fit(mlp(), *members_b)
     membership_game._POOLS.clear()
-    alone = lira_auc(dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, "lira",
+    alone = lira_auc(dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, ["lira"],
                                              out=tmp_path / "alone"))
-    lira_auc(dpeval.score_membership(model_a, members_a, nonmembers_a, SHADOW_RECIPE, "lira", out=tmp_path / "shared"))
-    after = lira_auc(dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, "lira",
+    lira_auc(dpeval.score_membership(model_a, members_a, nonmembers_a, SHADOW_RECIPE, ["lira"],
+                                     out=tmp_path / "shared"))
+    after = lira_auc(dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, ["lira"],
                                              out=tmp_path / "shared"))
     assert after == alone
     # the same call again reuses its shadows (the cache still works), with the same result
-    again = dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, "lira")
+    again = dpeval.score_membership(model_b, members_b, nonmembers_b, SHADOW_RECIPE, ["lira"])
     assert lira_auc(again) == alone
     # model B scored on A's data into the folder where it was scored on its own: its signals there are not reused
     membership_game._POOLS.clear()
-    other = lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, "lira",
+    other = lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, ["lira"],
                                              out=tmp_path / "other"))
-    assert lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, "lira",
+    assert lira_auc(dpeval.score_membership(model_b, members_a, nonmembers_a, SHADOW_RECIPE, ["lira"],
                                             out=tmp_path / "alone")) == other
 
 
@@ -270,9 +271,12 @@ def test_a_run_from_weights_holding_nan_is_refused(tmp_path):
 
 
 def test_progress_false_silences_the_shadow_models_bar(digits, capfd):
+    from dpeval.attacks import membership_game
+
     x, y = digits
     members, nonmembers = sets(x, y, 0)
-    for progress in (True, False):
+    for progress in (False, True):
+        membership_game._POOLS.clear()  # the shadows train in both calls
         call(digits, model=fit(mlp(), *members, epochs=1), recipe=SHADOW_RECIPE, attacks=["lira"],
              progress=progress)
         err = capfd.readouterr().err
