@@ -198,13 +198,18 @@ class ResultStore:
 
     def _refuse_linked_parts(self) -> None:
         """A command that records runs never writes through a link at the store's database (or its journal) or at
-        ``runs/``: the rows or the run folders would land wherever it points, outside this results folder."""
+        ``runs/``: the rows or the run folders would land wherever it points, outside this results folder; nor
+        into a FIFO, a device or a folder where the database's files go, or a file where ``runs/`` goes."""
         for name in (*STORE_FILES, "runs"):
             path = self.root / name
             if name != LOCK_FILE and path.is_symlink():
                 raise ConfigError(f"--results: {printable(path, 200)} is a symbolic link; dpeval never records runs "
                                   f"through one: replace it with the real {'folder' if name == 'runs' else 'file'} "
                                   f"or name another --results folder")
+            kind = files.special_kind(path)
+            if (name not in (LOCK_FILE, "runs") and kind is not None) or (name == "runs" and path.is_file()):
+                raise ConfigError(f"--results: {printable(path, 200)} is {kind or 'a file'}, where the store keeps "
+                                  f"its {'run folders' if name == 'runs' else 'database'}: move it aside")
 
     def _recover_journal(self) -> None:
         """A ``-journal`` left by a writer that crashed mid-transaction: SQLite rolls it back the first time

@@ -65,6 +65,8 @@ def special_outputs(work: Path) -> None:
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(work / "out.sock"))
     server.close()
+    shutil.copytree(work / "store", work / "fifostore", ignore=shutil.ignore_patterns(".sweep.lock"))
+    os.mkfifo(work / "fifostore" / "results.sqlite-journal")  # where SQLite writes its journal
     if _mknod_available():
         os.mknod(work / "full.csv", stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
@@ -176,6 +178,8 @@ CASES = [
          "integer of 5000 characters", id="run-yaml-integer-past-the-digit-limit"),
     case(["run", "--set", f"train.epochs={LONG_INT}"], "train.epochs: must be an integer",
          id="run-set-integer-past-the-digit-limit"),
+    case(["run", "--results", "fifostore", "--epochs", "1"], "--results: fifostore/results.sqlite-journal is a FIFO",
+         process=True, id="run-store-journal-is-a-fifo"),  # SQLite would block in C, past the watchdog
     case(["run", "--defense", "none", "--set", "defense.clip=0.5"], "defense.clip: unknown setting; "
                  "valid keys here: none", id="run-param-of-parameterless-defense"),
     case(["run", "--epsilon", "inf"], "privacy.epsilon", id="run-epsilon-inf"),
