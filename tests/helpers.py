@@ -42,7 +42,7 @@ def noiseless(cls: type[Defense]) -> type[Defense]:
     the run's ledger still plans, and reports, σ for the target ε."""
 
     class Noiseless(cls):
-        def gaussian(self, shape: torch.Size, std: float) -> torch.Tensor:
+        def standard_normal(self, shape: torch.Size) -> torch.Tensor:  # every draw of the release's noise
             return torch.zeros(shape, device=self.device)
 
     Noiseless.__name__ = Noiseless.__qualname__ = f"Noiseless{cls.__name__}"

@@ -349,10 +349,10 @@ def test_acceptance_no_defense_accuracy(tmp_path):
 def test_attacks_that_finished_are_recorded_when_a_later_attack_fails(tmp_path, monkeypatch):
     from dpeval.attacks.loss import LossAttack
 
-    def broken(self, view, x, y):
+    def broken(self, evidence):
         raise RuntimeError("planted failure")
 
-    monkeypatch.setattr(LossAttack, "score", broken)
+    monkeypatch.setattr(LossAttack, "guess", broken)
     results = tmp_path / "r"
     result = CliRunner().invoke(main, ["run", "--attack", "grad-mia", "--attack", "loss", "--epochs", "1",
                                        "--results", str(results), "--quiet"])
