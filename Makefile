@@ -23,10 +23,12 @@ run: $(STAMP)
 	$(BIN)/dpeval run --defense rs --attack ig
 
 # Type-check the contract modules (pyproject's [tool.mypy] files), lint, then the whole suite, slow tests
-# included (CI runs this); `test-all` is the same target under its older name.
+# included (CI runs this), one pytest-xdist worker per core, the slowest tests listed at the end; `test-all` is the
+# same target under its older name. PYTEST_WORKERS=N chooses the worker count.
+PYTEST_WORKERS ?= auto
 test: $(DEVSTAMP) system-packages typecheck
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=10
 
 # mypy resolves imports by folder names, so it reads the package through a tree of links that spells the installed
 # names (dpeval/ -> harness/'s entries, dpeval/defenses -> defenses/, dpeval/attacks -> attacks/), rebuilt each time.

@@ -175,6 +175,23 @@ def format_delta(delta: float) -> str:
     return repr(delta)
 
 
+THREADS_OPTION = click.option(
+    "--threads", type=int, default=None,
+    help="torch's CPU threads per run process (default: the cores this process may use, divided among the "
+         "workers; never the load, so a seed gives the same metrics on a busy machine); as OMP_NUM_THREADS=N")
+
+
+def choose_threads(threads: int | None) -> None:
+    """``--threads N``: the user's thread count, passed on as ``OMP_NUM_THREADS`` (which every run process, sweep
+    workers included, applies: ``dpeval.core.runtime.apply_thread_default``)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {threads}")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.pop("MKL_NUM_THREADS", None)
+
+
 @click.group(cls=DpevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dpeval")
 def main() -> None:
@@ -299,11 +316,12 @@ NAMES = {  # an attack's metrics whose bare name says too little
                    "training, seed), running it first when there is none; without this option, deltas "
                    "against the matching none / dpsgd runs already there")
 @click.option("--debug", is_flag=True, help="also print a failed run's traceback (always in its log.txt)")
+@THREADS_OPTION
 @handle_errors
 def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, model: str | None,
         epsilon: float | None, delta: float | None, epochs: int | None, seed: int | None, device: str | None,
         weights: str | None, sets: tuple[str, ...], config: str | None, results: str, as_json: bool, quiet: bool,
-        reference: str | None, debug: bool) -> None:
+        reference: str | None, debug: bool, threads: int | None) -> None:
     """Train a victim with a defense, run attacks on it, store and print the result.
 
     Every setting (--set KEY=VALUE, or in a --config YAML file): `dpeval list --params` for the defenses'
@@ -311,6 +329,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     from dpeval.config import build_spec
     from dpeval.logs import setup_logging
 
+    choose_threads(threads)
     flags = {
         "defense.name": defense, "data.name": dataset, "model.name": model, "privacy.epsilon": epsilon,
         "privacy.delta": delta, "train.epochs": epochs, "seed": seed, "device": device,
@@ -406,9 +425,11 @@ def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[d
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @click.option("--debug", is_flag=True, help="also print failed runs' tracebacks (always in their log.txt)")
+@THREADS_OPTION
 @handle_errors
 def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None, results: str, rerun: bool,
-          fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool) -> None:
+          fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool,
+          threads: int | None) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
     from dpeval.logs import setup_logging
     from dpeval.store import ResultStore
@@ -418,6 +439,7 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    choose_threads(threads)
     specs = load_sweep(sweep_file)
     from dpeval.runner import check_points
 

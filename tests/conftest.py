@@ -12,6 +12,13 @@ from dpeval.core.datasets import packaged
 REAL_DATA_HOME = packaged.data_home()
 os.environ["DPEVAL_DATA"] = tempfile.mkdtemp(prefix="dpeval-test-data-")
 
+# The suite runs in parallel (pytest-xdist, one worker per core: `make test`); each worker and every command a
+# test starts uses one torch thread, so workers do not oversubscribe the cores (a test's own choice, or the
+# user's OMP_NUM_THREADS, still wins).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit() else 1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+log = logging.getLogger("dpeval")
 THREADS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's explicit choice, never overridden
 
 
@@ -32,27 +34,49 @@ def cores_available() -> int:
 
 
 def default_threads(workers: int = 1) -> int:
-    """Intra-op CPU threads for each of ``workers`` concurrent run processes: the cores that are idle now
-    (available cores minus the 1-minute load average), shared evenly, at least one.
+    """Intra-op CPU threads for each of ``workers`` concurrent run processes: the cores this process may run on,
+    shared evenly, at least one. The machine's load is deliberately not consulted: float reductions differ
+    between thread counts, so a count that followed the load would give the same seed another number on a busy
+    machine. A fixed count keeps a configuration's metrics identical on one machine whatever else runs there.
 
-    Measured on the 2-core development machine (docs/performance.md): under load, two threads made
-    ``dpeval run --defense rs --attack ig`` train 3.6× slower than one (84.2 s vs 23.1 s; busy cores make the
-    threads wait for each other); idle, two threads trained a Fashion-MNIST epoch of DP-CNN/S 1.6× faster than
-    one (11.5 s vs 18.2 s). Oversubscription costs more than an idle core, so only idle cores are used."""
-    cores = cores_available()
-    try:
-        idle = round(cores - os.getloadavg()[0])
-    except OSError:  # load average unavailable
-        idle = cores
-    return max(1, min(cores, idle) // max(workers, 1))
+    The price is speed on a busy machine (docs/performance.md, "CPU threads": oversubscribed threads trained
+    3.6× slower there than one thread); ``--threads N`` or ``OMP_NUM_THREADS=N`` chooses another count."""
+    return max(1, cores_available() // max(workers, 1))
+
+
+def user_threads() -> int | None:
+    """The thread count the user chose through ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``), if a positive integer."""
+    for name in THREADS_ENV:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
 
 
 def apply_thread_default(workers: int = 1) -> int:
-    """Set torch's intra-op threads to ``default_threads(workers)`` unless the user chose a count through the
-    environment (``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``); returns the count in force."""
-    if not any(os.environ.get(name) for name in THREADS_ENV):
-        torch.set_num_threads(default_threads(workers))
+    """Set torch's intra-op threads to the user's choice (``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``, which
+    ``--threads`` sets) or else ``default_threads(workers)``; returns the count in force (a run records it as
+    ``time.threads``). A single run that takes the default on a machine whose other load leaves it fewer idle
+    cores than threads says so once, with the flag that avoids the oversubscription: the count itself never
+    follows the load (``default_threads``)."""
+    chosen = user_threads()
+    threads = chosen or default_threads(workers)
+    torch.set_num_threads(threads)
+    if chosen is None and workers == 1 and threads > 1:
+        idle = idle_cores()
+        if idle < threads:
+            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads may train several times "
+                        "slower than --threads 1 here; the thread count does not follow the load, so the metrics "
+                        "stay those of %d threads", idle, cores_available(), threads, threads)
     return torch.get_num_threads()
+
+
+def idle_cores() -> int:
+    """The cores the 1-minute load average leaves idle (all of them where the load is unknown), at least one."""
+    try:
+        return max(1, round(cores_available() - os.getloadavg()[0]))
+    except OSError:
+        return cores_available()
 
 
 @contextlib.contextmanager

@@ -331,6 +331,14 @@ def test_acceptance_default_dpsgd_run(tmp_path):
     assert 0.995 * 3 <= m["privacy.epsilon"] <= 3
     assert f"{m['utility.test_accuracy']:.4f}" in text and f"{m['privacy.epsilon']:.3f}" in text
     assert m["utility.test_accuracy"] >= 0.85
+    # The README shows what this command prints: its accuracy, privacy and communication lines must be today's (the
+    # run id and times vary). After a change that moves the numbers, paste the command's lines into the README.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("What `dpeval run --defense dpsgd --epsilon 3` prints", 1)[1].split("```text\n", 1)[1]
+    shown = block.split("```", 1)[0].splitlines()
+    for prefix in ("  test accuracy", "  privacy", "  communication"):
+        expected = [line for line in shown if line.startswith(prefix)]
+        assert expected and [line for line in text.splitlines() if line.startswith(prefix)] == expected, prefix
 
 
 def test_acceptance_no_defense_accuracy(tmp_path):
@@ -404,3 +412,26 @@ def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
     assert "tpr_at_0.1pct_fpr 0.01" in rest
     ig = "\n".join(format_attack(m, "ig", None))
     assert "ssim_at_0.9 0.25" in ig and "final" in ig  # shown beside the per-state table, not taken for a state
+
+
+@pytest.mark.parametrize("given", ["0", "-2"])
+def test_threads_must_be_positive(tmp_path, given):
+    result = invoke("run", "--threads", given, "--results", tmp_path)
+    assert result.exit_code == 2 and "--threads: must be >= 1" in result.output
+    assert not (tmp_path / "results.sqlite").exists()
+
+
+def test_threads_flag_sets_the_count_the_run_records(tmp_path):
+    import os
+
+    import torch
+
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    before = torch.get_num_threads()
+    try:
+        m = run_json(tmp_path, "--threads", "1", "--epochs", "1")
+        assert m["time.threads"] == 1 and torch.get_num_threads() == 1
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        torch.set_num_threads(before)

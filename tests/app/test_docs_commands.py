@@ -103,3 +103,4 @@ def test_synopses_and_downloads_are_what_is_left_out():
     for line in left:
         assert PLACEHOLDER.search(line.replace("RUN_ID", "")) or "configs/papers/" in line \
             or "--results runs/" in line or line.startswith("dpeval data install "), line
+

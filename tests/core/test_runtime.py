@@ -1,5 +1,6 @@
-"""The CPU thread default: only idle cores, shared among concurrent run processes; an explicit
-OMP_NUM_THREADS / MKL_NUM_THREADS is never overridden."""
+"""The CPU thread default: the cores this process may use, shared among concurrent run processes, never the
+machine's load (so a seed gives one number on a busy machine too); an explicit OMP_NUM_THREADS /
+MKL_NUM_THREADS (which ``--threads`` sets) always wins."""
 
 import os
 
@@ -9,29 +10,50 @@ import torch
 from dpeval.core import runtime
 
 
-@pytest.mark.parametrize("cores,load,workers,expected", [
-    (2, 0.1, 1, 2),   # idle 2-core machine, one run: both cores
-    (2, 0.1, 2, 1),   # two sweep workers: one each
-    (2, 1.3, 1, 1),   # one core busy elsewhere: one thread (oversubscription is the costly mistake)
-    (2, 5.9, 1, 1),   # loaded machine: still at least one
-    (16, 3.2, 2, 6),  # 12 idle cores for 2 workers
-    (16, 0.0, 32, 1),  # more workers than cores
+@pytest.mark.parametrize("cores,workers,expected", [
+    (2, 1, 2),    # one run: every core
+    (2, 2, 1),    # two sweep workers: one each
+    (16, 3, 5),   # shared evenly, rounded down
+    (16, 32, 1),  # more workers than cores: still one
 ])
-def test_default_threads_uses_idle_cores_shared_among_workers(monkeypatch, cores, load, workers, expected):
+def test_default_threads_shares_the_cores_among_workers(monkeypatch, cores, workers, expected):
     monkeypatch.setattr(runtime, "cores_available", lambda: cores)
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     assert runtime.default_threads(workers) == expected
 
 
-def test_an_explicit_environment_choice_is_kept(monkeypatch):
+@pytest.mark.parametrize("load", [0.0, 1.3, 7.5])
+def test_default_threads_does_not_follow_the_load(monkeypatch, load):
+    monkeypatch.setattr(runtime, "cores_available", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert runtime.default_threads() == 2
+
+
+def test_an_explicit_environment_choice_wins(monkeypatch):
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(runtime, "default_threads", lambda workers=1: 1)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        torch.set_num_threads(2)
-        assert runtime.apply_thread_default() == 2  # the user's 2 stays
-        monkeypatch.delenv("OMP_NUM_THREADS")
+        torch.set_num_threads(1)
+        assert runtime.apply_thread_default() == 2  # the user's 2 is applied even though torch had 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "zero")  # not a count: ignored
         monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+        assert runtime.apply_thread_default() == 1
+        monkeypatch.delenv("OMP_NUM_THREADS")
         assert runtime.apply_thread_default() == 1  # no choice made: the default applies
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("load,warned", [(0.2, False), (1.8, True)])
+def test_a_busy_machine_is_named_but_the_count_stays(monkeypatch, caplog, load, warned):
+    before = torch.get_num_threads()
+    try:
+        for name in runtime.THREADS_ENV:
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(runtime, "cores_available", lambda: 2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        with caplog.at_level("WARNING", logger="dpeval"):
+            assert runtime.apply_thread_default() == 2
+        assert ("--threads 1" in caplog.text) is warned
     finally:
         torch.set_num_threads(before)
