@@ -38,6 +38,7 @@ allocated before. Time: the median over ``--steps`` steps after one warm-up step
 
     .venv/bin/python bench/dp_step.py                                  # DP-CNN + ResNet-20-GN, batch 256
     .venv/bin/python bench/dp_step.py --models dpcnn --batch 1024 --micro 256 --paths lean-M1 non-private
+    OMP_NUM_THREADS=1 .venv/bin/python bench/dp_step.py --interleave --steps 9 --paths non-private func lean-M1
     python bench/dp_step.py --device cuda --models dpcnn resnet20-gn vit gpt --batch 1024 --micro 512 --steps 10 \
         --json dp_step_cuda.json
 """
@@ -273,6 +274,28 @@ def measure_all(cfg: dict) -> None:
         print(json.dumps(row), flush=True)
 
 
+def interleaved(cfg: dict) -> list[dict]:
+    """Every path of ``cfg["paths"]`` for one model in this process, timed in rounds that visit the paths in
+    turn (the order rotating each round), so a shared machine's load falls on all of them alike: ratios measured
+    side by side. Time only (the median of ``cfg["steps"]`` rounds, after one warm-up step each)."""
+    torch.manual_seed(0)
+    steps = {}
+    for path in cfg["paths"]:
+        model = build(cfg["model"]).eval()
+        x, y = inputs(cfg["model"], cfg["batch"])
+        steps[path] = step_function(path, cfg["model"], model, x, y, cfg["micro"])
+        steps[path]()  # warm-up
+    times: dict[str, list[float]] = {p: [] for p in steps}
+    order = list(steps)
+    for r in range(cfg["steps"]):
+        for path in order[r % len(order):] + order[:r % len(order)]:
+            start = time.perf_counter()
+            steps[path]()
+            times[path].append(time.perf_counter() - start)
+    return [{k: v for k, v in cfg.items() if k != "paths"} | {"path": p, "time_s": statistics.median(t),
+                                                               "peak_mb": float("nan")} for p, t in times.items()]
+
+
 # -- the driver ------------------------------------------------------------------------------------------
 def child(cfg: dict, env: dict | None = None) -> object:
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
@@ -315,6 +338,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--in-process", action="store_true", help="one process per model (always on CUDA)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="CPU: time every path in one process, in alternating rounds (ratios side by side; no "
+                             "memory column)")
     parser.add_argument("--json", help="also write every row (with failures' errors) to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -338,7 +364,9 @@ def main() -> None:
     every = []
     for model in args.models:
         base = {"model": model, "batch": args.batch, "micro": micro, "steps": args.steps, "device": device}
-        if cuda or args.in_process:
+        if args.interleave and not cuda:
+            rows = iter(interleaved({**base, "paths": args.paths}))
+        elif cuda or args.in_process:
             rows = stream_child({**base, "paths": args.paths})
         else:
             rows = (run_child({**base, "path": p}) for p in args.paths)
@@ -352,7 +380,7 @@ def main() -> None:
             opacus = r if r["path"] == "opacus" else opacus
             t = f"{r['time_s'] / ref['time_s']:.2f}" if ref else "-"
             o = f"{r['time_s'] / opacus['time_s']:.2f}" if opacus else "-"
-            m = f"{r['peak_mb'] / ref['peak_mb']:.2f}" if ref else "-"
+            m = f"{r['peak_mb'] / ref['peak_mb']:.2f}" if ref and ref["peak_mb"] == ref["peak_mb"] else "-"
             print(f"{model:<12} {r['path']:<20} {r['time_s']:8.4f} {t:>6} {o:>7} {r['peak_mb']:9.1f} {m:>6}",
                   flush=True)
         if args.json:  # after every model, so a run cut short keeps what it measured

@@ -11,7 +11,17 @@
 #                  pieces are joined there and installed by `dpeval data install --from`, which checks the
 #                  tarball's SHA-256 and every file's before anything is used.
 #
+#   .fastdp/       optional, FastDP beside dpeval (not a dependency, never committed): its source folder
+#                  fastDP/ from the public repository awslabs/fast-differential-privacy, and the wheels of
+#                  transformers and of what it needs that the machine lacks, in .fastdp/whl/:
+#                    pip download --only-binary=:all: --python-version 3.12 -d .fastdp/whl transformers
+#                  carried with `carry: [.whl, .fastdp]`; without it the FastDP rows are skipped, saying so.
+#
 # Usage (each step sets up the wheels first; results and logs go to $OUT, default ./gpu-out):
+#   bench/gpu_session.sh all                   everything a short GPU loan should measure, in at most 8 minutes:
+#                                              the CUDA tests, the step table (every path, four models, FastDP and
+#                                              Opacus beside them), the operators and kernels per step, one
+#                                              CIFAR-10-size epoch (plain loop, Opacus, dpeval's RS recipe)
 #   bench/gpu_session.sh tests                 pytest -m cuda
 #   bench/gpu_session.sh bench                 bench/dp_step.py on CUDA: four models, every path
 #   bench/gpu_session.sh epochs                bench/recipe_epoch.py on CUDA for the CIFAR-10 recipes (synthetic data)
@@ -31,11 +41,38 @@ export PYTHONUNBUFFERED=1 DPEVAL_DATA=${DPEVAL_DATA:-/tmp/dpeval-data}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 export PYTHONPATH=/tmp/site
+if [ -d .fastdp/fastDP ]; then  # FastDP, where it travelled: its source and transformers' wheels
+    python3 -m pip install -q --no-index --no-compile --no-cache-dir --find-links .fastdp/whl --target /tmp/fastdp-site \
+        transformers || echo "FastDP: transformers did not install; its rows will be skipped"
+    export PYTHONPATH=/tmp/site:$PWD/.fastdp:/tmp/fastdp-site
+fi
 DPEVAL=(python3 -m dpeval.cli)
 
 step=$1
 shift
 case $step in
+all)
+    start=$SECONDS
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda --durations=5 > "$OUT/cuda-tests.txt" 2>&1
+    tail -3 "$OUT/cuda-tests.txt"
+    for model in dpcnn resnet20-gn vit gpt; do  # B = 1,024; micro-batches of 512 (GPT: 256)
+        micro=512 && [ $model = gpt ] && micro=256
+        timeout 50 python3 bench/dp_step.py --device cuda --models $model --batch 1024 --micro $micro --steps 3 \
+            --paths non-private opacus func lean-M1 lean-M2 lean-layer lean-param fastdp-bk fastdp-bk-layer rs \
+            random-freeze adaclip gep func-rs func-random-freeze func-adaclip func-gep \
+            --json "$OUT/dp_step_$model.json" > "$OUT/dp_step_$model.txt" 2>&1
+        tail -n +3 "$OUT/dp_step_$model.txt"
+    done
+    timeout 45 python3 bench/op_count.py --device cuda --batch 256 --paths non-private opacus func lean-M1 \
+        lean-layer fastdp-bk fastdp-bk-layer rs random-freeze adaclip --json "$OUT/op_count_cuda.json" \
+        > "$OUT/op_count_cuda.txt" 2>&1
+    tail -16 "$OUT/op_count_cuda.txt"
+    timeout 35 python3 bench/e2e_epoch.py --device cuda | tee "$OUT/e2e-epoch.md"
+    timeout 40 python3 bench/recipe_epoch.py configs/papers/rs-t2-cifar10-dpcnn-eps3-rs.yaml --size 60000 \
+        --device cuda | tail -1 | tee -a "$OUT/e2e-epoch.md"
+    echo "all: $((SECONDS - start)) s"
+    ;;
 tests)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     timeout "${1:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda --durations=5 2>&1 \

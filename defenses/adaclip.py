@@ -74,7 +74,7 @@ def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
     It minimises the noise energy σ²‖b‖² subject to E‖w‖² = Σ s_i²/b_i² ≤ 1 (with a = E g); the minimum
     is σ²(Σ s_i)², against σ²·d·Σ s_i² for whitening (b_i = √d·s_i)."""
-    total = sum(float(v.sum()) for v in s.values())
+    total = torch.stack([v.sum(dtype=torch.float64) for v in s.values()]).sum()  # on the device: no host sync
     return {n: (v * total).sqrt() for n, v in s.items()}
 
 
@@ -147,19 +147,18 @@ class AdaCliP(Defense):
         """Eqs. (4)–(5) from the released g̃ only. The m and b used for this release are replaced by new
         tensors (never modified in place), so the release's ``extra`` keeps the values it used."""
         p = self.params
-        at_h1 = at_h2 = 0
+        clamped = []
         new_m, new_s2 = {}, {}
         raw_all = self.raw_variance(released, batch_size)
         for n, g in released.items():
             raw = raw_all[n]
             v = raw.clamp(min=p.h1, max=p.h2)
-            at_h1 += int((raw <= p.h1).sum())
-            at_h2 += int((raw >= p.h2).sum())
+            clamped.append(torch.stack([(raw <= p.h1).sum(), (raw >= p.h2).sum()]))
             new_m[n] = p.beta1 * self.m[n] + (1 - p.beta1) * g
             new_s2[n] = p.beta2 * self.s2[n] + (1 - p.beta2) * v
         self.m, self.s2 = new_m, new_s2
         self.b = optimal_scale(self.std())
-        self.at_h1, self.at_h2 = at_h1, at_h2
+        self.at_h1, self.at_h2 = torch.stack(clamped).sum(0).tolist()  # one host sync for both counts
         self.steps += 1
 
     def raw_variance(self, released: dict[str, torch.Tensor], batch_size: int) -> dict[str, torch.Tensor]:
@@ -172,7 +171,7 @@ class AdaCliP(Defense):
 
     def scale_norm(self, b: dict[str, torch.Tensor] | None = None) -> float:
         b = self.b if b is None else b
-        return math.sqrt(sum(float(v.pow(2).sum()) for v in b.values()))
+        return float(torch.stack([v.pow(2).sum(dtype=torch.float64) for v in b.values()]).sum().sqrt())
 
     @classmethod
     def audit_design(cls) -> CanaryDesign:

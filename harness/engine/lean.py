@@ -563,20 +563,32 @@ FUNC_SHARE_ON_CUDA = 0.25
 
 def select_engine(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
                   micro_batch: int = 0, precision: str = "fp32") -> str:
-    """Resolve ``train.engine``: ``func`` always works; ``lean`` where ``check_lean`` passes;
-    ``auto`` = ``lean`` where it passes, except on a CUDA device where ``micro_batch`` per-sample gradients fit
-    in ``FUNC_SHARE_ON_CUDA`` of its memory (then ``func``, faster there), and ``func`` where it does not.
-    ``precision`` ``bf16`` runs on ``func`` only (``auto`` picks it; ``lean`` is refused)."""
+    """Resolve ``train.engine`` (``engine_choice`` without its reason)."""
+    return engine_choice(name, model, defense, device, micro_batch, precision)[0]
+
+
+def engine_choice(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
+                  micro_batch: int = 0, precision: str = "fp32") -> tuple[str, str]:
+    """(engine, why) for ``train.engine``: ``func`` always works; ``lean`` (book-keeping) where ``check_lean``
+    passes; ``auto`` = ``lean`` where it passes, except on a CUDA device where ``micro_batch`` per-sample
+    gradients fit in ``FUNC_SHARE_ON_CUDA`` of its memory (then ``func``, faster there), and ``func`` where it
+    does not. ``precision`` ``bf16`` runs on ``func`` only (``auto`` picks it; ``lean`` is refused). The
+    reason is one line for the run's log."""
     if name == "func":
-        return "func"
+        return "func", "as configured"
     try:
         check_lean(type(defense), model, precision)
-    except ConfigError:
+    except ConfigError as exc:
         if name == "lean":
             raise
-        return "func"
-    if name == "auto" and torch.device(device).type == "cuda" and micro_batch > 0:
+        return "func", f"book-keeping cannot serve this run ({str(exc).split(';')[0].removeprefix('train.engine: ')})"
+    if name == "lean":
+        return "lean", "as configured"
+    if torch.device(device).type == "cuda" and micro_batch > 0:
         size = micro_batch * sum(p.numel() for p in model.parameters() if p.requires_grad) * 4  # float32 bytes
-        if size <= FUNC_SHARE_ON_CUDA * torch.cuda.get_device_properties(torch.device(device)).total_memory:
-            return "func"
-    return "lean"
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        if size <= FUNC_SHARE_ON_CUDA * total:
+            return "func", (f"CUDA: a micro-batch of per-sample gradients ({size / 2**30:.2f} GiB) fits in "
+                            f"{FUNC_SHARE_ON_CUDA:.0%} of the device's memory, and func measured faster there")
+        return "lean", f"CUDA: a micro-batch of per-sample gradients ({size / 2**30:.2f} GiB) would not fit"
+    return "lean", "book-keeping serves this defense and model; on the CPU it measured faster than func"

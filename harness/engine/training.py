@@ -31,7 +31,7 @@ from dpeval.core.per_sample import PerSampleGradients, fixed_front, front_featur
 from dpeval.core.settings import TrainConfig
 from dpeval.core.splits import Split
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.engine.lean import LeanEngine, select_engine
+from dpeval.engine.lean import LeanEngine, engine_choice
 from dpeval.engine.release import apply_release
 
 log = logging.getLogger("dpeval")
@@ -290,10 +290,10 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
     training from its epoch (and step) exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
-    result = TrainResult(engine=select_engine(cfg.engine, model, defense, device, cfg.physical_batch_size,
-                                              cfg.precision))
-    log.info("per-sample engine: %s (train.engine=%s, train.precision=%s)", result.engine, cfg.engine,
-             cfg.precision)
+    engine, why = engine_choice(cfg.engine, model, defense, device, cfg.physical_batch_size, cfg.precision)
+    result = TrainResult(engine=engine)
+    log.info("per-sample engine: %s (train.engine=%s, train.precision=%s: %s)", engine, cfg.engine,
+             cfg.precision, why)
     feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
