@@ -176,7 +176,7 @@ def informed_run(tmp_path, defense, epsilon=None, defense_cls=None, targets=30, 
     if epsilon is not None:
         raw["privacy"] = {"epsilon": epsilon}
     spec = build_spec(raw)
-    return perform(prepare(spec, defense_cls=defense_cls), "test", tmp_path / defense, progress=False)
+    return perform(prepare(spec, defense_cls=defense_cls), "test", tmp_path / defense, progress=False).flat()
 
 
 def key(metric):
@@ -219,19 +219,22 @@ def test_headline_names_chance_and_the_bound():
 
 
 def test_run_exits_1_when_the_bound_check_fails(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
     from click.testing import CliRunner
 
     import dpeval.runner
     from dpeval.cli import main
 
     def planted(spec, store, progress=True):  # a finished run whose attack exceeded its bound
-        return {"run_id": "r1", "defense": "dpsgd", "attack": "informed-recon", "status": "done", "dataset": "digits",
-                "model": "cnn", "seed": 0, "privacy.accountant": "rdp", "privacy.delta": 1e-5, "privacy.epsilon": 1.0,
-                "privacy.noise_multiplier": 4.0, "privacy.sample_rate": 0.1, "privacy.sampling": "poisson",
-                "privacy.steps": 18, "comm.bytes_dense": 1, "comm.bytes_sparse": 1, "comm.density": 1.0,
-                "time.attack_s": 1.0, "time.train_s": 1.0, "utility.test_accuracy": 0.5, "utility.train_accuracy": 0.5,
-                key("success"): 0.9, key("bound"): 0.2, key("bound_check"): "FAIL", key("verdict"): "leaks"}
+        return SimpleNamespace(flat=lambda: row)
 
+    row = {"run_id": "r1", "defense": "dpsgd", "attack": "informed-recon", "status": "done", "dataset": "digits",
+           "model": "cnn", "seed": 0, "privacy.accountant": "rdp", "privacy.delta": 1e-5, "privacy.epsilon": 1.0,
+           "privacy.noise_multiplier": 4.0, "privacy.sample_rate": 0.1, "privacy.sampling": "poisson",
+           "privacy.steps": 18, "comm.bytes_dense": 1, "comm.bytes_sparse": 1, "comm.density": 1.0,
+           "time.attack_s": 1.0, "time.train_s": 1.0, "utility.test_accuracy": 0.5, "utility.train_accuracy": 0.5,
+           key("success"): 0.9, key("bound"): 0.2, key("bound_check"): "FAIL", key("verdict"): "leaks"}
     monkeypatch.setattr(dpeval.runner, "execute", planted)
     result = CliRunner().invoke(main, ["run", "--defense", "dpsgd", "--attack", "informed-recon", "--json",
                                        "--results", str(tmp_path)])
