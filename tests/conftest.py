@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,10 @@ from dpeval.core.datasets import packaged
 # The data sets `dpeval data install` put in this machine's data folder, for the real-data tests (tests/helpers.py);
 # every other test, and every command a test starts, sees an empty data folder instead, so that a test of what a
 # missing data set says does not find the machine's copy.
-REAL_DATA_HOME = packaged.data_home()
+# The machine's folder is read once, by the first process (pytest-xdist's workers inherit it through the environment:
+# by the time they start, DPEVAL_DATA already names the controller's empty folder).
+os.environ.setdefault("DPEVAL_TEST_REAL_DATA", str(packaged.data_home()))
+REAL_DATA_HOME = Path(os.environ["DPEVAL_TEST_REAL_DATA"])
 os.environ["DPEVAL_DATA"] = tempfile.mkdtemp(prefix="dpeval-test-data-")
 
 # The suite runs in parallel (pytest-xdist, one worker per core: `make test`); each worker and every command a
