@@ -9,8 +9,8 @@ Two methods split an attack between the game and the attacker:
   against the truth. A subclass of a family may not override it (``__init_subclass__`` refuses the class).
 - ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
   frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
-  (``Releases``, ``ReleaseCandidates``: the ``AttackerView`` of ``attacks/view.py`` plus the releases and
-  unlabelled candidates; ``Signals``, ``VictimOutputs``: the membership signals the game computed once).
+  (``Releases``: the ``AttackerView`` of ``attacks/view.py`` plus the releases; ``ReleaseSignals``,
+  ``Signals``, ``VictimOutputs``: the membership signals the game computed once, without who is a member).
   It returns guesses (a ``Reconstruction``) or ``Scores``, never metrics against the truth.
 
 An attack class registered with ``ATTACKS.register`` subclasses a family and implements ``guess``; it never

@@ -6,8 +6,9 @@ examples at the attacked state (``attack.at``), each through its own release pat
 candidate set (whose inputs and labels the attacker holds, shuffled, not which are members): the batch's
 members plus as many held-out test examples (non-members, assigned round robin; ``check_task`` refuses a
 run whose test split has fewer than ``batches × batch_size``, so every release gets exactly ``batch_size``
-of each). The game is ``dpeval.attacks.gradient_game.GradientMembershipAttack``; this module scores. Gradients are
-restricted to the released coordinates when ``attack.mask_aware`` (the default). Statistics
+of each). The game is ``dpeval.attacks.gradient_game.GradientMembershipAttack``: it computes each candidate's
+gradient at the attacked state, restricted to the released coordinates when ``attack.mask_aware`` (the default),
+and hands them to this module's pure score (``ReleaseSignals``). Statistics
 (``attack.statistic``):
 - ``nnls`` (default): explain r jointly as Σ_c w_c·g_c with w ≥ 0 (non-negative least squares over the
   candidate set); score = ‖w_c·g_c‖, the size of c's fitted contribution (≈ C/B for a clipped member,
@@ -33,13 +34,10 @@ from dpeval.attacks.base import Scores
 from dpeval.attacks.gradient_game import (
     GradientMembershipAttack,
     GradientMembershipParams,
-    ReleaseCandidates,
-    matching_mask,
+    ReleaseSignals,
 )
 from dpeval.attacks.registry import ATTACKS
 from dpeval.core.params import param
-from dpeval.core.per_sample import PerSampleGradients
-from dpeval.core.splits import Split
 
 STATISTICS = ("nnls", "cosine")
 
@@ -59,14 +57,6 @@ def nnls_scores(g: torch.Tensor, release: torch.Tensor) -> np.ndarray:
     return weights * np.linalg.norm(a, axis=0)
 
 
-def _flat(grads: dict[str, torch.Tensor], mask: dict[str, torch.Tensor] | None, names: list[str]) -> torch.Tensor:
-    """[b, P] rows from per-parameter tensors with a leading batch dimension, masked when given."""
-    flat = torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in names], dim=1)
-    if mask is not None:
-        flat = flat * torch.cat([mask[n].reshape(1, -1) for n in names], dim=1)
-    return flat
-
-
 def project_out(v: torch.Tensor, direction: torch.Tensor | None) -> torch.Tensor:
     if direction is None:
         return v
@@ -74,22 +64,12 @@ def project_out(v: torch.Tensor, direction: torch.Tensor | None) -> torch.Tensor
     return v - (v @ unit.T) * unit
 
 
-def cosine_scores(psg: PerSampleGradients, x: torch.Tensor, y: torch.Tensor, release: torch.Tensor,
-                  mask: dict[str, torch.Tensor] | None, common: torch.Tensor | None) -> np.ndarray:
-    grads = psg(x, y)
-    g = project_out(_flat(grads, mask, list(grads)), common)
-    r = project_out(release, common)
+def cosine_scores(g: torch.Tensor, release: torch.Tensor, common: torch.Tensor | None) -> np.ndarray:
+    """Cosine similarity of each candidate's gradient with the release after projecting ``common`` — the public
+    split's mean gradient, the component every example's gradient shares (large for an untrained model) — out
+    of both, keeping what is specific to each example."""
+    g, r = project_out(g, common), project_out(release, common)
     return torch.nn.functional.cosine_similarity(g, r.expand_as(g), dim=1).detach().cpu().double().numpy()
-
-
-def common_direction(psg: PerSampleGradients, public: Split, mask, device, limit: int = 256) -> torch.Tensor | None:
-    """Mean gradient of public examples: the component every example's gradient shares (large for an
-    untrained model). Projecting it out of candidate and release keeps what is specific to each example."""
-    if len(public) == 0:
-        return None
-    x, y = public.x[:limit].to(device), public.y[:limit].to(device)
-    grads = psg(x, y)
-    return _flat(grads, mask, list(grads)).mean(dim=0, keepdim=True)
 
 
 @ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release "
@@ -100,17 +80,10 @@ class GradientMIA(GradientMembershipAttack):
     description = ("Membership inference on released gradients: does a candidate's own gradient explain the "
                    "shared (clipped, noised, sparsified) batch gradient?")
 
-    def guess(self, evidence: ReleaseCandidates) -> Scores:
-        p, view, device = self.params, evidence.view, evidence.view.device
-        psg = PerSampleGradients(evidence.model)
-        names = [n for n, q in evidence.model.named_parameters() if q.requires_grad]
-        mask = matching_mask(evidence.release, p.mask_aware)
-        release = _flat({n: evidence.release.grads[n].unsqueeze(0).to(device) for n in names}, mask, names)
-        x, y = evidence.x.to(device), evidence.y.to(device)
-        if p.statistic == "nnls":
-            grads = psg(x, y)
-            return Scores(nnls_scores(_flat(grads, mask, list(grads)), release))
-        return Scores(cosine_scores(psg, x, y, release, mask, common_direction(psg, view.public, mask, device)))
+    def guess(self, evidence: ReleaseSignals) -> Scores:
+        if self.params.statistic == "nnls":
+            return Scores(nnls_scores(evidence.candidates, evidence.release))
+        return Scores(cosine_scores(evidence.candidates, evidence.release, evidence.public_mean))
 
     def title(self) -> str:
         return f"gradient MIA (batch {self.params.batch_size}, at {self.params.at})"

@@ -7,7 +7,7 @@ oracle — the defense's own ``release`` path — produces for a target batch. T
 ``ReconstructionAttack.play`` (``ig``, ``rgap``) and ``GradientMembershipAttack.play`` (``grad-mia``) draw
 the targets from the private pool, have the oracle release them, hand the attack's ``guess`` the evidence —
 ``Releases`` (the releases of one attacked state and the labels where the threat model grants them) or
-``ReleaseCandidates`` (one release and unlabelled shuffled candidates) — and score what it returns against
+``ReleaseSignals`` (one release and the gradients of unlabelled shuffled candidates) — and score what it returns against
 the truth they keep. The per-sample gradients of the targets go straight into the defense
 and are never handed to the attack.
 
@@ -67,6 +67,7 @@ from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
 from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import param
+from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import single_cpu_thread
 from dpeval.core.splits import Task
 from dpeval.core.states import AttackState, resolve
@@ -424,22 +425,36 @@ class GradientMembershipParams(GradientThreatParams):
 
 
 @dataclass(frozen=True)
-class ReleaseCandidates:
-    """What a membership attack on releases sees for one release: the release of the attacked state's model
-    and a candidate set (inputs and labels, not which of them were released), with the public view."""
+class ReleaseSignals:
+    """What a membership attack on releases scores for one release, computed by the game from what the threat
+    model grants (the release, the attacked state's weights, the candidates' inputs and labels, the public split),
+    so that ``guess`` is a pure function of it. Rows are flattened over the trainable parameters and, under
+    ``attack.mask_aware``, restricted to the released coordinates (unreleased ones are zero)."""
 
-    view: AttackerView
-    model: nn.Module                   # the victim's architecture with the attacked state's weights
-    release: SharedGradient
-    x: torch.Tensor                    # the candidates, shuffled
-    y: torch.Tensor
+    release: torch.Tensor              # [1, P] the released gradient
+    candidates: torch.Tensor           # [m, P] each candidate's own gradient at the attacked state (shuffled
+                                       # members and non-members; which is which is not given)
+    public_mean: torch.Tensor | None   # [1, P] mean gradient of the public split (None: no public split)
 
 
-class GradientMembershipAttack(Attack[ReleaseCandidates]):
+PUBLIC_MEAN_LIMIT = 256  # public examples averaged into ReleaseSignals.public_mean
+
+
+def flat_rows(grads: dict[str, torch.Tensor], mask: dict[str, torch.Tensor] | None,
+              names: list[str]) -> torch.Tensor:
+    """[b, P] rows from per-parameter tensors with a leading batch dimension, masked when given."""
+    flat = torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in names], dim=1)
+    if mask is not None:
+        flat = flat * torch.cat([mask[n].reshape(1, -1) for n in names], dim=1)
+    return flat
+
+
+class GradientMembershipAttack(Attack[ReleaseSignals]):
     """Membership on releases: the game releases ``attack.batches`` batches of ``attack.batch_size`` private
-    members at ``attack.at``; for each release the subclass's ``guess(ReleaseCandidates) -> Scores`` sees the
-    release and a candidate set — the batch's members and as many held-out non-members, shuffled by the game's
-    ``order`` stream and unlabelled — and scores every candidate (higher: more likely in the release). The game
+    members at ``attack.at``; for each release the subclass's ``guess(ReleaseSignals) -> Scores`` sees the
+    release and the gradients of a candidate set — the batch's members and as many held-out non-members, shuffled
+    by the game's ``order`` stream and unlabelled — and scores every candidate (higher: more likely in the
+    release). The game
     scores the candidates against who was released and reports the ledger's ε of one release and the
     release's noise and density."""
 
@@ -471,6 +486,11 @@ class GradientMembershipAttack(Attack[ReleaseCandidates]):
         members = torch.randperm(len(task.train), generator=gen)[:need].view(p.batches, p.batch_size)
         others = torch.randperm(len(task.test), generator=gen)[:need]
         model = view.model_at(p.at)
+        psg = PerSampleGradients(model)
+        names = [n for n, q in model.named_parameters() if q.requires_grad]
+        public = view.public
+        public_grads = (psg(public.x[:PUBLIC_MEAN_LIMIT].to(view.device), public.y[:PUBLIC_MEAN_LIMIT].to(view.device))
+                        if len(public) else None)
         member_scores, other_scores, extra = [], [], []
         for b in range(p.batches):
             x, y = task.train.x[members[b]], task.train.y[members[b]]
@@ -478,8 +498,14 @@ class GradientMembershipAttack(Attack[ReleaseCandidates]):
             mine = others[b::p.batches]
             xs, ys = torch.cat([x, task.test.x[mine]]), torch.cat([y, task.test.y[mine]])
             order = torch.randperm(len(ys), generator=own.generator("order", b))
+            mask = matching_mask(shared, p.mask_aware)
+            public_mean = None if public_grads is None else flat_rows(public_grads, mask, names).mean(0, keepdim=True)
+            signals = ReleaseSignals(
+                release=flat_rows({n: shared.grads[n].unsqueeze(0).to(view.device) for n in names}, mask, names),
+                candidates=flat_rows(psg(xs[order].to(view.device), ys[order].to(view.device)), mask, names),
+                public_mean=public_mean)
             scores_b = np.empty(len(ys))
-            guessed = self.guess(ReleaseCandidates(view, model, shared, xs[order], ys[order]))
+            guessed = self.guess(signals)
             scores_b[order.numpy()] = guessed.values
             extra.append(guessed.metrics)
             member_scores.append(scores_b[: len(x)])

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 from dpeval import __version__
 from dpeval.core import files
 from dpeval.core.errors import ConfigError, RunFailure, brief, printable
+from dpeval.core.processes import alive
 from dpeval.core.result_keys import VERDICT, AttackKey
 from dpeval.core.verdicts import Verdict
 
@@ -75,27 +76,6 @@ log = logging.getLogger("dpeval")
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited but was not yet waited for (Linux; False where /proc cannot tell): an
-    orphan whose new parent (a container's init) does not reap it still answers ``kill(pid, 0)``."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -530,13 +510,13 @@ class ResultStore:
 
     def live_runs(self) -> dict[str, int]:
         """Run key → pid of the ``running`` rows whose process on this host is alive."""
-        return {run_key: pid for _, run_key, pid in self._running_here() if _alive(pid)}
+        return {run_key: pid for _, run_key, pid in self._running_here() if alive(pid)}
 
     def fail_stale(self) -> int:
         """Mark ``running`` rows whose process on this host is gone (killed, crashed, power loss) as ``failed``;
         returns how many. Rows of live processes and of other hosts are left alone, and a store without such
         rows is not written at all."""
-        stale = [run_id for run_id, _, pid in self._running_here() if not _alive(pid)]
+        stale = [run_id for run_id, _, pid in self._running_here() if not alive(pid)]
         if stale:
             with self._connect() as conn:
                 conn.executemany("UPDATE runs SET status='failed', error=?, finished_at=? "

@@ -156,7 +156,7 @@ def test_a_run_whose_result_cannot_be_recorded_says_so(tmp_path, monkeypatch):
     assert str(run_dir / "log.txt") in line and str(run_dir / "metrics.json") in line
     assert "stays `running` until the next dpeval" in line
     assert torch.load(run_dir / "model.pt", weights_only=True)  # whole: written then renamed
-    monkeypatch.setattr("dpeval.store._alive", lambda pid: False)  # as the next command sees it: process gone
+    monkeypatch.setattr("dpeval.store.alive", lambda pid: False)  # as the next command sees it: process gone
     assert ResultStore(tmp_path).fail_stale() == 1 and ResultStore(tmp_path).get(row["run_id"])["status"] == "failed"
 
 
