@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch import nn
 
 from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel, takes_settings
+from dpeval.core.models.pooling import MaxPool2d
 from dpeval.core.registry import MODELS
 from dpeval.core.settings import ModelConfig
 
@@ -18,13 +19,13 @@ def dpcnn(in_shape: Shape, num_classes: int) -> nn.Module:
     features = nn.Sequential(
         nn.Conv2d(c, 32, 3, padding=1), nn.Tanh(),
         nn.Conv2d(32, 32, 3, padding=1), nn.Tanh(),
-        nn.MaxPool2d(2, 2),
+        MaxPool2d(2, 2),
         nn.Conv2d(32, 64, 3, padding=1), nn.Tanh(),
         nn.Conv2d(64, 64, 3, padding=1), nn.Tanh(),
-        nn.MaxPool2d(2),
+        MaxPool2d(2),
         nn.Conv2d(64, 128, 3, padding=1), nn.Tanh(),
         nn.Conv2d(128, 128, 3, padding=1), nn.Tanh(),
-        nn.MaxPool2d(2),
+        MaxPool2d(2),
     )  # fmt: skip
     flat = numel(features_out("dpcnn", features, in_shape))
     return nn.Sequential(
@@ -40,9 +41,9 @@ def dpcnn_small(in_shape: Shape, num_classes: int) -> nn.Module:
     c = in_shape[0]
     features = nn.Sequential(
         nn.Conv2d(c, 16, 8, stride=2, padding=2), nn.Tanh(),
-        nn.MaxPool2d(2, stride=1),
+        MaxPool2d(2, stride=1),
         nn.Conv2d(16, 32, 4, stride=2, padding=0), nn.Tanh(),
-        nn.MaxPool2d(2, stride=1),
+        MaxPool2d(2, stride=1),
     )  # fmt: skip
     flat = numel(features_out("dpcnn-small", features, in_shape))
     return nn.Sequential(
@@ -123,9 +124,9 @@ def cnn2_mnist(in_shape: Shape, num_classes: int) -> nn.Module:
     in_shape = check_in_shape("cnn2-mnist", in_shape, num_classes)
     features = nn.Sequential(
         nn.Conv2d(in_shape[0], 16, 8, stride=2, padding=2), nn.Tanh(),
-        nn.MaxPool2d(2, stride=1),
+        MaxPool2d(2, stride=1),
         nn.Conv2d(16, 32, 4, stride=2, padding=0), nn.Tanh(),
-        nn.MaxPool2d(2, stride=1),
+        MaxPool2d(2, stride=1),
     )  # fmt: skip
     flat = numel(features_out("cnn2-mnist", features, in_shape))
     return nn.Sequential(*features, nn.Flatten(), nn.Linear(flat, num_classes))

@@ -8,6 +8,7 @@ from torch import nn
 
 from dpeval.core.errors import ConfigError
 from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel, walk
+from dpeval.core.models.pooling import MaxPool2d
 from dpeval.core.registry import MODELS
 from dpeval.core.scatternet import SCATTER_J, Scattering, coefficients_per_channel
 
@@ -42,7 +43,7 @@ def _scatter_cnn(name: str, in_shape: Shape, num_classes: int, head: Callable[[i
 def hcnn(in_shape: Shape, num_classes: int) -> nn.Module:
     def head(k: int) -> nn.Sequential:
         return nn.Sequential(
-            nn.Conv2d(k, 64, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2, 2),
+            nn.Conv2d(k, 64, 3, padding=1), nn.Tanh(), MaxPool2d(2, 2),
             nn.Conv2d(64, 64, 3, padding=1), nn.Tanh(),
         )  # fmt: skip
 
