@@ -61,6 +61,14 @@ def epsilon_of(releases: list[Release], delta: float, accountant: str = "rdp") -
             raise ConfigError(f"privacy.noise_multiplier: must be a finite number, got {sigma}")
     if any(sigma <= 0 for sigma, _, _ in releases):
         return math.inf
+    return _epsilon(tuple((s, q, t) for s, q, t in releases), delta, accountant)
+
+
+# ε is a pure function of (releases, δ, accountant), and one evaluation costs a fraction of a second (RDP over 173
+# orders): a run's σ calibration evaluates it about 15 times, and the processes that plan many runs — a sweep, the
+# Python API, the test suite — ask for the same values again. Only results are kept; errors are raised every time.
+@functools.lru_cache(maxsize=4096)
+def _epsilon(releases: tuple[Release, ...], delta: float, accountant: str) -> float:
     acc = _accountant(accountant)
     acc.history = list(releases)
     orders = {"alphas": list(RDP_ORDERS)} if accountant == "rdp" else {}
