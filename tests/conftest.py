@@ -35,3 +35,10 @@ def real_data_home(monkeypatch):
     ``needs_mnist``, ``needs_cifar10``)."""
     monkeypatch.setenv("DPEVAL_DATA", str(REAL_DATA_HOME))
     return REAL_DATA_HOME
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first (a stable sort: each group keeps its order). pytest-xdist hands tests out in this order
+    and, with ``--dist worksteal`` (`make test`), lets an idle worker take another's waiting tests, so the longest
+    ones start early and the short ones fill in around them, instead of one slow test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

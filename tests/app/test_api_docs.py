@@ -20,6 +20,7 @@ def python_blocks(page: Path) -> str:
     return "\n\n".join(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["docs/api.md", "README.md"])
 def test_the_pages_python_runs_as_written(page, tmp_path):
     code = python_blocks(ROOT / page)

@@ -154,6 +154,7 @@ BUGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_planted_run_level_bug_is_caught_where_the_release_audit_passes(bug):
     name, broken, plan, settings, statistic = BUGS[bug]

@@ -179,6 +179,7 @@ def wait_until(condition, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill_9_of_a_sweep_stops_its_workers_and_the_next_sweep_runs_each_point_once(tmp_path):
     """Both points of a two-worker sweep are training when the driver gets SIGKILL: the orphaned workers (which

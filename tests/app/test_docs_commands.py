@@ -85,6 +85,7 @@ def run_all(lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         assert result.exit_code == 0, f"{line}\n{result.output}"
 
 
+@pytest.mark.slow
 def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch):
     lines = commands(ROOT / "README.md")
     assert len(lines) >= 15 and any(line.startswith("dpeval sweep") for line in lines)

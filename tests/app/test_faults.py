@@ -188,6 +188,7 @@ def gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_a_sweeps_workers_and_keeps_what_finished(tmp_path, sig):
     """``sweep --workers 2``: one short point finishes, one long point runs; the signal ends the sweep at
@@ -215,6 +216,7 @@ def test_a_signal_stops_a_sweeps_workers_and_keeps_what_finished(tmp_path, sig):
     assert "Traceback" not in stderr and stderr.splitlines()[-1] == f"dpeval: terminated by {sig.name}"
 
 
+@pytest.mark.slow
 def test_sweep_workers_log_their_epochs_and_fail_in_one_line(tmp_path):
     """Under ``--workers 2`` each run's log.txt has its per-epoch lines; a failing point (a learning rate
     that diverges) is one line on the terminal, its traceback in its log."""

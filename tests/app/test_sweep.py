@@ -75,6 +75,7 @@ def test_canonical_round_trip_keeps_the_run_key(tmp_path):
         assert build_spec(spec.canonical()).run_key == spec.run_key
 
 
+@pytest.mark.slow
 def test_sweep_runs_resumes_and_reruns(tmp_path):
     path = write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.0, 0.5]}, "train": QUICK_TRAIN})
     results = str(tmp_path / "r")
@@ -177,6 +178,7 @@ def test_a_free_lane_keeps_its_game_and_leaves_the_others_games():
     assert executors.next_point([a | b], mine=a, others=b) is None  # never beside a lane playing one of its games
 
 
+@pytest.mark.slow
 def test_local_workers_run_an_offline_twin_in_the_process_that_trained_its_shadows(tmp_path):
     """Two ε × online/offline on two workers, listed twin after twin (the order a first-free-worker schedule
     would run side by side): each game's shadows train once, in one worker, and its twin reuses them there
@@ -200,6 +202,7 @@ def test_local_workers_run_an_offline_twin_in_the_process_that_trained_its_shado
     assert len({r["pid"] for r in rows}) == 2  # the two games in two workers
 
 
+@pytest.mark.slow
 def test_ray_executor_runs_a_small_sweep(tmp_path):
     pytest.importorskip("ray", reason="the distributed extra (ray) is installed by `make test`")
     path = write(tmp_path, {"defense": {"name": "rs", "final_rate": [0.0, 0.5]}, "train": QUICK_TRAIN})
@@ -222,6 +225,7 @@ def _done_rows(db):
     return rows
 
 
+@pytest.mark.slow
 def test_kill_minus_9_then_resume(tmp_path):
     """Kill the sweep process while runs are in flight; restarting finishes the grid with exactly one done
     row per point, and runs completed before the kill keep their metrics."""

@@ -123,6 +123,7 @@ def test_no_defense_default_budget_recognisable(tmp_path):
     assert result.artefacts["png"].endswith(".png") and (tmp_path / "ig-reconstruction.png").is_file()
 
 
+@pytest.mark.slow
 def test_verdicts_undefended_leaks_and_dpsgd_at_epsilon_one_does_not(tmp_path):
     """The verdict rule (attacks/verdict.py) on six targets: an undefended release leaks, a DP-SGD ε = 1
     release is at the level of the data-free guesses."""

@@ -111,6 +111,7 @@ def every_attack(results):
     return execute(spec, ResultStore(results), progress=False).flat()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_headline_is_reported(every_attack, name):
     value = every_attack[f"leakage.{name}.{ATTACKS.get(name).headline}"]

@@ -193,6 +193,7 @@ def overfit_membership_run(tmp_path, defense):
                     "--set", "attack.batches=5", "--set", "attack.batch_size=40", "--results", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_dp_victim_never_shows_more_leakage_than_twice_its_epsilon(tmp_path):
     """Members vs held-out examples is a substitution game: add/remove (ε, δ)-DP gives (2ε, (1 + e^ε)δ)
     for it, so a bound above 2ε would be a bug in the defense or in the bound (docs/membership.md). The
@@ -209,6 +210,7 @@ def test_dp_victim_never_shows_more_leakage_than_twice_its_epsilon(tmp_path):
     assert m["artefacts.lira.roc_png"].endswith("roc.png")
 
 
+@pytest.mark.slow
 def test_the_same_victim_without_its_noise_is_caught(tmp_path, noiseless_dpsgd):
     """Positive control of the test above, same data, recipe and attacks: the ledger still claims ε = 1 but the
     releases carry no noise. Every attack says ``leaks`` (measured AUC: LOSS 0.56, LiRA 0.59, RMIA 0.59 vs

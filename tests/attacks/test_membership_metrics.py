@@ -113,6 +113,7 @@ def test_tpr_at_an_unresolvable_fpr_is_null_with_the_reason():
     assert m["tpr_at_0.1pct_fpr"] == 1.0 and "tpr_at_0.1pct_fpr_note" not in m
 
 
+@pytest.mark.slow
 def test_verdict_random_scores_do_not_leak():
     """Scores independent of membership: no-leak-detected at a fixed seed, and false alarms are rare over
     many draws (each of the two tests is at the 95% level on the leaking side)."""
