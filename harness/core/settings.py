@@ -53,6 +53,9 @@ class DataConfig(Params):
                                       added=True)
     max_train: int = param(0, "cap on the private pool (0 = all); smaller caps are prefixes of larger ones",
                            low=0)
+    max_test: int = param(0, "cap on the held-out test split (0 = all): quicker evaluation (CIFAR-10's 10,000 test "
+                             "images cost a minute of ScatterNet features on one core) and fewer non-members for the "
+                             "membership attacks; a prefix of the (shuffled) split", low=0, added=True)
     normalize: str = param("auto", "inputs as the model sees them: `auto` = (x − mean) / std per channel with the "
                                    "public split's statistics (0.5 / 0.25 without a public split); `none` = the "
                                    "pixels in [0, 1] as loaded", choices=("auto", "none"), added=True)

@@ -31,6 +31,8 @@ the training source (and then one of the official test source, if there is one):
 * ``data.max_train > 0`` keeps the first ``max_train`` examples of the private pool (no error if
   the pool is smaller). Test and public do not depend on ``max_train``, and a smaller cap yields a
   prefix of a larger one, so the roles are nested across caps.
+* ``data.max_test > 0`` keeps the first ``max_test`` examples of the test split, likewise (public and the
+  private pool do not depend on it).
 * Python's ``round`` is used (half to even: ``round(2.5) == 2``).
 * Each role keeps the permuted order (the official test split is permuted too), so any prefix of a
   role is a uniform random subsample of it.
@@ -134,13 +136,13 @@ def assemble(
         test_idx = perm[:n_test]
         public_idx = perm[n_test : n_test + n_public]
         pool = perm[n_test + n_public :]
-        test = _take(train_x, train_y, test_idx)
+        test = _take(train_x, train_y, test_idx[: cfg.max_test or None])
     else:
         assert test_y is not None
         n_test = int(test_x.shape[0])
         public_idx = perm[:n_public]
         pool = perm[n_public:]
-        test = _take(test_x, test_y, torch.randperm(n_test, generator=gen))
+        test = _take(test_x, test_y, torch.randperm(n_test, generator=gen)[: cfg.max_test or None])
     if len(pool) == 0:
         held_out = f"{n_public} public" + (f", {n_test} test" if test_x is None else "")
         knobs = "data.public_fraction" + (" / data.test_fraction" if test_x is None else "")

@@ -121,6 +121,14 @@ def test_max_train_caps_pool_without_moving_other_roles(digits: Task) -> None:
     assert len(load_task(cfg_with(max_train=10_000)).train) == 1258
 
 
+def test_max_test_caps_the_test_split_without_moving_other_roles(digits: Task) -> None:
+    capped = load_task(cfg_with(max_test=50))
+    assert torch.equal(capped.test.source_index, digits.test.source_index[:50])  # a prefix of the shuffled split
+    assert torch.equal(capped.train.source_index, digits.train.source_index)
+    assert torch.equal(capped.public.source_index, digits.public.source_index)
+    assert len(load_task(cfg_with(max_test=10_000)).test) == len(digits.test)
+
+
 def test_zero_fractions_give_empty_roles_with_right_shape() -> None:
     task = load_task(cfg_with(test_fraction=0.0, public_fraction=0.0))
     assert len(task.train) == 1797 and len(task.test) == 0 and len(task.public) == 0
@@ -481,6 +489,8 @@ def test_imagefolder_bad_folder_is_config_error(tmp_path: Path, setup: str) -> N
         ({"test_fraction": 0.6, "public_fraction": 0.4}, "data.test_fraction + data.public_fraction"),
         ({"max_train": -1}, "data.max_train"),
         ({"max_train": 2.5}, "data.max_train"),
+        ({"max_test": -1}, "data.max_test"),
+        ({"max_test": True}, "data.max_test"),
         ({"image_size": 3}, "data.image_size"),
         ({"split_seed": -1}, "data.split_seed"),
         ({"split_seed": 2**64}, "data.split_seed"),

@@ -76,8 +76,9 @@ def validate_data_config(cfg: DataConfig) -> None:
             f"data.test_fraction + data.public_fraction: must sum to < 1 so examples remain for the "
             f"private pool, got {cfg.test_fraction} + {cfg.public_fraction}"
         )
-    if not _is_int(cfg.max_train) or cfg.max_train < 0:
-        raise ConfigError(f"data.max_train: must be an integer >= 0 (0 = no cap), got {brief(cfg.max_train)}")
+    for field in ("max_train", "max_test"):
+        if not _is_int(getattr(cfg, field)) or getattr(cfg, field) < 0:
+            raise ConfigError(f"data.{field}: must be an integer >= 0 (0 = no cap), got {brief(getattr(cfg, field))}")
     if not _is_int(cfg.image_size) or cfg.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"data.image_size: must be an integer >= {MIN_IMAGE_SIZE}, got {brief(cfg.image_size)}")
     if cfg.public_source is not None:
