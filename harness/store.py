@@ -462,7 +462,7 @@ class ResultStore:
         """The id of the latest run of ``run_key`` when that run was interrupted (not failed by an error,
         not done); else None."""
         rows = self._query("SELECT run_id, status, error FROM runs WHERE run_key=? ORDER BY started_at DESC, "
-                           "run_id DESC LIMIT 1", (run_key,))
+                           "rowid DESC LIMIT 1", (run_key,))
         if rows and rows[0][1] == "failed" and str(rows[0][2] or "").startswith(INTERRUPTED):
             return rows[0][0]
         return None
@@ -533,7 +533,9 @@ class ResultStore:
         return {key for (key,) in self._query("SELECT DISTINCT run_key FROM runs WHERE status='done'")}
 
     def rows(self, status: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY started_at, run_id"
+        """The rows in the order their runs began: by start time, then (runs begun within the same second) by the
+        order they were recorded in — not by run id, whose part after the time is the run key's hash."""
+        query = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY started_at, rowid"
         return [self._decode(r) for r in self._query(query, (status,) if status else (), as_dict=True)]
 
     def matching(self, run_id: str) -> list[dict[str, Any]]:

@@ -38,7 +38,8 @@ def real_data_home(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first (a stable sort: each group keeps its order). pytest-xdist hands tests out in this order
-    and, with ``--dist worksteal`` (`make test`), lets an idle worker take another's waiting tests, so the longest
-    ones start early and the short ones fill in around them, instead of one slow test running alone at the end."""
+    """The slow tests first (a stable sort: each group keeps its order). pytest-xdist's default scheduling hands
+    tests out in this order, round robin, and more to whichever worker is free, so the longest ones start early on
+    every worker and the short ones fill in around them, instead of one slow test running alone at the end. (Its
+    ``--dist worksteal`` would instead give the first worker the whole first half: every slow test.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
