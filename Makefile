@@ -28,7 +28,7 @@ run: $(STAMP)
 PYTEST_WORKERS ?= auto
 test: $(DEVSTAMP) system-packages typecheck
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=10
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk 1 --durations=10
 
 # mypy resolves imports by folder names, so it reads the package through a tree of links that spells the installed
 # names (dpeval/ -> harness/'s entries, dpeval/defenses -> defenses/, dpeval/attacks -> attacks/), rebuilt each time.

@@ -38,8 +38,8 @@ def real_data_home(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first (a stable sort: each group keeps its order). pytest-xdist's default scheduling hands
-    tests out in this order, round robin, and more to whichever worker is free, so the longest ones start early on
-    every worker and the short ones fill in around them, instead of one slow test running alone at the end. (Its
-    ``--dist worksteal`` would instead give the first worker the whole first half: every slow test.)"""
+    """The slow tests first (a stable sort: each group keeps its order). `make test` has pytest-xdist hand the tests
+    out in this order one at a time to whichever worker is free (``--maxschedchunk 1``), so the longest ones start
+    early, on every worker, and the short ones fill in around them. (By default xdist first gives each worker a
+    quarter of its share in one consecutive block: the first worker would get every slow test.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
