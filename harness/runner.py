@@ -379,7 +379,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         defense_states["final"] = copy.deepcopy(defense.state_dict())
         write_atomic(run_dir / "model.pt", lambda f: torch.save(states["final"], f))
         trained = Trained(
-            Utility(result.history[-1]["test_accuracy"], accuracy(prep.model, prep.task.train, prep.device),
+            Utility(result.history[-1]["test_accuracy"], result.train_accuracy,
                     [h["test_accuracy"] for h in result.history], [h["train_loss"] for h in result.history]),
             Communication(result.density, result.bytes_sparse, result.bytes_dense), result.train_s,
             torch.get_num_threads(),
