@@ -12,6 +12,7 @@
 #                                           # the audits write no results folder, so they can run beside the sweeps
 #   bench/benchmark.sh RESULTS informed     # not among the defaults: the informed reconstruction game
 #                                           # (informed-recon, docs/informed-reconstruction.md) on every private row
+#   DEFENSES="dpsgd rs" bench/benchmark.sh RESULTS informed   # only these rows (default: all, cheapest first)
 #   python bench/benchmark_page.py --export RESULTS  # docs/benchmark.md, its CSVs and figures
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ mkdir -p "$results/utility-recipes"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DPEVAL=${DPEVAL:-dpeval}
 WORKERS=${WORKERS:-1}
-defenses="none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep"  # cheapest first, GEP last
+defenses="${DEFENSES:-none dpsgd rs random-freeze adaclip groupwise-all groupwise-layer gep}"  # cheapest first, GEP last
 attacks() {  # the membership and gradient attacks of defense $1, seed 0: a point's offline twin (attack.online
     # false) plays the same game and reuses its 16 shadows from the memory of the worker that trained them, so the
     # sweep runs the twins one after the other in one worker, and different ε side by side
