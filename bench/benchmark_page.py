@@ -3,6 +3,8 @@
     python bench/benchmark_page.py --export runs/benchmark-fashionmnist   # the CSVs and the exposure grid
     python bench/benchmark_page.py                                        # the page from the committed CSVs
 
+    python bench/benchmark_page.py --export-informed RESULTS   # the informed-reconstruction rows (their own CSV)
+
 ``--export`` reads the results folder through dpeval's leaderboard (one row per run, its settings and every
 metric) into docs/results/benchmark-fashionmnist.csv, scores every membership run's per-example file with
 ``dpeval.exposure`` into docs/results/benchmark-fashionmnist-exposure.csv, and draws the most exposed training
@@ -15,7 +17,10 @@ them. A row of the page is a defense at an ε: utility over every seed (mean ± 
 (online and offline LiRA come from the two points of the grid, which train the same victim), communication and
 time. The reading compares each defense with DP-SGD at the same ε: utility by Welch's 95% interval, leakage by the
 attacks' DeLong intervals (a difference is *resolved* only where the two intervals do not overlap). The page's
-"In short" block counts the same comparisons over every row.
+"In short" block counts the same comparisons over every row. ``--export-informed`` gathers the runs of
+``bench/benchmark.sh RESULTS informed`` (``informed-recon`` on every private row, seed 0) into
+docs/results/benchmark-fashionmnist-informed.csv; the page's informed-reconstruction section (success with its
+Clopper–Pearson interval beside the bound of each row's mechanism, a reading per defense, a figure) is made from it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Files:
         self.grid = docs / "results/benchmark-fashionmnist-exposed.png"
         self.figures = docs / "results/benchmark-fashionmnist.svg"
         self.epoch = docs / "results/benchmark-fashionmnist-epoch.csv"  # bench/benchmark_epoch.py --out
+        self.informed = docs / "results/benchmark-fashionmnist-informed.csv"  # --export-informed
+        self.informed_figure = docs / "results/benchmark-fashionmnist-informed.svg"
         self.page = docs / "benchmark.md"
 
 
@@ -115,6 +122,99 @@ def export(results: Path, files: Files) -> None:
     print(f"wrote {files.exposure} ({len(rows)} games)")
     draw_grid(records, {k: v for k, v in by_record.items() if k[2] == "lira" and k[3]}, files.grid)
     export_audits(results / "audits", files.audit)
+
+
+INFORMED = "leakage.informed-recon."
+INFORMED_METRICS = ("success", "success_ci_low", "success_ci_high", "success_linear", "bound", "bound_rdp", "bound_dp",
+                    "chance", "bound_check", "bound_p_value", "verdict", "empirical_mu", "accounted_mu", "norm_ratio",
+                    "targets", "candidates")
+INFORMED_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "privacy.noise_multiplier",
+                    "privacy.sample_rate", "privacy.steps", "utility.test_accuracy", "comm.density",
+                    *(INFORMED + k for k in INFORMED_METRICS)]
+
+
+def export_informed(results: Path, out: Path) -> None:
+    """The informed-reconstruction runs of ``results`` (the finished ones that played ``informed-recon``), one row
+    each, the columns of ``INFORMED_COLUMNS`` (the defense as the page names its row)."""
+    from dpeval.leaderboard import leaderboard
+    from dpeval.store import ResultStore
+
+    records = [r for r in leaderboard(ResultStore(results).rows(status="done"))
+               if r.get(INFORMED + "success") is not None]
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, INFORMED_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({**r, "defense": label(r)} for r in records)
+    print(f"wrote {out} ({len(records)} runs)")
+
+
+def informed_section(rows: list[dict]) -> str:
+    """The table (one line per defense and ε, in the page's order), what is missing, and a reading per defense: how
+    close the attack came to its row's bound, and whether the bound held (the binomial check at level 0.05)."""
+    rows = sorted(rows, key=lambda r: (ORDER.index(r["defense"]) if r["defense"] in ORDER else 99, epsilon(r)))
+    lines = ["| defense | ε | σ | success [95% CP] | linear-score success | bound 1 − f(1/n) | RDP ReRo bound | "
+             "ε-based bound | bound check (p) | empirical μ / accounted μ | ‖c‖·σ |", "|" + "---|" * 11]
+    for r in rows:
+        m = {k: num(r.get(INFORMED + k)) for k in ("success", "success_ci_low", "success_ci_high", "success_linear",
+                                                    "bound", "bound_rdp", "bound_dp", "bound_p_value",
+                                                    "empirical_mu", "accounted_mu", "norm_ratio")}
+        lines.append(f"| {r['defense']} | {epsilon(r):.3g} | {num(r['privacy.noise_multiplier']):.3g} | "
+                     f"{m['success']:.3f} [{m['success_ci_low']:.3f}, {m['success_ci_high']:.3f}] | "
+                     f"{m['success_linear']:.3f} | {m['bound']:.3f} | {m['bound_rdp']:.3f} | {m['bound_dp']:.3f} | "
+                     f"{r.get(INFORMED + 'bound_check')} ({m['bound_p_value']:.2g}) | "
+                     f"{m['empirical_mu']:.2f} / {m['accounted_mu']:.2f} | {m['norm_ratio']:.2f} |")
+    planned = [(name, eps) for name in ORDER[1:] for eps in EPSILONS]
+    have = {(r["defense"], round(epsilon(r))) for r in rows}
+    missing = [f"{name} ε = {eps:g}" for name, eps in planned if (name, round(eps)) not in have]
+    text = "\n".join(lines)
+    if missing:
+        text = (f"**Partial**: {len(rows)} of the {len(planned)} private rows measured; not yet: "
+                f"{', '.join(missing)} (`bench/benchmark.sh RESULTS informed` resumes).\n\n" + text)
+    by_defense: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_defense[r["defense"]].append(r)
+    readings = []
+    for name, rs in by_defense.items():
+        parts = []
+        for r in rs:
+            success, bound = num(r[INFORMED + "success"]), num(r[INFORMED + "bound"])
+            within = (f", above it within sampling error (p = {num(r[INFORMED + 'bound_p_value']):.2g})"
+                      if success > bound and r.get(INFORMED + "bound_check") == "PASS" else "")
+            parts.append(f"ε = {epsilon(r):.3g}: {success:.2f} of a bound {bound:.2f} ({success / bound:.0%}{within})")
+        held = all(r.get(INFORMED + "bound_check") == "PASS" for r in rs)
+        above = sum(num(r[INFORMED + "success_ci_low"]) > num(r[INFORMED + "chance"]) for r in rs)
+        readings.append(f"- **{name}**: {'; '.join(parts)}; success above chance (0.1) in {above} of {len(rs)} "
+                        f"row(s); the bound {'held in every row' if held else 'FAILED in a row: a bug to chase'}.")
+    return text + "\n\n" + "\n".join(readings)
+
+
+def informed_figure(rows: list[dict], out: Path) -> None:
+    """Success (with its interval) and the bound of each defense's rows against ε."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    by_defense: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_defense[r["defense"]].append(r)
+    for i, (name, rs) in enumerate(sorted(by_defense.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER
+                                          else 99)):
+        rs = sorted(rs, key=epsilon)
+        eps = [epsilon(r) * (1 + 0.03 * (i - len(by_defense) / 2)) for r in rs]  # side by side at one ε
+        success = [num(r[INFORMED + "success"]) for r in rs]
+        low = [s - num(r[INFORMED + "success_ci_low"]) for s, r in zip(success, rs)]
+        high = [num(r[INFORMED + "success_ci_high"]) - s for s, r in zip(success, rs)]
+        line = ax.errorbar(eps, success, yerr=[low, high], fmt="o", capsize=3, label=name)
+        ax.plot(eps, [num(r[INFORMED + "bound"]) for r in rs], "_", ms=14, color=line[0].get_color())
+    ax.axhline(0.1, color="k", ls=":", lw=0.8, label="chance (1/n)")
+    ax.set(xscale="log", xlabel="ε", ylabel="informed reconstruction success",
+           title="success (dots, 95% CP) and the mechanism's bound (dashes)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, out)
+    print(f"wrote {out}")
 
 
 AUDIT_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "audit.epsilon_lower_bound", "audit.verdict",
@@ -493,12 +593,16 @@ def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", type=Path, metavar="RESULTS", help="write the CSVs and the grid from this folder")
+    parser.add_argument("--export-informed", type=Path, metavar="RESULTS",
+                        help="write the informed-reconstruction CSV from this folder")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repository's)")
     args = parser.parse_args()
     files = Files(args.docs)
     files.csv.parent.mkdir(parents=True, exist_ok=True)
     if args.export:
         export(args.export, files)
+    if args.export_informed:
+        export_informed(args.export_informed, files.informed)
     rows = [r for r in read(files.csv) if r.get("status", "done") == "done"]
     audits = read(files.audit) if files.audit.is_file() else []
     all_cells = cells(rows)
@@ -520,6 +624,11 @@ def main() -> None:
     write_into(files.page, "benchmark-summary", summary(all_cells))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)
+    if files.informed.is_file():
+        informed = read(files.informed)
+        informed_figure(informed, files.informed_figure)
+        write_into(files.page, "benchmark-informed", informed_section(informed) +
+                   f"\n\n![informed reconstruction success and its bound](results/{files.informed_figure.name})")
     print(f"wrote {files.page}")
 
 

@@ -185,3 +185,26 @@ def test_the_summary_of_an_unresolved_table_says_so(tmp_path):
     assert "0 of 1 defense rows resolve a different online-LiRA AUC: no defense's leakage" in text
     assert "resolved better: none; resolved worse: none" in text
     assert benchmark_page.summary(cells(tmp_path, [run("dpsgd", 3.0, 1, 0.8)])) == "- (no private row attacked yet)"
+
+
+def informed(defense, eps, success, bound, check="PASS", p=0.5):
+    return {"defense": defense, "privacy.target_epsilon": eps, "privacy.epsilon": eps * 0.998,
+            "privacy.noise_multiplier": 1.0, "leakage.informed-recon.success": success,
+            "leakage.informed-recon.success_ci_low": success - 0.05, "leakage.informed-recon.success_ci_high":
+            success + 0.05, "leakage.informed-recon.success_linear": success, "leakage.informed-recon.bound": bound,
+            "leakage.informed-recon.bound_rdp": bound + 0.05, "leakage.informed-recon.bound_dp": bound + 0.3,
+            "leakage.informed-recon.chance": 0.1, "leakage.informed-recon.bound_check": check,
+            "leakage.informed-recon.bound_p_value": p, "leakage.informed-recon.empirical_mu": 0.1,
+            "leakage.informed-recon.accounted_mu": 0.2, "leakage.informed-recon.norm_ratio": 0.9}
+
+
+def test_the_informed_section_reads_each_defense_against_its_bound(tmp_path):
+    write_rows_csv(tmp_path / "informed.csv", [informed("rs", 3.0, 0.2, 0.26), informed("dpsgd", 3.0, 0.23, 0.26),
+                                               informed("dpsgd", 1.0, 0.17, 0.15, p=0.23)])
+    text = benchmark_page.informed_section(benchmark_page.read(tmp_path / "informed.csv"))
+    table = [line for line in text.splitlines() if line.startswith("| dpsgd") or line.startswith("| rs")]
+    assert [line.split(" | ")[:2] for line in table] == [["| dpsgd", "1"], ["| dpsgd", "3"], ["| rs", "3"]]
+    assert "3 of the 21 private rows measured" in text and "rs ε = 1" in text and "dpsgd ε = 3," not in text
+    assert "above it within sampling error (p = 0.23)" in text and "the bound held in every row" in text
+    planted = benchmark_page.informed_section([informed("gep", 8.0, 0.9, 0.5, check="FAIL", p=1e-9)])
+    assert "FAILED in a row" in planted and "within sampling error" not in planted
