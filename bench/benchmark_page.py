@@ -211,6 +211,8 @@ def informed_figure(rows: list[dict], out: Path) -> None:
     ax.axhline(0.1, color="k", ls=":", lw=0.8, label="chance (1/n)")
     ax.set(xscale="log", xlabel="ε", ylabel="informed reconstruction success",
            title="success (dots, 95% CP) and the mechanism's bound (dashes)")
+    ax.set_xticks(list(EPSILONS), [f"{e:g}" for e in EPSILONS])
+    ax.minorticks_off()
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out)
