@@ -146,6 +146,7 @@ class Defense(ABC):
         self.generator = streams.generator("noise", device=self.device)
         self._sum: dict[str, torch.Tensor] = {}
         self.samples_seen = 0  # per-sample gradients accumulated since the last release
+        self._mask_cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # ``_mask_weights``
         self.reset()
 
     # -- accounting facts ------------------------------------------------------------------------------
@@ -222,24 +223,34 @@ class Defense(ABC):
         parameter (``gep``, ``none``) overrides this method."""
         std = self.sum_noise_std(batch_size)
         mask = self.release_mask()
-        average: dict[str, torch.Tensor] = {}
-        unreleased: dict[str, torch.Tensor] = {}  # only with a mask
-        if mask is None:  # (Σ + z·std) / B for every parameter at once: three operators, not three per parameter
-            noises = [self.standard_normal(t.shape) for t in self._sum.values()]
-            torch._foreach_mul_(noises, std)  # rounded as ``gaussian`` rounds: a masked release of all agrees
+        # (Σ + z·std) / B for every parameter at once: a few ``foreach`` operators, not a few per parameter
+        noises = [self.standard_normal(t.shape) for t in self._sum.values()]
+        torch._foreach_mul_(noises, std)  # rounded as ``gaussian`` rounds
+        unreleased: dict[str, torch.Tensor] | None = None
+        if mask is None:
             averages = torch._foreach_add(list(self._sum.values()), noises)
-            torch._foreach_div_(averages, batch_size)
-            average = dict(zip(self._sum, averages))
-        else:
-            for name, total in self._sum.items():
-                noise = self.gaussian(total.shape, std)
-                average[name] = (total + noise * mask[name]) / batch_size
-                unreleased[name] = (~mask[name]) * noise / batch_size
-        shared = SharedGradient(self.transform(average), batch_size=batch_size, noise_std=std / batch_size,
-                                mask=mask)
+        else:  # the noise times the 0/1 mask (exact), and what the mask withheld: noise − kept noise (exact)
+            kept = torch._foreach_mul(noises, self._mask_weights(mask))
+            averages = torch._foreach_add(list(self._sum.values()), kept)
+            withheld = torch._foreach_sub(noises, kept)
+            torch._foreach_div_(withheld, batch_size)
+            unreleased = dict(zip(self._sum, withheld))
+        torch._foreach_div_(averages, batch_size)
+        shared = SharedGradient(self.transform(dict(zip(self._sum, averages))), batch_size=batch_size,
+                                noise_std=std / batch_size, mask=mask)
         self.reset()
-        self.on_release(shared, None if mask is None else unreleased)
+        self.on_release(shared, unreleased)
         return shared
+
+    def _mask_weights(self, mask: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The release mask as 0/1 float tensors (``foreach`` operators take one dtype), in ``_sum`` order;
+        converted once per mask: a defense that hands out the same mask tensors release after release (and
+        never changes them in place) is served from the cache, which holds the tensors it was made from."""
+        tensors = [mask[n] for n in self._sum]
+        cached = self._mask_cache
+        if cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors)):
+            cached = self._mask_cache = (tensors, [m.to(t.dtype) for m, t in zip(tensors, self._sum.values())])
+        return cached[1]
 
     # -- hooks of the release ------------------------------------------------------------------------------
     def sum_noise_std(self, batch_size: int) -> float:

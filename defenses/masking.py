@@ -77,7 +77,7 @@ class MaskedDPSGD(Defense):
         super().__init__(*args, **kwargs)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         self.mask_generator = self.streams.generator("mask")
-        self.keep = torch.ones(self.d, dtype=torch.bool, device=self.device)  # flat; True = released
+        self.keep = torch.ones(self.d, dtype=torch.bool)  # flat; True = released
         self.rate = 0.0
         self.epoch, self.epochs, self.period = 0, 1, 0
         self.step_in_epoch = 0
@@ -111,9 +111,24 @@ class MaskedDPSGD(Defense):
             keep[torch.randperm(self.d, generator=self.mask_generator)[:zeroed]] = False
         if self.ranked():
             self.ranking_sum = torch.zeros(self.d, device=self.device)
-        self.keep = keep.to(self.device)
+        self.keep = keep
         self.mask_is_new = True
         self.masks_drawn += 1
+
+    @property
+    def keep(self) -> torch.Tensor:
+        """The mask in force: flat bool over the parameter vector, True = released."""
+        return self._keep
+
+    @keep.setter
+    def keep(self, keep: torch.Tensor) -> None:
+        """Setting the mask also makes what every step under it uses, once per mask rather than once per step:
+        its per-parameter views as released (``release_mask``: from a private copy, never changed in place, so
+        every release under this mask may share it) and as 0/1 float32 weights (the lean engine's ``scale``,
+        the masking of its sums)."""
+        self._keep = keep.to(self.device, copy=True)
+        self._keep_views = self._views(self._keep)
+        self._keep_weights = self._views(self._keep.to(torch.float32))
 
     def rate_now(self) -> float:
         return self.scheduled_rate(self.epoch, self.epochs, self.period, self.params.refresh)
@@ -131,19 +146,18 @@ class MaskedDPSGD(Defense):
         names = (tuple(self.param_shapes),)
         if self.params.clip is None:  # no clipping: the plain sum, masked afterwards
             return LeanPlan(names, lambda *_: None, per_sample=False)
-        scale = {n: m.to(torch.float32) for n, m in self._views(self.keep).items()}
         return LeanPlan(names, lambda group, squares, probes: clip_factors(squares.sqrt(), self.params.clip),
-                        scale=scale)
+                        scale=dict(self._keep_weights))
 
     def accumulate_lean(self, batch: LeanBatch) -> None:
-        keep = self._views(self.keep)
-        for name, value in batch.sums.items():
-            self._sum[name] += value * keep[name]
+        names = list(batch.sums)  # m ⊙ Σ c_i g_i for every parameter at once (two operators)
+        masked = torch._foreach_mul([batch.sums[n] for n in names], [self._keep_weights[n] for n in names])
+        self.add_to_sum(dict(zip(names, masked)))
         self.samples_seen += batch.count
 
     # -- the release ----------------------------------------------------------------------------------------
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
-        keep = self._views(self.keep)
+        keep = self._keep_views
         masked = {n: g * keep[n] for n, g in grads.items()}  # 1) mask first
         batch = next(iter(grads.values())).shape[0]
         if self.params.clip is None:
@@ -160,7 +174,7 @@ class MaskedDPSGD(Defense):
         return super().sum_noise_std(batch_size)
 
     def release_mask(self) -> dict[str, torch.Tensor]:
-        return {n: m.clone() for n, m in self._views(self.keep).items()}  # 3) noise on kept coordinates only
+        return dict(self._keep_views)  # 3) noise on kept coordinates only (the mask's own copy: read-only)
 
     def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor]) -> None:
         shared.extra = {"epoch": self.epoch, "period": self.period}
@@ -193,7 +207,7 @@ class MaskedDPSGD(Defense):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.keep = state["keep"].to(self.device)
+        self.keep = state["keep"]
         self.rate, self.epoch, self.period = state["rate"], state["epoch"], state["period"]
         self.masks_drawn = state["masks_drawn"]
         self.mask_generator.set_state(state["mask_generator"])

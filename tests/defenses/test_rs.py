@@ -104,6 +104,52 @@ def test_noise_std_on_kept_and_zero_on_masked():
     assert p_value > 1e-4
 
 
+def test_release_is_the_masked_noisy_mean_bit_for_bit_and_hands_over_the_withheld_noise():
+    """The release against an independent computation from the same noise stream (one N(0, 1) draw per
+    parameter, in order, times σC): (Σ_i c_i·(m ⊙ g_i) + m ⊙ z) / B exactly, masked coordinates exactly 0, and
+    what ``on_release`` receives is (1 − m) ⊙ z / B. Two releases under one mask: the second uses the next draws."""
+    sigma, clip, batch = 1.3, 0.5, 5
+    seen = []
+
+    class Watched(DEFENSES.get("rs")):
+        def on_release(self, shared, unreleased_noise):
+            seen.append(unreleased_noise)
+            super().on_release(shared, unreleased_noise)
+
+    defense = Watched(RSParams(clip=clip, final_rate=0.7, schedule="constant"), SHAPES, sigma, Streams(3))
+    defense.begin_epoch(0, 1)
+    reference = Streams(3).generator("noise")
+    keep = defense._views(defense.keep)
+    for _ in range(2):
+        grads = random_grads(batch)
+        masked = {n: g * keep[n] for n, g in grads.items()}
+        norms = torch.stack([masked[n].reshape(batch, -1).pow(2).sum(1) for n in SHAPES], 1).sum(1).sqrt()
+        c = (clip / (norms + 1e-6)).clamp(max=1.0)
+        defense.clip_and_accumulate(grads)
+        shared = defense.release(batch)
+        for n, shape in SHAPES.items():
+            z = torch.randn(shape, generator=reference) * (sigma * clip)
+            total = torch.einsum("b,b...->...", c, masked[n])
+            assert torch.equal(shared.grads[n], (total + z * keep[n]) / batch), n
+            assert torch.equal(seen[-1][n], (~keep[n]) * z / batch), n
+            assert torch.equal(shared.mask[n], keep[n])
+
+
+def test_a_new_mask_reaches_the_release_and_the_lean_plan():
+    """The per-mask caches (the released views, the float weights, the release's 0/1 weights) follow every
+    new mask, also one set from outside (``keep =``, as a subclass or a replay does)."""
+    defense = make(schedule="constant", final_rate=0.5, sigma=1.0)
+    defense.begin_epoch(0, 1)
+    for keep in (defense.keep, ~defense.keep, torch.ones(D, dtype=torch.bool)):
+        defense.keep = keep
+        defense.clip_and_accumulate(random_grads(2))
+        shared = defense.release(2)
+        assert torch.equal(flat(shared.mask), keep)
+        assert torch.all(flat(shared.grads)[~keep] == 0) and torch.all(flat(shared.grads)[keep] != 0)
+        scale = defense.lean_plan().scale
+        assert torch.equal(flat(scale), keep.float())
+
+
 # The paper's gradual cooling at r* = 0.9, worked out by hand: epoch 0 dense, the last epoch at r*, equal steps
 # in between (a single epoch is epoch 0, so dense).
 @pytest.mark.parametrize("epochs,expected", [(1, [0.0]), (2, [0.0, 0.9]), (5, [0.0, 0.225, 0.45, 0.675, 0.9]),
