@@ -75,7 +75,7 @@ def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     It minimises the noise energy σ²‖b‖² subject to E‖w‖² = Σ s_i²/b_i² ≤ 1 (with a = E g); the minimum
     is σ²(Σ s_i)², against σ²·d·Σ s_i² for whitening (b_i = √d·s_i)."""
     total = torch.stack([v.sum(dtype=torch.float64) for v in s.values()]).sum()  # on the device: no host sync
-    return {n: (v * total).sqrt() for n, v in s.items()}
+    return dict(zip(s, torch._foreach_sqrt(torch._foreach_mul(list(s.values()), total))))
 
 
 @DEFENSES.register("adaclip", "AdaCliP: per-coordinate shift/scale (public noisy statistics), clip, noise in w-space")
@@ -95,7 +95,7 @@ class AdaCliP(Defense):
         self.at_h2 = 0   # ... the upper clamp h2
 
     def std(self) -> dict[str, torch.Tensor]:
-        return {n: v.sqrt() for n, v in self.s2.items()}
+        return dict(zip(self.s2, torch._foreach_sqrt(list(self.s2.values()))))
 
     # -- the three stages ----------------------------------------------------------------------------
     def begin_epoch(self, epoch: int, epochs: int) -> None:
@@ -113,20 +113,25 @@ class AdaCliP(Defense):
     def lean_plan(self) -> LeanPlan:
         """Norms of w_i = (g_i − a)/b per sample; the engine's Σ c_i g_i becomes Σ c_i w_i in
         ``accumulate_lean`` (an affine map)."""
-        scale = {n: 1.0 / b for n, b in self.b.items()}
+        scale = dict(zip(self.b, torch._foreach_reciprocal(list(self.b.values()))))
         return LeanPlan((tuple(self.param_shapes),),
                         lambda group, squares, probes: clip_factors(squares.sqrt(), self.params.clip),
                         shift=self.m, scale=scale)
 
     def accumulate_lean(self, batch: LeanBatch) -> None:
-        total = batch.factors[0].sum()
-        for name, value in batch.sums.items():
-            self._sum[name] += (value - self.m[name] * total) / self.b[name]
+        total = batch.factors[0].sum()  # Σ_i (c_i g_i − c_i a)/b = (Σ c_i g_i − a·Σ c_i)/b, all parameters at once
+        names = list(batch.sums)
+        w = torch._foreach_sub([batch.sums[n] for n in names], torch._foreach_mul([self.m[n] for n in names], total))
+        torch._foreach_div_(w, [self.b[n] for n in names])
+        self.add_to_sum(dict(zip(names, w)))
         self.samples_seen += batch.count
 
     # -- the release: noise N(0, σ²C²) on the sum in w-space, divided by B, then mapped back ---------------
     def transform(self, average: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {n: self.b[n] * w + self.m[n] for n, w in average.items()}  # g̃ = b ⊙ w̄ + a
+        names = list(average)  # g̃ = b ⊙ w̄ + a
+        g = torch._foreach_mul([self.b[n] for n in names], [average[n] for n in names])
+        torch._foreach_add_(g, [self.m[n] for n in names])
+        return dict(zip(names, g))
 
     def on_release(self, shared: SharedGradient, unreleased_noise: dict[str, torch.Tensor] | None) -> None:
         batch_size = shared.batch_size
@@ -136,7 +141,8 @@ class AdaCliP(Defense):
         shared.extra = {
             "adaclip.a": a,                      # the shift and scale this release used (public)
             "adaclip.b": b,
-            "adaclip.noise_std": {n: b[n] * (std / batch_size) for n in shared.grads},  # per coordinate
+            "adaclip.noise_std": dict(zip(shared.grads, torch._foreach_mul([b[n] for n in shared.grads],
+                                                                            std / batch_size))),  # per coordinate
             "adaclip.at_h1": self.at_h1,
             "adaclip.at_h2": self.at_h2,
             "adaclip.frac_at_h2": self.at_h2 / self.d,
@@ -147,18 +153,18 @@ class AdaCliP(Defense):
         """Eqs. (4)–(5) from the released g̃ only. The m and b used for this release are replaced by new
         tensors (never modified in place), so the release's ``extra`` keeps the values it used."""
         p = self.params
-        clamped = []
-        new_m, new_s2 = {}, {}
-        raw_all = self.raw_variance(released, batch_size)
-        for n, g in released.items():
-            raw = raw_all[n]
-            v = raw.clamp(min=p.h1, max=p.h2)
-            clamped.append(torch.stack([(raw <= p.h1).sum(), (raw >= p.h2).sum()]))
-            new_m[n] = p.beta1 * self.m[n] + (1 - p.beta1) * g
-            new_s2[n] = p.beta2 * self.s2[n] + (1 - p.beta2) * v
-        self.m, self.s2 = new_m, new_s2
+        names = list(released)  # every parameter at once (``foreach`` operators: the same roundings as one by one)
+        raw = self.raw_variance(released, batch_size)
+        flat = torch.cat([raw[n].reshape(-1) for n in names])
+        clamped = torch.stack([(flat <= p.h1).sum(), (flat >= p.h2).sum()])
+        v = torch._foreach_clamp_max(torch._foreach_clamp_min([raw[n] for n in names], p.h1), p.h2)
+        m = torch._foreach_mul([self.m[n] for n in names], p.beta1)
+        torch._foreach_add_(m, torch._foreach_mul([released[n] for n in names], 1 - p.beta1))
+        s2 = torch._foreach_mul([self.s2[n] for n in names], p.beta2)
+        torch._foreach_add_(s2, torch._foreach_mul(v, 1 - p.beta2))
+        self.m, self.s2 = dict(zip(names, m)), dict(zip(names, s2))
         self.b = optimal_scale(self.std())
-        self.at_h1, self.at_h2 = torch.stack(clamped).sum(0).tolist()  # one host sync for both counts
+        self.at_h1, self.at_h2 = clamped.tolist()  # one host sync for both counts
         self.steps += 1
 
     def raw_variance(self, released: dict[str, torch.Tensor], batch_size: int) -> dict[str, torch.Tensor]:
@@ -167,11 +173,19 @@ class AdaCliP(Defense):
         or without the factor B (``batch_mean``, unbiased for the variance of the batch mean)."""
         noise_var = (self.noise_multiplier * self.params.clip / batch_size) ** 2
         scale = batch_size if self.params.variance == "per_example" else 1
-        return {n: scale * ((g - self.m[n]) ** 2 - self.b[n] ** 2 * noise_var) for n, g in released.items()}
+        names = list(released)
+        centred = torch._foreach_sub([released[n] for n in names], [self.m[n] for n in names])
+        torch._foreach_mul_(centred, centred)
+        noise = torch._foreach_mul([self.b[n] for n in names], [self.b[n] for n in names])
+        torch._foreach_mul_(noise, noise_var)
+        torch._foreach_sub_(centred, noise)
+        torch._foreach_mul_(centred, scale)
+        return dict(zip(names, centred))
 
     def scale_norm(self, b: dict[str, torch.Tensor] | None = None) -> float:
         b = self.b if b is None else b
-        return float(torch.stack([v.pow(2).sum(dtype=torch.float64) for v in b.values()]).sum().sqrt())
+        return float(torch.stack([v.sum(dtype=torch.float64) for v in torch._foreach_pow(list(b.values()), 2)])
+                     .sum().sqrt())
 
     @classmethod
     def audit_design(cls) -> CanaryDesign:
