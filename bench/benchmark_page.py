@@ -3,7 +3,8 @@
     python bench/benchmark_page.py --export runs/benchmark-fashionmnist   # the CSVs and the exposure grid
     python bench/benchmark_page.py                                        # the page from the committed CSVs
 
-    python bench/benchmark_page.py --export-informed RESULTS   # the informed-reconstruction rows (their own CSV)
+    python bench/benchmark_page.py --export-informed RESULTS [RESULTS ...]  # the informed-reconstruction rows
+                                                               # (their own CSV; from one folder or several)
 
 ``--export`` reads the results folder through dpeval's leaderboard (one row per run, its settings and every
 metric) into docs/results/benchmark-fashionmnist.csv, scores every membership run's per-example file with
@@ -133,13 +134,14 @@ INFORMED_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "pri
                     *(INFORMED + k for k in INFORMED_METRICS)]
 
 
-def export_informed(results: Path, out: Path) -> None:
-    """The informed-reconstruction runs of ``results`` (the finished ones that played ``informed-recon``), one row
-    each, the columns of ``INFORMED_COLUMNS`` (the defense as the page names its row)."""
+def export_informed(folders: list[Path], out: Path) -> None:
+    """The informed-reconstruction runs of the results ``folders`` (the finished ones that played
+    ``informed-recon``; several folders when rows ran side by side, each sweep in its own), one row each, the
+    columns of ``INFORMED_COLUMNS`` (the defense as the page names its row)."""
     from dpeval.leaderboard import leaderboard
     from dpeval.store import ResultStore
 
-    records = [r for r in leaderboard(ResultStore(results).rows(status="done"))
+    records = [r for results in folders for r in leaderboard(ResultStore(results).rows(status="done"))
                if r.get(INFORMED + "success") is not None]
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, INFORMED_COLUMNS, extrasaction="ignore")
@@ -595,8 +597,8 @@ def figures(all_cells: dict[tuple[str, float], Cell], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", type=Path, metavar="RESULTS", help="write the CSVs and the grid from this folder")
-    parser.add_argument("--export-informed", type=Path, metavar="RESULTS",
-                        help="write the informed-reconstruction CSV from this folder")
+    parser.add_argument("--export-informed", type=Path, nargs="+", metavar="RESULTS",
+                        help="write the informed-reconstruction CSV from these folders")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repository's)")
     args = parser.parse_args()
     files = Files(args.docs)

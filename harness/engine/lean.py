@@ -343,7 +343,8 @@ class LeanEngine:
             parts = stats[group]
             if len({t.dtype for t in parts}) > 1:  # GEP's float64 statistics beside float32 ones
                 parts = [t.double() for t in parts]
-            total = torch.stack(parts).sum(0, dtype=torch.float64)
+            # one parameter: its statistic in float64 (the same number as a one-row sum, one operator fewer)
+            total = parts[0].double() if len(parts) == 1 else torch.stack(parts).sum(0, dtype=torch.float64)
             c = factors[group] = plan.factors(group, total, probes).to(x.dtype)
             for name in plan.groups[group] if plan.sums else ():
                 path, attr = self.owner[name]
