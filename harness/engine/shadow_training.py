@@ -15,7 +15,10 @@ size, epochs, optimizer, schedule and sampling.
   (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same
   ``build``, so their fronts are equal.
   Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
-  its current weights before each step.
+  its current weights before each step. A defense that needs no per-sample statistic (its ``lean_plan`` says
+  ``per_sample=False``: ``none``, RS without clipping) gets each model's plain gradient sum over its real rows
+  (``accumulate_lean``), one vmap over models of one backward pass, instead of per-sample gradients it would
+  only add up: the same sum, up to float rounding, at a fraction of the cost.
 - **Progress** (``store``, a ``ShadowProgress`` such as ``dpeval.checkpoint.ShadowStore``): the shadows
   are trained in groups of ``group`` (all at once by default); each finished shadow is saved as its group
   ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
@@ -41,6 +44,7 @@ from dpeval.core.per_sample import compute_precision, fixed_front, front_feature
 from dpeval.core.settings import TrainConfig
 from dpeval.core.streams import Streams
 from dpeval.defenses.base import Defense
+from dpeval.defenses.lean_plan import LeanBatch
 from dpeval.engine.training import BatchSampler, make_optimizer, make_schedule, train
 
 # make_defense(i, model, steps_per_epoch): shadow i's defense, bound to its model, for epochs of its own pool
@@ -136,11 +140,18 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
     def loss_one(p, b, xi, yi):
         return F.cross_entropy(functional_call(base, (p, b), (xi.unsqueeze(0),)), yi.unsqueeze(0))
 
+    def loss_sum(p, b, xs, ys, real):  # the summed loss of a model's real rows (padding weighs 0)
+        return (F.cross_entropy(functional_call(base, (p, b), (xs,)), ys, reduction="none") * real).sum()
+
     per_model = vmap(vmap(grad(loss_one), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
+    sum_per_model = vmap(grad(loss_sum), in_dims=(0, 0, 0, 0, 0))
 
     samplers = [BatchSampler(len(pool), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
                 for i, pool in enumerate(pools)]
     defenses = [make_defense(i, models[i], samplers[i].steps_per_epoch) for i in range(k)]
+    # defenses of one recipe: all need per-sample statistics or none does (``none``, RS without clipping)
+    # (asked before any step; a defense that keeps its model, GEP, always needs them and is not asked)
+    plain = all(not d.needs_model and (plan := d.lean_plan()) is not None and not plan.per_sample for d in defenses)
     bound = [(i, models[i]) for i, d in enumerate(defenses) if d.needs_model]
     holder = nn.Module()
     for n in names:  # an optimizer needs leaf tensors; it steps all K models at once
@@ -171,6 +182,16 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
                 current = {n: leaf[n].detach() for n in names}
                 # contiguous: slicing vmap's strided output per model is otherwise very slow
                 features = x_all[padded]
+                if plain:
+                    real = torch.stack([torch.arange(size) < len(r) for r in rows]).to(device, torch.float32)
+                    with compute_precision(cfg.precision, device):
+                        sums = sum_per_model(current, buffers, features, y_all[padded], real)
+                    for i, r in enumerate(rows):
+                        if len(r):
+                            ones = torch.ones(len(r), device=device)
+                            defenses[i].accumulate_lean(LeanBatch({rename[n]: g[i] for n, g in sums.items()},
+                                                                  [ones], None, len(r)))
+                    continue
                 with compute_precision(cfg.precision, device):  # as the victim's per-sample passes
                     grads = per_model(current, buffers, features, y_all[padded])
                 grads = {n: g.contiguous() for n, g in grads.items()}
