@@ -130,7 +130,8 @@ INFORMED_METRICS = ("success", "success_ci_low", "success_ci_high", "success_lin
                     "chance", "bound_check", "bound_p_value", "verdict", "empirical_mu", "accounted_mu", "norm_ratio",
                     "targets", "candidates")
 INFORMED_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "privacy.noise_multiplier",
-                    "privacy.sample_rate", "privacy.steps", "utility.test_accuracy", "comm.density",
+                    "privacy.accounted_noise_multiplier", "privacy.sample_rate", "privacy.steps",
+                    "utility.test_accuracy", "comm.density",
                     *(INFORMED + k for k in INFORMED_METRICS)]
 
 
@@ -154,13 +155,15 @@ def informed_section(rows: list[dict]) -> str:
     """The table (one line per defense and ε, in the page's order), what is missing, and a reading per defense: how
     close the attack came to its row's bound, and whether the bound held (the binomial check at level 0.05)."""
     rows = sorted(rows, key=lambda r: (ORDER.index(r["defense"]) if r["defense"] in ORDER else 99, epsilon(r)))
-    lines = ["| defense | ε | σ | success [95% CP] | linear-score success | bound 1 − f(1/n) | RDP ReRo bound | "
-             "ε-based bound | bound check (p) | empirical μ / accounted μ | ‖c‖·σ |", "|" + "---|" * 11]
+    lines = ["| defense | ε | σ accounted | success [95% CP] | linear-score success | bound 1 − f(1/n) | "
+             "RDP ReRo bound | ε-based bound | bound check (p) | empirical μ / accounted μ | ‖c‖·σ |",
+             "|" + "---|" * 11]
     for r in rows:
         m = {k: num(r.get(INFORMED + k)) for k in ("success", "success_ci_low", "success_ci_high", "success_linear",
                                                     "bound", "bound_rdp", "bound_dp", "bound_p_value",
                                                     "empirical_mu", "accounted_mu", "norm_ratio")}
-        lines.append(f"| {r['defense']} | {epsilon(r):.3g} | {num(r['privacy.noise_multiplier']):.3g} | "
+        sigma = num(r.get("privacy.accounted_noise_multiplier") or r["privacy.noise_multiplier"])  # GEP: σ/√2
+        lines.append(f"| {r['defense']} | {epsilon(r):.3g} | {sigma:.3g} | "
                      f"{m['success']:.3f} [{m['success_ci_low']:.3f}, {m['success_ci_high']:.3f}] | "
                      f"{m['success_linear']:.3f} | {m['bound']:.3f} | {m['bound_rdp']:.3f} | {m['bound_dp']:.3f} | "
                      f"{r.get(INFORMED + 'bound_check')} ({m['bound_p_value']:.2g}) | "
@@ -476,9 +479,10 @@ def beats_guess(c: Cell) -> bool | None:
     return any(p > base for p in psnrs) if psnrs and math.isfinite(base) else None
 
 
-def summary(all_cells: dict[tuple[str, float], Cell]) -> str:
+def summary(all_cells: dict[tuple[str, float], Cell], informed: list[dict] | None = None) -> str:
     """The table in a few sentences, counted from the cells: how far the defenses bring membership leakage down,
-    what each resolves against DP-SGD at the same ε, whether reconstruction beat its guess, the audits, the cost."""
+    what each resolves against DP-SGD at the same ε, whether reconstruction beat its guess (and, with the
+    ``informed`` rows, how close the informed adversary came to its bound), the audits, the cost."""
     private = [c for (name, _), c in all_cells.items() if name != "none" and c.online]
     if not private:
         return "- (no private row attacked yet)"
@@ -509,6 +513,12 @@ def summary(all_cells: dict[tuple[str, float], Cell]) -> str:
     lines.append(f"- **Reconstruction**: Inverting Gradients beats its data-free guess on "
                  f"{sum(1 for x in ig if x)} of {sum(1 for x in ig if x is not None)} private rows"
                  + ("" if none_ig is None else f" (on the undefended release: {'yes' if none_ig else 'no'})") + ".")
+    if informed:
+        held = sum(1 for r in informed if r.get(INFORMED + "bound_check") == "PASS")
+        shares = [num(r[INFORMED + "success"]) / num(r[INFORMED + "bound"]) for r in informed]
+        lines.append(f"- **Informed reconstruction** (the adversary knows every training image but the target, "
+                     f"which it names among 10): its bound 1 − f(1/n) held on {held} of {len(informed)} private "
+                     f"rows; success {min(shares):.0%}–{max(shares):.0%} of the bound.")
     audited = [c.audit for c in all_cells.values() if c.audit is not None]
     if audited:
         passed = sum(1 for a in audited if a["audit.verdict"] == "PASS")
@@ -625,11 +635,11 @@ def main() -> None:
     write_into(files.page, "benchmark-table",
                progress(all_cells) + table(all_cells) + "\n\n" + epoch_note + ". " + compute(rows, audits) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
-    write_into(files.page, "benchmark-summary", summary(all_cells))
+    informed = read(files.informed) if files.informed.is_file() else []
+    write_into(files.page, "benchmark-summary", summary(all_cells, informed))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)
-    if files.informed.is_file():
-        informed = read(files.informed)
+    if informed:
         informed_figure(informed, files.informed_figure)
         write_into(files.page, "benchmark-informed", informed_section(informed) +
                    f"\n\n![informed reconstruction success and its bound](results/{files.informed_figure.name})")

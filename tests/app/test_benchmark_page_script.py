@@ -176,6 +176,10 @@ def test_the_summary_counts_what_the_table_resolves(tmp_path):
     assert "beats its data-free guess on 3 of 4 private rows (on the undefended release: yes)" in text
     assert "1 of 2 one-run audits PASS" in text
     assert "gep 6.5× DP-SGD, every other defense 1.0–1.0×" in text
+    assert "Informed reconstruction" not in text  # no informed rows yet: no line
+    text = benchmark_page.summary(all_cells, [informed("dpsgd", 3.0, 0.13, 0.26), informed("rs", 3.0, 0.39, 0.26),
+                                              informed("gep", 3.0, 0.9, 0.26, check="FAIL", p=1e-9)])
+    assert "its bound 1 − f(1/n) held on 2 of 3 private rows; success 50%–346% of the bound" in text
 
 
 def test_the_summary_of_an_unresolved_table_says_so(tmp_path):
