@@ -140,10 +140,13 @@ def states_of(record: dict[str, Any], attack: str) -> list[str]:
 
 def smallest_p(record: dict[str, Any], attack: str) -> str:
     """For a sign-test verdict over T targets at S states (Bonferroni), the smallest p the run could give,
-    in words; "" for an attack without a p-value or a target count."""
+    in words; "" for an attack without a p-value or a target count, and for one whose p-value is not that sign
+    test of gains over a data-free guess (no ``baseline_psnr``: the informed game's binomial test has no such
+    floor)."""
     targets = record.get(f"attack.{attack}.targets")
     p_value = record.get(str(AttackKey(attack, "p_value")))
-    if not isinstance(targets, int) or isinstance(targets, bool) or p_value is None:
+    guess = record.get(str(AttackKey(attack, "baseline_psnr")))
+    if not isinstance(targets, int) or isinstance(targets, bool) or p_value is None or guess is None:
         return ""
     states = max(1, len(states_of(record, attack)))
     floor = min(1.0, states * 2.0 ** -targets)

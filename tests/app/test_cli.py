@@ -395,6 +395,11 @@ def test_the_printout_omits_empty_values_explains_the_smallest_p_and_names_densi
     assert "with 6 targets × 3 states the smallest p is 3·2^-6 = 0.047" in text and "out of reach" not in text
     assert "fraction of the model's trainable coordinates a training step releases" in text
     assert "density of the attacked release (fraction of coordinates sent) 0.1" in text
+    # the informed game's p-value is a binomial test against chance: no sign-test floor to explain
+    informed = {**m, "attack": "informed-recon", "attack.informed-recon.targets": 200,
+                "leakage.informed-recon.success": 0.365, "leakage.informed-recon.p_value": 1e-23,
+                "leakage.informed-recon.verdict": Verdict.LEAKS}
+    assert "200 targets" not in format_run(informed)
 
 
 def test_states_and_attacks_come_from_the_key_structure_not_dot_counts():
