@@ -60,7 +60,7 @@ all)
         micro=512 && [ $model = gpt ] && micro=256
         timeout 50 python3 bench/dp_step.py --device cuda --models $model --batch 1024 --micro $micro --steps 3 \
             --paths non-private opacus func lean-M1 lean-M2 lean-layer lean-param fastdp-bk fastdp-bk-layer rs \
-            random-freeze adaclip gep func-rs func-random-freeze func-adaclip func-gep \
+            random-freeze adaclip func-rs func-random-freeze func-adaclip gep func-gep \
             --json "$OUT/dp_step_$model.json" > "$OUT/dp_step_$model.txt" 2>&1
         tail -n +3 "$OUT/dp_step_$model.txt"
     done
