@@ -340,9 +340,7 @@ class LeanEngine:
         held: set[str] = set()  # layers seen in backprop whose groups are still open
 
         def close(group: int) -> None:
-            parts = stats[group]
-            if len({t.dtype for t in parts}) > 1:  # GEP's float64 statistics beside float32 ones
-                parts = [t.double() for t in parts]
+            parts = stats[group]  # float32, and float64 where a statistic needed it (stack promotes them exactly)
             # one parameter: its statistic in float64 (the same number as a one-row sum, one operator fewer)
             total = parts[0].double() if len(parts) == 1 else torch.stack(parts).sum(0, dtype=torch.float64)
             c = factors[group] = plan.factors(group, total, probes).to(x.dtype)
