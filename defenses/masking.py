@@ -122,13 +122,16 @@ class MaskedDPSGD(Defense):
 
     @keep.setter
     def keep(self, keep: torch.Tensor) -> None:
-        """Setting the mask also makes what every step under it uses, once per mask rather than once per step:
-        its per-parameter views as released (``release_mask``: from a private copy, never changed in place, so
-        every release under this mask may share it) and as 0/1 float32 weights (the lean engine's ``scale``,
-        the masking of its sums)."""
+        """Setting the mask also makes its per-parameter views, once per mask rather than once per step: what
+        ``release_mask`` hands out (from a private copy, never changed in place, so every release under this mask
+        shares the same tensors and the release's 0/1 weights, ``_keep_weights``, are converted once per mask)."""
         self._keep = keep.to(self.device, copy=True)
         self._keep_views = self._views(self._keep)
-        self._keep_weights = self._views(self._keep.to(torch.float32))
+
+    def _keep_weights(self) -> dict[str, torch.Tensor]:
+        """The mask in force as 0/1 float weights per parameter: the release's own, made once per mask
+        (``Defense._mask_weights``), also serve the lean engine's ``scale`` and the masking of its sums."""
+        return dict(zip(self._sum, self._mask_weights(self._keep_views)))
 
     def rate_now(self) -> float:
         return self.scheduled_rate(self.epoch, self.epochs, self.period, self.params.refresh)
@@ -147,11 +150,12 @@ class MaskedDPSGD(Defense):
         if self.params.clip is None:  # no clipping: the plain sum, masked afterwards
             return LeanPlan(names, lambda *_: None, per_sample=False)
         return LeanPlan(names, lambda group, squares, probes: clip_factors(squares.sqrt(), self.params.clip),
-                        scale=dict(self._keep_weights))
+                        scale=self._keep_weights())
 
     def accumulate_lean(self, batch: LeanBatch) -> None:
         names = list(batch.sums)  # m ⊙ Σ c_i g_i for every parameter at once (two operators)
-        masked = torch._foreach_mul([batch.sums[n] for n in names], [self._keep_weights[n] for n in names])
+        weights = self._keep_weights()
+        masked = torch._foreach_mul([batch.sums[n] for n in names], [weights[n] for n in names])
         self.add_to_sum(dict(zip(names, masked)))
         self.samples_seen += batch.count
 
