@@ -58,7 +58,7 @@ audits() {  # the one-run audit of every private row at every ε
             name=$(sed -n 's/^defense: {name: \([a-z-]*\).*/\1/p' "$results/audits/$d-eps$eps.yaml")
             # exit 1 is a failed audit (its result still printed and kept); anything else is an error
             $DPEVAL audit --defense "$name" --scope run --config "$results/audits/$d-eps$eps.yaml" --json --quiet \
-                > "$out.part" || [ $? -eq 1 ]
+                --save-scores "$results/audits/$d-eps$eps-scores.csv" > "$out.part" || [ $? -eq 1 ]
             mv "$out.part" "$out"
         done
     done

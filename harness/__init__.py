@@ -3,7 +3,8 @@
 The Python API (docs/api.md) is reachable from this package, loaded on first use so that ``import dpeval`` stays
 light: ``configure``, ``run``, ``load_data``, ``build_model``, ``score_membership``, ``attack_release``,
 ``load_result`` (from ``dpeval.api``) and the typed results ``RunResult``, ``AttackOutcome`` (``dpeval.results``),
-``RunSpec`` (``dpeval.core.spec``). The package's layers: ``dpeval.core`` ← ``dpeval.defenses`` ← ``dpeval.engine`` ←
+``RunSpec`` (``dpeval.core.spec``), and ``one_run_bounds`` (``dpeval.core.one_run_bounds``: ε lower bounds of a one-run
+audit from canary scores). The package's layers: ``dpeval.core`` ← ``dpeval.defenses`` ← ``dpeval.engine`` ←
 ``dpeval.attacks`` ← the application (cli, config, runner, store, sweep, leaderboard, report, audit, api);
 docs/architecture.md draws them.
 """
@@ -18,7 +19,8 @@ __version__ = "0.1.0"
 _API = {"configure": "dpeval.api", "run": "dpeval.api", "load_data": "dpeval.api", "build_model": "dpeval.api",
         "score_membership": "dpeval.api",
         "attack_release": "dpeval.api", "load_result": "dpeval.api", "RunResult": "dpeval.results",
-        "AttackOutcome": "dpeval.results", "RunSpec": "dpeval.core.spec"}
+        "AttackOutcome": "dpeval.results", "RunSpec": "dpeval.core.spec",
+        "one_run_bounds": "dpeval.core.one_run_bounds"}
 __all__ = ["__version__", *_API]
 
 

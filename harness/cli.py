@@ -299,13 +299,16 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--canary-kind", type=click.Choice(["gradient", "input"]),
               help="run scope: white-box gradient canaries scored on every release (default gradient) or "
                    "black-box input canaries scored by the final model's loss (input)")
+@click.option("--save-scores", type=click.Path(dir_okay=False), default=None,
+              help="run scope: write every canary's scores and inclusion bit to this CSV (canary, included, one "
+                   "column per statistic), for dpeval.one_run_bounds")
 @click.option("--seed", type=int, help="audit seed (default 0)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @handle_errors
 def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, trials: int | None,
           noise_multiplier: float | None, steps: int | None, canaries: int | None, canary_kind: str | None,
-          seed: int | None, as_json: bool, quiet: bool) -> None:
+          save_scores: str | None, seed: int | None, as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
     from dpeval.config import build_spec
@@ -320,15 +323,17 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                 raise ConfigError(f"{flag}: only with --scope release (the run scope audits the configured run: "
                                   "set its σ or ε with --set privacy.…)")
         spec = build_spec(raw)
-        given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind)) if v is not None}
+        given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind),
+                                   ("scores_path", save_scores and Path(save_scores))) if v is not None}
         result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
         emit(result, as_json, format_run_audit(result))
     else:
         from dpeval.audit.driver import AuditOptions, run_audit
         from dpeval.audit.format import format_audit
 
-        if canary_kind is not None:
-            raise ConfigError("--canary-kind: only with --scope run")
+        for flag, value in (("--canary-kind", canary_kind), ("--save-scores", save_scores)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --scope run")
         privacy = raw.get("privacy")
         for key in ("epsilon", "noise_multiplier"):
             if isinstance(privacy, dict) and key in privacy:
@@ -340,7 +345,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
         emit(result, as_json, format_audit(result))
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
-                   f"ε = {result['privacy.epsilon']:.3f} ({result['audit.statistic']})", err=True)
+                   f"ε = {result['privacy.epsilon']:.3f} "
+                   f"({result.get('audit.estimator', result['audit.statistic'])})", err=True)
         sys.exit(1)
 
 

@@ -34,17 +34,29 @@ def format_audit(result: dict[str, Any]) -> str:
 
 
 def format_run_audit(result: dict[str, Any]) -> str:
-    """The terminal view of a whole-run audit: the bound, the run's ε, the guesses, the canary design and
-    the best guessing rule of each statistic."""
+    """The terminal view of a whole-run audit: the headline bound and its estimator, every estimator's bound
+    (valid or refused, and why), the counting bound's guesses, the canary design and the best guessing rule of
+    each statistic."""
     r = result
+    mu = r.get("audit.mu_lower_bound")
     lines = [
         f"one-run audit of {r['defense']} ({r['dataset']} / {r['model']}, seed {r['seed']}): {r['privacy.steps']} "
         f"steps at sample rate {r['privacy.sample_rate']:.4g} ({r['privacy.sampling']} sampling), "
         f"σ = {r['privacy.noise_multiplier']:.4g}",
         f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   δ = {r['privacy.delta']:.3g}"
-        f"   (the run's {r['privacy.accountant']} accountant; {r['audit.confidence']:.0%} confidence)",
-        f"  best test: statistic {r['audit.statistic']}, {r['audit.correct']} correct of {r['audit.guesses']} guesses "
-        f"({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", "
+        f"   (the run's {r['privacy.accountant']} accountant; {r['audit.confidence']:.0%} confidence; "
+        f"estimator {r['audit.estimator']}" + (f", μ_LB = {mu:.3f}" if mu is not None else "") + ")",
+    ]
+    for name, b in r["audit.bounds"].items():
+        how = (f"{b['correct']}/{b['guesses_in'] + b['guesses_out']} correct, statistic {b['statistic']}"
+               if name != "gaussian-pair" else f"every score of statistic {b['statistic']}")
+        mu_text = f"μ_LB {b['mu_lower_bound']:.3f}  " if b["mu_lower_bound"] is not None else ""
+        state = "" if b["valid"] else f"  — refused: {b['refused']}"
+        lines.append(f"    {name:<14} ε_LB {b['epsilon_lower_bound']:.3f}  {mu_text}({how}; "
+                     f"{b['confidence']:.1%}){state}")
+    lines += [
+        f"  counting guesses: statistic {r['audit.statistic']}, {r['audit.correct']} correct of {r['audit.guesses']} "
+        f"guesses ({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", "
         f"{r['audit.canaries'] - r['audit.guesses']} abstentions); "
         f"{r['audit.canaries_included']} of {r['audit.canaries']} canaries included",
         f"  canaries: {r['audit.canary_design']}",
@@ -52,11 +64,13 @@ def format_run_audit(result: dict[str, Any]) -> str:
     ]
     best: dict[str, dict[str, Any]] = {}
     for t in r["audit.tests"]:
+        if t["estimator"] != "counting":
+            continue
         if t["statistic"] not in best or t["epsilon_lower_bound"] > best[t["statistic"]]["epsilon_lower_bound"]:
             best[t["statistic"]] = t
     for name, t in best.items():
         lines.append(f"    {name:<10} ε_LB {t['epsilon_lower_bound']:.3f}  {t['correct']}/{t['guesses']} correct "
-                     f"(k+ = {t['k_in']}, k− = {t['k_out']})")
+                     f"(k+ = {t['k_in']}, k− = {t['k_out']}; counting)")
     if r["audit.passed"]:
         lines.append("  PASS: ε_LB ≤ ε")
     else:

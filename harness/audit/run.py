@@ -47,29 +47,30 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from dpeval.core.canaries import CANARY_NORM, Canaries, flatten
-from dpeval.core.errors import ConfigError
+from dpeval.core.errors import ConfigError, RunFailure
+from dpeval.core.one_run_bounds import ESTIMATORS, OneRunBound, OneRunBounds, one_run_bounds
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import resolve_device, single_cpu_thread
 from dpeval.core.spec import RunSpec
-from dpeval.core.statistics import guess_and_count, one_run_epsilon_lower_bound
 from dpeval.core.streams import seed_globals
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, SharedGradient
 from dpeval.engine.training import accuracy, train
 
 DEFAULT_RUN_CANARIES = 1000  # m: at δ = 1e-5 the δ term 2mδ stays small against β/K
-ALPHA = 0.05                 # 1 − confidence of the reported bound
+ALPHA = 0.05                 # 1 − confidence of the reported (headline) bound
 STATISTICS = ("sum", "roughness", "mask")
-# (k+, k−) as fractions of m: symmetric guesses from 2% to all canaries, and "in"-only guesses
-GUESS_RULES = ((0.01, 0.01), (0.025, 0.025), (0.05, 0.05), (0.1, 0.1), (0.25, 0.25), (0.5, 0.5),
-               (0.05, 0.0), (0.1, 0.0), (0.2, 0.0), (0.3, 0.0))
 MIN_RELEASED = 8             # a step whose mask releases fewer canary coordinates gets no weight in ``sum``
+# The estimators of each kind: the Gaussian pair models the white-box ``sum`` statistic (a sum of Gaussian noise
+# projections); a black-box loss has no such model, so its input canaries get the two guessing analyses only.
+KIND_ESTIMATORS = {"gradient": ESTIMATORS, "input": ("counting", "f-dp")}
 
 
 KINDS = ("gradient", "input")  # white-box gradient canaries / black-box input canaries
@@ -80,6 +81,7 @@ class RunAuditOptions:
     canaries: int = DEFAULT_RUN_CANARIES
     kind: str = "gradient"
     progress: bool = False
+    scores_path: Path | None = None  # where to write every canary's scores and inclusion bit (CSV)
 
     def validate(self) -> None:
         if self.canaries < 2:
@@ -97,20 +99,6 @@ class RunAuditOptions:
             raise ConfigError(f"--canaries: at most one canary per trainable parameter ({parameters}), got {m}")
         if self.kind == "input" and m > pool:
             raise ConfigError(f"--canaries: at most one input canary per private example ({pool}), got {m}")
-
-
-def guess_counts(m: int) -> list[tuple[int, int]]:
-    """The (k+, k−) of every rule of ``GUESS_RULES`` for m canaries (at least one guess each, at most m)."""
-    out = []
-    for f_in, f_out in GUESS_RULES:
-        # The total is rounded as one number and k− is what k+ leaves of it: rounding each half on its own
-        # makes m + 1 guesses of m ≡ 3 (mod 4) canaries at (½, ½) (round half to even: 3.5 + 3.5 → 4 + 4).
-        k_in = round(f_in * m)
-        k_out = round((f_in + f_out) * m) - k_in
-        if k_in + k_out == 0:
-            k_in = 1
-        out.append((k_in, k_out))
-    return out
 
 
 class CanaryPool:
@@ -230,32 +218,37 @@ def canary_scores(projections: np.ndarray, released: np.ndarray) -> dict[str, np
     return {"sum": weighted, "roughness": rough, "mask": released.sum(axis=0).astype(float)}
 
 
-@dataclass
-class RunTest:
-    statistic: str
-    k_in: int
-    k_out: int
-    correct: int
-    epsilon_lower_bound: float
-
-    @property
-    def guesses(self) -> int:
-        return self.k_in + self.k_out
-
-
 def judge(scores: dict[str, np.ndarray], included: np.ndarray, delta: float, rng: np.random.Generator,
-          alpha: float = ALPHA) -> list[RunTest]:
-    """Every (statistic, guessing rule) test, each at level α/K."""
-    m = len(included)
-    rules = guess_counts(m)
-    level = alpha / (len(scores) * len(rules))
-    tests = []
+          kind: str = "gradient", alpha: float = ALPHA) -> OneRunBounds:
+    """Every estimator of ``kind`` on the same scores (``dpeval.core.one_run_bounds``): the counting and f-DP
+    tests over every (statistic, guessing rule), the Gaussian pair on ``sum``; β split over the estimators, so
+    the strongest valid bound is a (1 − α) lower bound."""
     for name, values in scores.items():
-        for k_in, k_out in rules:
-            correct = guess_and_count(values, included, k_in, k_out, rng)
-            tests.append(RunTest(name, k_in, k_out, correct,
-                                 one_run_epsilon_lower_bound(k_in + k_out, correct, m, delta, level)))
-    return tests
+        if not np.isfinite(values).all():
+            raise RunFailure(f"audit: {int((~np.isfinite(values)).sum())} canary score(s) of statistic {name!r} are "
+                             f"NaN or infinite (the releases or the model hold non-finite values); no bound can be "
+                             f"computed from them")
+    estimators = KIND_ESTIMATORS[kind]
+    return one_run_bounds(scores, included, delta, confidence=1 - alpha, estimators=estimators,
+                          pair_statistics=("sum",) if "gaussian-pair" in estimators else None, rng=rng)
+
+
+def bound_row(bound: OneRunBound) -> dict[str, Any]:
+    """One estimator's bound as stored: ε, μ (GDP estimators), confidence, the test behind it, validity."""
+    return {"epsilon_lower_bound": bound.epsilon_lower_bound, "mu_lower_bound": bound.mu_lower_bound,
+            "confidence": bound.confidence, "statistic": bound.statistic, "guesses_in": bound.k_in,
+            "guesses_out": bound.k_out, "correct": bound.correct, "valid": bound.valid, "refused": bound.refused,
+            "assumption": bound.assumption}
+
+
+def save_scores(path: Path, scores: dict[str, np.ndarray], included: np.ndarray) -> None:
+    """Every canary's scores and inclusion bit as CSV (``canary,included,<statistic>...``): what
+    ``dpeval.one_run_bounds`` takes, so a saved run can be re-analysed."""
+    names = list(scores)
+    table = np.column_stack([np.arange(len(included)), included.astype(int)] + [scores[n] for n in names])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(path, table, delimiter=",", header=",".join(["canary", "included", *names]), comments="",
+               fmt=["%d", "%d"] + ["%.17g"] * len(names))
 
 
 def run_scope_audit(spec: RunSpec, options: RunAuditOptions | None = None, defense_cls: type | None = None,
@@ -307,20 +300,28 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         scores = pool.scores()
     else:
         scores = canary_scores(np.stack(pool.projections), np.stack(pool.released))
-    tests = judge(scores, pool.included, privacy.delta, audit_streams.numpy("canaries", 1))
-    best = max(tests, key=lambda t: t.epsilon_lower_bound)
-    passed = best.epsilon_lower_bound <= privacy.epsilon
+    bounds = judge(scores, pool.included, privacy.delta, audit_streams.numpy("canaries", 1), options.kind)
+    headline = bounds.best
+    assert headline is not None  # the counting bound is always valid
+    counting = bounds.bounds["counting"]
+    passed = headline.epsilon_lower_bound <= privacy.epsilon
+    if options.scores_path is not None:
+        save_scores(options.scores_path, scores, pool.included)
     metrics = base_metrics(prep)
     keep = ("defense", "dataset", "model", "seed") + tuple(k for k in metrics if k.startswith(("defense.", "privacy.")))
     out = {k: metrics[k] for k in keep if k in metrics}
     out.update({
         "audit.scope": "run",
-        "audit.epsilon_lower_bound": best.epsilon_lower_bound,
-        "audit.statistic": best.statistic,
-        "audit.guesses": best.guesses,
-        "audit.guesses_in": best.k_in,
-        "audit.guesses_out": best.k_out,
-        "audit.correct": best.correct,
+        "audit.epsilon_lower_bound": headline.epsilon_lower_bound,
+        "audit.estimator": headline.estimator,
+        "audit.mu_lower_bound": headline.mu_lower_bound,
+        "audit.bounds": {name: bound_row(b) for name, b in bounds.bounds.items()},
+        # the guesses of the counting bound (the f-DP bound judges the same guesses; the pair uses every score)
+        "audit.statistic": counting.statistic,
+        "audit.guesses": counting.k_in + counting.k_out,
+        "audit.guesses_in": counting.k_in,
+        "audit.guesses_out": counting.k_out,
+        "audit.correct": counting.correct,
         "audit.passed": passed,
         "audit.verdict": "PASS" if passed else "FAIL",
         "audit.canaries": options.canaries,
@@ -331,7 +332,7 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         "audit.mean_samplings_included": (float(pool.sampled_count[pool.included].mean())
                                           if pool.included.any() else 0.0),
         "audit.confidence": 1 - ALPHA,
-        "audit.tests": [dataclasses.asdict(t) | {"guesses": t.guesses} for t in tests],
+        "audit.tests": [dataclasses.asdict(t) | {"guesses": t.guesses} for t in bounds.tests],
         "utility.test_accuracy": result.history[-1]["test_accuracy"] if result.history else math.nan,
         "utility.train_accuracy": accuracy(prep.model, prep.task.train, prep.device),
         "time.train_s": result.train_s,

@@ -15,11 +15,12 @@ import torch
 from click.testing import CliRunner
 
 from dpeval.audit.driver import AuditOptions, dp_defense_names, run_audit
-from dpeval.audit.run import GUESS_RULES, STATISTICS, RunAuditOptions, canary_scores, run_scope_audit
+from dpeval.audit.run import STATISTICS, RunAuditOptions, canary_scores, run_scope_audit
 from dpeval.cli import main
 from dpeval.config import build_spec
 from dpeval.core.accounting import default_delta, noise_for
 from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.one_run_bounds import GUESS_RULES
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import SharedGradient
 from dpeval.defenses.clipping import clip_factors
@@ -61,7 +62,11 @@ def test_every_dp_defense_passes_the_whole_run_audit(name):
     assert result["audit.passed"] and result["audit.verdict"] == "PASS", result
     assert 0 <= result["audit.epsilon_lower_bound"] <= result["privacy.epsilon"]
     assert result["audit.scope"] == "run"
-    assert len(result["audit.tests"]) == len(STATISTICS) * len(GUESS_RULES)
+    # the counting and the f-DP analyses judge every (statistic, rule); the Gaussian pair models ``sum``
+    assert len(result["audit.tests"]) == 2 * len(STATISTICS) * len(GUESS_RULES)
+    assert set(result["audit.bounds"]) == {"counting", "f-dp", "gaussian-pair"}
+    assert result["audit.estimator"] in result["audit.bounds"]
+    assert all(b["epsilon_lower_bound"] <= result["privacy.epsilon"] for b in result["audit.bounds"].values())
     assert result["audit.canaries_included"] == pytest.approx(200, abs=45)  # each in with probability 1/2
     # included canaries were sampled like pool members: ≈ q per step, i.e. ≈ once per epoch
     assert result["audit.mean_samplings_included"] == pytest.approx(4, rel=0.25)
@@ -224,7 +229,8 @@ def test_cli_run_scope_json_keys():
                     "--canaries", "200", "--seed", "2")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for key in ("audit.epsilon_lower_bound", "audit.statistic", "audit.guesses", "audit.correct",
+    for key in ("audit.epsilon_lower_bound", "audit.estimator", "audit.mu_lower_bound", "audit.bounds",
+                "audit.statistic", "audit.guesses", "audit.correct",
                 "audit.canaries", "audit.canary_design", "audit.tests", "audit.passed", "audit.verdict",
                 "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.sample_rate",
                 "privacy.steps", "defense.clip", "time.audit_s"):
@@ -278,7 +284,8 @@ def test_black_box_input_canaries_pass_the_real_run_and_catch_a_noiseless_one():
     real = run_scope_audit(settings, options)
     broken = run_scope_audit(settings, options, defense_cls=NoiselessDPSGD)
     assert real["audit.passed"] and real["audit.canary_kind"] == "input"
-    assert real["audit.statistic"] == "loss" and len(real["audit.tests"]) == len(GUESS_RULES)
+    assert real["audit.statistic"] == "loss" and len(real["audit.tests"]) == 2 * len(GUESS_RULES)
+    assert set(real["audit.bounds"]) == {"counting", "f-dp"}  # no Gaussian model of a loss
     assert "black-box input canaries" in real["audit.canary_design"]
     assert broken["audit.epsilon_lower_bound"] > 2 * broken["privacy.epsilon"], broken
     assert not broken["audit.passed"]

@@ -25,8 +25,8 @@ import yaml
 from click.testing import CliRunner
 
 from dpeval.audit import run as run_audit
-from dpeval.audit.run import GUESS_RULES, guess_counts
 from dpeval.cli import main
+from dpeval.core.one_run_bounds import GUESS_RULES, guess_counts
 from dpeval.store import INTERRUPTED, STALE_ERROR, ResultStore
 from dpeval.sweep import driver, executors
 from tests.app.test_faults import children, gone
