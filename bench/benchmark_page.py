@@ -225,7 +225,30 @@ def informed_figure(rows: list[dict], out: Path) -> None:
 
 
 AUDIT_COLUMNS = ["defense", "privacy.target_epsilon", "privacy.epsilon", "audit.epsilon_lower_bound", "audit.verdict",
+                 "audit.estimator", "audit.mu_lower_bound", "audit.counting_epsilon", "audit.fdp_epsilon",
+                 "audit.fdp_mu", "audit.pair_epsilon", "audit.pair_mu", "audit.pair_valid",
                  "audit.guesses", "audit.correct", "audit.canaries", "utility.test_accuracy", "time.audit_s"]
+# the estimators' bounds of ``audit.bounds`` as flat CSV columns (an audit from before they existed has only the
+# counting bound, its headline)
+ESTIMATOR_COLUMNS = {"counting": ("audit.counting_epsilon", None, None),
+                     "f-dp": ("audit.fdp_epsilon", "audit.fdp_mu", None),
+                     "gaussian-pair": ("audit.pair_epsilon", "audit.pair_mu", "audit.pair_valid")}
+
+
+def audit_row(audit: dict) -> dict:
+    """The CSV row of one audit JSON: its headline keys and every estimator's bound flattened."""
+    row = {k: audit.get(k) for k in AUDIT_COLUMNS}
+    bounds = audit.get("audit.bounds") or {"counting": {"epsilon_lower_bound": audit["audit.epsilon_lower_bound"],
+                                                        "mu_lower_bound": None, "valid": True}}
+    row["audit.estimator"] = audit.get("audit.estimator", "counting")
+    for name, (eps_key, mu_key, valid_key) in ESTIMATOR_COLUMNS.items():
+        if name in bounds:
+            row[eps_key] = bounds[name]["epsilon_lower_bound"]
+            if mu_key:
+                row[mu_key] = bounds[name]["mu_lower_bound"]
+            if valid_key:
+                row[valid_key] = bounds[name]["valid"]
+    return row
 
 
 def export_audits(folder: Path, out: Path) -> None:
@@ -236,7 +259,7 @@ def export_audits(folder: Path, out: Path) -> None:
     rows = []
     for path in sorted(folder.glob("*-eps*.json")):
         audit = json.loads(path.read_text())
-        rows.append({**{k: audit.get(k) for k in AUDIT_COLUMNS}, "defense": label(audit),
+        rows.append({**audit_row(audit), "defense": label(audit),
                      "privacy.target_epsilon": float(path.stem.rsplit("-eps", 1)[1])})
     if not rows:
         return
@@ -369,10 +392,17 @@ def epoch_seconds(cell: Cell) -> float:
 
 
 def audit(cell: Cell) -> str:
-    """The one-run audit's ε lower bound and verdict (against the run's accounted ε)."""
+    """The one-run audit's bounds — counting / f-DP / Gaussian pair (a refused pair in brackets) — and its verdict
+    (the strongest valid bound against the run's accounted ε)."""
     if cell.audit is None:
         return "–"
-    return f"{num(cell.audit['audit.epsilon_lower_bound']):.2f} {cell.audit['audit.verdict']}"
+    a = cell.audit
+    if not a.get("audit.fdp_epsilon"):  # an audit from before the f-DP and pair analyses
+        return f"{num(a['audit.epsilon_lower_bound']):.2f} {a['audit.verdict']}"
+    pair = f"{num(a['audit.pair_epsilon']):.2f}"
+    if str(a.get("audit.pair_valid")) not in ("True", "true", "1"):
+        pair = f"({pair})"
+    return f"{num(a['audit.counting_epsilon']):.2f} / {num(a['audit.fdp_epsilon']):.2f} / {pair} {a['audit.verdict']}"
 
 
 def pct(x: float, digits: int = 1) -> str:
@@ -389,7 +419,8 @@ def auc(cell: Cell, attack: str, online: bool = True) -> str:
 
 def table(all_cells: dict[tuple[str, float], Cell]) -> str:
     lines = ["| defense | ε | test acc. % (n) | density | s / epoch | LiRA online AUC [95%] | LiRA TPR @ 0.1 % / 1 % "
-             "FPR | LiRA offline AUC | RMIA AUC | LOSS AUC | ε lower bound (best) / 2ε | one-run audit ε_LB | "
+             "FPR | LiRA offline AUC | RMIA AUC | LOSS AUC | ε lower bound (best) / 2ε | "
+             "one-run audit ε_LB: counting / f-DP / Gaussian pair | "
              "grad-MIA AUC | IG PSNR init / mid / final (data-free) |", "|" + "---|" * 14]
     for c in all_cells.values():
         m, s, n = mean_sem(list(c.accuracy.values()))
@@ -522,7 +553,8 @@ def summary(all_cells: dict[tuple[str, float], Cell], informed: list[dict] | Non
     audited = [c.audit for c in all_cells.values() if c.audit is not None]
     if audited:
         passed = sum(1 for a in audited if a["audit.verdict"] == "PASS")
-        lines.append(f"- **Audits**: {passed} of {len(audited)} one-run audits PASS (ε lower bound ≤ accounted ε).")
+        lines.append(f"- **Audits**: {passed} of {len(audited)} one-run audits PASS (ε lower bound ≤ accounted ε)."
+                     + audit_reach(audited))
     ratios = {c.name: r for c, r in ((c, cost_ratio(c, b)) for c, b in pairs) if math.isfinite(r)}
     if ratios:
         top = max(ratios, key=ratios.get)
@@ -558,6 +590,17 @@ def progress(all_cells: dict[tuple[str, float], Cell]) -> str:
         return ""
     return (f"**Partial**: {attacked} of the {len(planned)} planned rows attacked, {seeded} with utility at three "
             f"seeds; the runs go on (`bench/benchmark.sh` resumes) and rows appear as they finish.\n\n")
+
+
+def audit_reach(audited: list[dict]) -> str:
+    """How much of the accounted ε each one-run estimator proves, over the audits that have it."""
+    parts = []
+    for name, key in (("counting", "audit.counting_epsilon"), ("f-DP", "audit.fdp_epsilon"),
+                      ("Gaussian pair", "audit.pair_epsilon")):
+        shares = [num(a[key]) / num(a["privacy.epsilon"]) for a in audited if a.get(key) not in (None, "")]
+        if shares:
+            parts.append(f"{name} {min(shares):.0%}–{max(shares):.0%}")
+    return f" Share of the accounted ε proved: {', '.join(parts)}." if len(parts) > 1 else ""
 
 
 def compute(rows: list[dict], audits: list[dict]) -> str:

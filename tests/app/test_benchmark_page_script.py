@@ -74,9 +74,32 @@ def test_the_one_run_audit_joins_its_row(tmp_path):
                                  run("groupwise", 8.0, 0, 0.84, groups="layer")])
     benchmark_page.attach_audits(all_cells, benchmark_page.read(out))
     header, _, *rows = benchmark_page.table(all_cells).splitlines()
-    column = [c.strip() for c in header.split("|")].index("one-run audit ε_LB")
+    column = [c.strip() for c in header.split("|")].index("one-run audit ε_LB: counting / f-DP / Gaussian pair")
     got = {tuple(c.strip() for c in row.split("|")[1:3]): row.split("|")[column].strip() for row in rows}
     assert got == {("dpsgd", "3"): "0.25 PASS", ("dpsgd", "8"): "–", ("groupwise (layer)", "8"): "9.50 FAIL"}
+
+
+def test_the_audit_column_shows_every_estimator_and_a_refused_pair_in_brackets(tmp_path):
+    import json
+
+    audits = tmp_path / "audits"
+    audits.mkdir()
+    for name, valid in [("dpsgd", True), ("rs", False)]:
+        bounds = {"counting": {"epsilon_lower_bound": 0.5, "mu_lower_bound": None, "valid": True},
+                  "f-dp": {"epsilon_lower_bound": 0.8, "mu_lower_bound": 0.2, "valid": True},
+                  "gaussian-pair": {"epsilon_lower_bound": 1.9, "mu_lower_bound": 0.5, "valid": valid}}
+        (audits / f"{name}-eps3.0.json").write_text(json.dumps({
+            "defense": name, "privacy.epsilon": 2.99, "audit.epsilon_lower_bound": 1.9 if valid else 0.8,
+            "audit.estimator": "gaussian-pair" if valid else "f-dp", "audit.bounds": bounds, "audit.verdict": "PASS",
+            "audit.guesses": 200, "audit.correct": 130, "audit.canaries": 1000, "time.audit_s": 90.0}))
+    out = tmp_path / "audit.csv"
+    benchmark_page.export_audits(audits, out)
+    rows = {r["defense"]: r for r in benchmark_page.read(out)}
+    assert rows["dpsgd"]["audit.fdp_mu"] == "0.2" and rows["rs"]["audit.pair_valid"] == "False"
+    all_cells = cells(tmp_path, [run("dpsgd", 3.0, 0, 0.8), run("rs", 3.0, 0, 0.8)])
+    benchmark_page.attach_audits(all_cells, benchmark_page.read(out))
+    got = [benchmark_page.audit(c) for c in all_cells.values()]
+    assert got == ["0.50 / 0.80 / 1.90 PASS", "0.50 / 0.80 / (1.90) PASS"]
 
 
 def test_export_reads_a_real_results_folder(tmp_path):
