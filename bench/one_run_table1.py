@@ -9,7 +9,8 @@ estimator runs alone (``estimators=(name,)``), so its confidence is the paper's 
 score and needs no k. Repetitions give the spread (mean ± sd, min, max).
 
     .venv/bin/python bench/one_run_table1.py --reps 5 --out docs/results/one-run-table1.csv \\
-        --figure docs/results/one-run-table1.svg
+        --figure docs/results/one-run-table1.svg --doc docs/audit.md
+    .venv/bin/python bench/one_run_table1.py --from-csv docs/results/one-run-table1.csv --doc docs/audit.md
 
 One thread is enough: the estimators are NumPy/SciPy loops; the 10⁶-canary row's counting bound takes minutes.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dpeval.core.one_run_bounds import gdp_epsilon, one_run_bounds
+from dpeval.doc_markers import write_into
 
 DELTA = 1e-5
 # their Table 1: σ → (canaries, theory, Steinke et al., f-DP)
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="CSV of every repetition and estimator")
     parser.add_argument("--figure", type=Path, default=None)
     parser.add_argument("--from-csv", type=Path, default=None, help="summarise an earlier CSV instead of simulating")
+    parser.add_argument("--doc", type=Path, default=None,
+                        help="write the summary between the page's one-run-table1 markers (docs/audit.md)")
     args = parser.parse_args(argv)
     rows: list[dict[str, object]] = []
     if args.from_csv:
@@ -138,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                         writer.writeheader()
                         writer.writerows(rows)
     print(summary(rows))
+    if args.doc:
+        write_into(args.doc, "one-run-table1", summary(rows))
     if args.figure:
         figure(rows, args.figure)
     return 0
