@@ -10,6 +10,8 @@
 #                                           # follows it in the same worker, below)
 #   bench/benchmark.sh RESULTS audits       # one phase (attacks, utility or audits) or several ("attacks utility"):
 #                                           # the audits write no results folder, so they can run beside the sweeps
+#   bench/benchmark.sh RESULTS audits-input # not among the defaults: DP-SGD's one-run audit with black-box input
+#                                           # canaries (--canary-kind input) at every ε, under RESULTS/audits-input
 #   bench/benchmark.sh RESULTS informed     # not among the defaults: the informed reconstruction game
 #                                           # (informed-recon, docs/informed-reconstruction.md) on every private row
 #   DEFENSES="dpsgd rs" bench/benchmark.sh RESULTS informed   # only these rows (default: all, cheapest first)
@@ -19,8 +21,8 @@ cd "$(dirname "$0")/.."
 results=${1:-runs/benchmark-fashionmnist}
 phases=${2:-attacks utility audits}
 for phase in $phases; do
-    case $phase in attacks | utility | audits | informed) ;;
-        *) echo "unknown phase '$phase' (attacks, utility, audits, informed)" >&2; exit 2 ;; esac
+    case $phase in attacks | utility | audits | audits-input | informed) ;;
+        *) echo "unknown phase '$phase' (attacks, utility, audits, audits-input, informed)" >&2; exit 2 ;; esac
 done
 runs() { [[ " $phases " == *" $1 "* ]]; }
 mkdir -p "$results/utility-recipes"
@@ -63,9 +65,22 @@ audits() {  # the one-run audit of every private row at every ε
         done
     done
 }
+audits_input() {  # DP-SGD's one-run audit with black-box input canaries, scored by the final model's loss
+    mkdir -p "$results/audits-input"
+    for eps in 1.0 3.0 8.0; do
+        out="$results/audits-input/dpsgd-eps$eps.json"
+        [ -s "$out" ] && continue
+        sed -e '/^attacks: /d' -e '/^attack: /d' -e '/^seeds: /d' -e "s/epsilon: \[[^]]*\]/epsilon: $eps/" \
+            "configs/benchmark/fashionmnist/dpsgd.yaml" > "$results/audits-input/dpsgd-eps$eps.yaml"
+        $DPEVAL audit --defense dpsgd --scope run --canary-kind input --config "$results/audits-input/dpsgd-eps$eps.yaml" \
+            --json --quiet --save-scores "$results/audits-input/dpsgd-eps$eps-scores.csv" > "$out.part" || [ $? -eq 1 ]
+        mv "$out.part" "$out"
+    done
+}
 for d in $defenses; do  # a defense's row complete (attacks, then utility) before the next, whatever PHASES' order
     if runs attacks; then attacks "$d"; fi
     if runs utility; then utility "$d"; fi
     if runs informed; then informed "$d"; fi
 done
 if runs audits; then audits; fi
+if runs audits-input; then audits_input; fi

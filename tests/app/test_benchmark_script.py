@@ -87,3 +87,14 @@ def test_the_informed_phase_sweeps_every_private_row_with_that_attack_alone(tmp_
     assert {k: v for k, v in recipe.items() if k not in ("attacks", "seeds")} == \
         {k: v for k, v in source.items() if k not in ("attacks", "attack", "seeds")}  # the same victim's recipe
 
+
+
+def test_the_audits_save_their_scores_and_the_input_phase_audits_dpsgd_with_input_canaries(tmp_path):
+    calls, results = run_benchmark(tmp_path, None, "audits")
+    assert all(f"--save-scores {results}/audits/" in c for c in calls)  # every score kept for one_run_bounds
+    (tmp_path / "calls").unlink()
+    calls, results = run_benchmark(tmp_path, None, "audits-input")
+    assert len(calls) == 3 and all("--canary-kind input" in c and "--defense dpsgd" in c for c in calls)
+    recipe = yaml.safe_load((results / "audits-input" / "dpsgd-eps8.0.yaml").read_text())
+    assert recipe["privacy"]["epsilon"] == 8.0 and "attacks" not in recipe
+    assert json.loads((results / "audits-input" / "dpsgd-eps1.0.json").read_text()) == {"audit": "stand-in"}
