@@ -108,8 +108,8 @@ def test_every_estimator_covers_a_gaussian_mechanism(mu):
     truth = gdp_epsilon(mu, DELTA)
     over = {name: 0 for name in ESTIMATORS}
     for rep in range(200):
-        scores, included = gaussian_game(mu, 1000, rng)
-        result = one_run_bounds(scores, included, DELTA, guesses=[(50, 50), (150, 150)],
+        scores, included = gaussian_game(mu, 500, rng)
+        result = one_run_bounds(scores, included, DELTA, guesses=[(25, 25), (75, 75)],
                                 rng=np.random.default_rng(rep))
         for name, bound in result.bounds.items():
             over[name] += bound.epsilon_lower_bound > truth
@@ -126,8 +126,8 @@ def test_every_estimator_covers_idealised_dpsgd_at_its_accounted_epsilon():
     rng = np.random.default_rng(3)
     over = {name: 0 for name in ESTIMATORS}
     for rep in range(200):
-        scores, included = dpsgd_game(q, steps, sigma, 1000, rng)
-        result = one_run_bounds(scores, included, DELTA, guesses=[(50, 50), (150, 150)],
+        scores, included = dpsgd_game(q, steps, sigma, 500, rng)
+        result = one_run_bounds(scores, included, DELTA, guesses=[(25, 25), (75, 75)],
                                 rng=np.random.default_rng(rep))
         for name, bound in result.bounds.items():
             over[name] += bound.epsilon_lower_bound > truth
