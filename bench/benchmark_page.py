@@ -3,6 +3,7 @@
     python bench/benchmark_page.py --export runs/benchmark-fashionmnist   # the CSVs and the exposure grid
     python bench/benchmark_page.py                                        # the page from the committed CSVs
 
+    python bench/benchmark_page.py --export-audits RESULTS   # only the one-run audits, row by row
     python bench/benchmark_page.py --export-informed RESULTS [RESULTS ...]  # the informed-reconstruction rows
                                                                # (their own CSV; from one folder or several)
 
@@ -251,9 +252,10 @@ def audit_row(audit: dict) -> dict:
     return row
 
 
-def export_audits(folder: Path, out: Path) -> None:
+def export_audits(folder: Path, out: Path, merge: bool = False) -> None:
     """One CSV row per one-run audit (``<defense>-eps<ε>.json``: the ε the run was calibrated for is in the name;
-    the JSON holds the accounted one)."""
+    the JSON holds the accounted one). ``merge``: keep the rows of ``out`` that the folder does not re-measure
+    (same defense and target ε), so audits re-run in parts update the CSV row by row."""
     import json
 
     rows = []
@@ -263,8 +265,12 @@ def export_audits(folder: Path, out: Path) -> None:
                      "privacy.target_epsilon": float(path.stem.rsplit("-eps", 1)[1])})
     if not rows:
         return
+    if merge and out.is_file():
+        fresh = {(r["defense"], float(r["privacy.target_epsilon"])) for r in rows}
+        kept = [r for r in read(out) if (r["defense"], float(r["privacy.target_epsilon"])) not in fresh]
+        rows = sorted(kept + rows, key=lambda r: (str(r["defense"]), float(r["privacy.target_epsilon"])))
     with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, AUDIT_COLUMNS)
+        writer = csv.DictWriter(f, AUDIT_COLUMNS, restval="")
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {out} ({len(rows)} audits)")
@@ -652,6 +658,9 @@ def main() -> None:
     parser.add_argument("--export", type=Path, metavar="RESULTS", help="write the CSVs and the grid from this folder")
     parser.add_argument("--export-informed", type=Path, nargs="+", metavar="RESULTS",
                         help="write the informed-reconstruction CSV from these folders")
+    parser.add_argument("--export-audits", type=Path, metavar="RESULTS",
+                        help="update the audits' CSV from RESULTS/audits only, row by row (re-measured rows replace "
+                             "their old ones)")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repository's)")
     args = parser.parse_args()
     files = Files(args.docs)
@@ -660,6 +669,8 @@ def main() -> None:
         export(args.export, files)
     if args.export_informed:
         export_informed(args.export_informed, files.informed)
+    if args.export_audits:
+        export_audits(args.export_audits / "audits", files.audit, merge=True)
     rows = [r for r in read(files.csv) if r.get("status", "done") == "done"]
     audits = read(files.audit) if files.audit.is_file() else []
     all_cells = cells(rows)

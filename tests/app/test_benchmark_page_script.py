@@ -235,3 +235,19 @@ def test_the_informed_section_reads_each_defense_against_its_bound(tmp_path):
     assert "above it within sampling error (p = 0.23)" in text and "the bound held in every row" in text
     planted = benchmark_page.informed_section([informed("gep", 8.0, 0.9, 0.5, check="FAIL", p=1e-9)])
     assert "FAILED in a row" in planted and "within sampling error" not in planted
+
+
+def test_audits_exported_in_parts_replace_their_rows_and_keep_the_rest(tmp_path):
+    import json
+
+    out = tmp_path / "audit.csv"
+    for batch, rows in enumerate([[("dpsgd", 1.0, 0.1), ("rs", 1.0, 0.2)], [("rs", 1.0, 0.7)]]):
+        folder = tmp_path / f"audits{batch}"
+        folder.mkdir()
+        for name, eps, bound in rows:
+            (folder / f"{name}-eps{eps}.json").write_text(json.dumps({
+                "defense": name, "privacy.epsilon": eps, "audit.epsilon_lower_bound": bound, "audit.verdict": "PASS",
+                "audit.guesses": 20, "audit.correct": 13, "audit.canaries": 1000, "time.audit_s": 9.0}))
+        benchmark_page.export_audits(folder, out, merge=True)
+    got = {r["defense"]: r["audit.epsilon_lower_bound"] for r in benchmark_page.read(out)}
+    assert got == {"dpsgd": "0.1", "rs": "0.7"}
