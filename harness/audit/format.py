@@ -54,6 +54,7 @@ def format_run_audit(result: dict[str, Any]) -> str:
         state = "" if b["valid"] else f"  — refused: {b['refused']}"
         lines.append(f"    {name:<14} ε_LB {b['epsilon_lower_bound']:.3f}  {mu_text}({how}; "
                      f"{b['confidence']:.1%}){state}")
+        lines.append(f"    {'':<14} assumes: {b['assumption']}")
     lines += [
         f"  counting guesses: statistic {r['audit.statistic']}, {r['audit.correct']} correct of {r['audit.guesses']} "
         f"guesses ({r['audit.guesses_in']} \"in\", {r['audit.guesses_out']} \"out\", "

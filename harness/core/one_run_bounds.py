@@ -182,13 +182,14 @@ def guess_counts(m: int, rules: Sequence[tuple[float, float]] = GUESS_RULES) -> 
 
 
 ASSUMPTIONS = {
-    "counting": "(ε, δ)-DP with respect to each canary; nothing about the scores",
+    "counting": "(ε, δ)-DP with respect to each canary; nothing about the scores; any number of canaries (a few "
+                "hundred guesses cannot prove a large ε)",
     "f-dp": "the same guesses judged against Gaussian trade-off curves: rejects μ-GDP for μ ≤ μ_LB; its ε reading "
             "assumes the run's privacy curve is Gaussian (the Gaussian mechanism; subsampled-Gaussian defenses "
             "asymptotically)",
     "gaussian-pair": "in and out scores are two Gaussians of one variance (a white-box sum of Gaussian noise "
-                     "projections, asymptotically); checked per group (D'Agostino–Pearson) and refused where "
-                     "it fails; its ε reading assumes a Gaussian privacy curve",
+                     "projections, asymptotically); needs >= 50 scores per group, each passing a D'Agostino–Pearson "
+                     "test at 1 % (refused otherwise); its ε reading assumes a Gaussian privacy curve",
 }
 
 
