@@ -282,9 +282,10 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 
 @main.command()
 @click.option("--defense", required=True, help="defense name (dpeval list); must be a DP defense")
-@click.option("--scope", type=click.Choice(["release", "run"]), default="release", show_default=True,
+@click.option("--scope", type=click.Choice(["release", "run", "model"]), default="release", show_default=True,
               help="release: canaries in single releases at the audit's own σ; run: one complete training of "
-                   "the configured run with canaries, its accounted ε (docs/audit.md)")
+                   "the configured run with canaries, its accounted ε; model: K models trained from one θ₀, half "
+                   "with a target record, only their final models scored (docs/audit.md)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
@@ -302,19 +303,52 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--save-scores", type=click.Path(dir_okay=False), default=None,
               help="run scope: write every canary's scores and inclusion bit to this CSV (canary, included, one "
                    "column per statistic), for dpeval.one_run_bounds")
+@click.option("--models", type=int, help="model scope: models trained (K, 20 to 10,000), half with the target; "
+                                          "default 200")
+@click.option("--init", "init", help="model scope: θ₀ shared by every model: random (the run's initialisation, "
+                                     "default), crafted (pre-trained non-privately on the public split: 5 epochs "
+                                     "SGD lr 0.01 batch 32) or FILE (a state dict)")
+@click.option("--target", help="model scope: the record in half of the models: blank (all-zero input, last class; "
+                               "default), clipbkd (the data's last principal component, least likely class under "
+                               "θ₀), INDEX (a record of the private pool, removed from it) or FILE (.pt / .npz with x "
+                               "and y)")
+@click.option("--sampling", type=click.Choice(["full", "run"]),
+              help="model scope: full (default: every record in every step, q = 1, one step per epoch; with SGD "
+                   "the step is lr × the summed release) or run (the run's Poisson sampler and steps)")
 @click.option("--seed", type=int, help="audit seed (default 0)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object on stdout")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @handle_errors
 def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, trials: int | None,
           noise_multiplier: float | None, steps: int | None, canaries: int | None, canary_kind: str | None,
-          save_scores: str | None, seed: int | None, as_json: bool, quiet: bool) -> None:
+          save_scores: str | None, models: int | None, init: str | None, target: str | None,
+          sampling: str | None, seed: int | None, as_json: bool, quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
     from dpeval.config import build_spec
 
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
-    if scope == "run":
+    if scope != "model":
+        for flag, value in (("--models", models), ("--init", init), ("--target", target), ("--sampling", sampling)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --scope model")
+    if scope == "model":
+        from dpeval.audit.format import format_model_audit
+        from dpeval.audit.model import ModelAuditOptions, run_model_audit
+
+        for flag, value in (("--trials", trials), ("--noise-multiplier", noise_multiplier), ("--steps", steps),
+                            ("--canaries", canaries), ("--canary-kind", canary_kind), ("--save-scores", save_scores)):
+            if value is not None:
+                raise ConfigError(f"{flag}: not with --scope model (it trains --models models; set σ or ε with "
+                                  "--set privacy.…, the steps with --set train.epochs=…)")
+        spec = build_spec(raw)
+        given = {k: v for k, v in (("models", models), ("init", init), ("target", target),
+                                   ("sampling", sampling)) if v is not None}
+        options = ModelAuditOptions(**given, progress=not quiet)
+        options.validate()
+        result = run_model_audit(spec, options)
+        emit(result, as_json, format_model_audit(result))
+    elif scope == "run":
         from dpeval.audit.format import format_run_audit
         from dpeval.audit.run import RunAuditOptions, run_scope_audit
 

@@ -77,3 +77,40 @@ def format_run_audit(result: dict[str, Any]) -> str:
     else:
         lines.append("  FAIL: ε_LB > ε: the run leaks more than its accounted ε allows")
     return "\n".join(lines)
+
+
+def format_model_audit(result: dict[str, Any]) -> str:
+    """The terminal view of a final-model audit: the headline and its estimator, the game (models, θ₀, target,
+    sampling), one line per statistic × estimator test, the verdict."""
+    r = result
+    s, init, target = r["audit.sampling"], r["audit.init"], r["audit.target"]
+    init_text = init["kind"] + (f" ({init['epochs']} epochs {init['optimizer']} lr {init['lr']:g} batch "
+                                f"{init['batch_size']} on the {init['records']}-record public split; test accuracy "
+                                f"{init['test_accuracy']:.3f})" if init["kind"] == "crafted" else
+                                f" ({init['path']})" if init["kind"] == "file" else "")
+    target_text = target["kind"] + (f" #{target['index']}" if target["kind"] == "index" else
+                                    f" ({target['path']})" if target["kind"] == "file" else "")
+    lines = [
+        f"final-model audit of {r['defense']} ({r['dataset']} / {r['model']}, seed {r['seed']}): {r['audit.models']} "
+        f"models ({r['audit.models_with_target']} with the target), {s['steps']} steps at sample rate "
+        f"{s['sample_rate']:.4g} ({s['mode']} sampling), σ = {r['privacy.noise_multiplier']:.4g}",
+        f"  ε_LB = {r['audit.epsilon_lower_bound']:.3f}   ε = {r['privacy.epsilon']:.3f}   δ = {r['privacy.delta']:.3g}"
+        f"   ({r['privacy.accountant']} accountant at q = {s['sample_rate']:.4g}, T = {s['steps']}; "
+        f"{r['audit.confidence']:.0%} confidence; estimator {r['audit.estimator']}, statistic {r['audit.statistic']})",
+        f"  μ_LB = {r['audit.mu_lower_bound']:.3f}   μ̂ = {r['audit.mu_hat']:.3f} "
+        f"[{r['audit.mu_hat_ci'][0]:.3f}, {r['audit.mu_hat_ci'][1]:.3f}]   (gdp, statistic {r['audit.mu_statistic']})",
+        f"  θ₀ {init_text}; target {target_text}, label {target['label']}; release ÷ {s['release_divides_by']}, "
+        f"{s['optimizer']} lr {s['effective_lr']:.4g} ({s['gradient']}); thresholds chosen on models "
+        f"[0, {r['audit.models'] // 2}), judged on the rest; {r['time.audit_s']:.1f} s",
+    ]
+    for t in r["audit.tests"]:
+        mu = f"  μ_LB {t['mu_lower_bound']:.3f}" if t["mu_lower_bound"] is not None else ""
+        lines.append(f"    {t['statistic'] + '/' + t['estimator']:<27} ε_LB {t['epsilon_lower_bound']:.3f}{mu}  "
+                     f"TPR {t['tpr']:.3f} [{t['tpr_ci'][0]:.3f}, {t['tpr_ci'][1]:.3f}]  FPR {t['fpr']:.3f} "
+                     f"[{t['fpr_ci'][0]:.3f}, {t['fpr_ci'][1]:.3f}]  threshold {t['threshold']:.4g}  "
+                     f"({t['confidence']:.2%})")
+    if r["audit.passed"]:
+        lines.append("  PASS: ε_LB ≤ ε")
+    else:
+        lines.append("  FAIL: ε_LB > ε: the final model leaks more than its accounted ε allows")
+    return "\n".join(lines)

@@ -49,6 +49,8 @@ from dpeval.engine.training import BatchSampler, make_optimizer, make_schedule, 
 
 # make_defense(i, model, steps_per_epoch): shadow i's defense, bound to its model, for epochs of its own pool
 MakeDefense = Callable[[int, nn.Module, int], Defense]
+# make_sampler(i, pool_size, generator): shadow i's batch sampler over its pool (default: the recipe's BatchSampler)
+MakeSampler = Callable[[int, int, torch.Generator], BatchSampler]
 
 
 class ShadowProgress(Protocol):
@@ -100,14 +102,18 @@ class _Split:
 def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
                   make_defense: MakeDefense, cfg: TrainConfig, scopes: list[Streams],
                   device: torch.device, progress: bool | None = None, features: torch.Tensor | None = None,
-                  store: ShadowProgress | None = None, group: int = 0) -> list[dict[str, torch.Tensor]]:
+                  store: ShadowProgress | None = None, group: int = 0,
+                  make_sampler: MakeSampler | None = None) -> list[dict[str, torch.Tensor]]:
     """Train the K shadow models together (see the module docstring); returns their state dicts.
     ``make_defense(i, model, steps_per_epoch)`` builds model i's defense bound to its own module, scheduled
     for the epochs of its pool; for defenses that keep the model (``Defense.needs_model``, e.g. GEP's
     anchors) each module is given model i's current weights before every step. ``features``:
     ``front_features`` of ``x`` when the caller has them already. ``store``: load the shadows it holds
     instead of training them, save each one trained; ``group`` > 0: train (and save) that many at a time,
-    in index order (0: all that are left at once)."""
+    in index order (0: all that are left at once). ``make_sampler(i, pool_size, generator)``: shadow i's batch
+    sampler, drawing from ``generator`` (its scope's ``sampler`` stream), instead of the recipe's
+    ``BatchSampler(pool_size, cfg.batch_size, cfg.sampling, generator)`` (the final-model audit samples pools of
+    two sizes at one rate)."""
     states = store.finished(len(pools)) if store is not None else {}
     todo = [i for i in range(len(pools)) if i not in states]
     size = group if group > 0 else max(len(todo), 1)
@@ -115,7 +121,9 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
         chosen = todo[start:start + size]
         trained = _train_together(build, x, y, [pools[i] for i in chosen],
                                   lambda j, model, steps, chosen=chosen: make_defense(chosen[j], model, steps), cfg,
-                                  [scopes[i] for i in chosen], device, progress, features)
+                                  [scopes[i] for i in chosen], device, progress, features,
+                                  None if make_sampler is None else
+                                  lambda j, n, g, chosen=chosen: make_sampler(chosen[j], n, g))
         for i, state in zip(chosen, trained):
             states[i] = state
             if store is not None:
@@ -126,7 +134,8 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
 def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, pools: list[torch.Tensor],
                     make_defense: MakeDefense, cfg: TrainConfig, scopes: list[Streams],
                     device: torch.device, progress: bool | None,
-                    features: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
+                    features: torch.Tensor | None,
+                    make_sampler: MakeSampler | None = None) -> list[dict[str, torch.Tensor]]:
     """The vectorised path for the given models (all of ``pools``), from their initialisation."""
     k = len(pools)
     models = [m.to(device) for m in fresh_models(build, scopes)]
@@ -147,6 +156,7 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
     sum_per_model = vmap(grad(loss_sum), in_dims=(0, 0, 0, 0, 0))
 
     samplers = [BatchSampler(len(pool), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
+                if make_sampler is None else make_sampler(i, len(pool), scopes[i].generator("sampler"))
                 for i, pool in enumerate(pools)]
     defenses = [make_defense(i, models[i], samplers[i].steps_per_epoch) for i in range(k)]
     # defenses of one recipe: all need per-sample statistics or none does (``none``, RS without clipping)
