@@ -26,6 +26,7 @@ from dpeval.audit.model import (
 )
 from dpeval.cli import main
 from dpeval.config import build_spec
+from dpeval.core.accounting import epsilon_for
 from dpeval.core.one_run_bounds import gdp_epsilon
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.dpsgd import DPSGD
@@ -102,6 +103,10 @@ def test_full_sampling_with_sgd_steps_on_the_summed_release():
     sampling = result["audit.sampling"]
     assert sampling["release_divides_by"] == 150 and sampling["effective_lr"] == pytest.approx(0.01 * 150)
     assert result["privacy.sampling"] == "full"
+    # the accounted ε: T = 5 Gaussian releases at q = 1, σ calibrated there for the claimed ε = 1
+    sigma = result["privacy.accounted_noise_multiplier"]
+    assert result["privacy.epsilon"] == pytest.approx(epsilon_for(sigma, 1.0, 5, result["privacy.delta"]))
+    assert result["privacy.epsilon"] == pytest.approx(1.0, abs=0.01) and sigma == pytest.approx(9.06, abs=0.01)
 
 
 def test_an_index_target_leaves_the_pool_and_a_file_target_is_read(tmp_path):
@@ -212,6 +217,18 @@ def test_cli_prints_and_stores_the_result_keys():
                                      "--set", "data.max_train=150", "--set", "model.name=logreg",
                                      "--set", "train.epochs=2"])
     assert text.exit_code == 0 and "final-model audit of dpsgd" in text.output and "PASS" in text.output
+
+
+def test_cli_exit_1_on_a_registered_noiseless_defense():
+    DEFENSES.register("dpsgd-noiseless", "test plug-in: no noise")(type("RegisteredNoiseless", (noiseless(DPSGD),), {}))
+    try:
+        out = CliRunner().invoke(main, ["audit", "--defense", "dpsgd-noiseless", "--scope", "model", "--models", "40",
+                                        "--quiet", "--set", "data.max_train=150", "--set", "model.name=logreg",
+                                        "--set", "train.optimizer=sgd", "--set", "privacy.epsilon=1"])
+    finally:
+        DEFENSES.unregister("dpsgd-noiseless")
+    assert out.exit_code == 1, out.output
+    assert "FAIL" in out.stdout and "audit failed" in out.stderr
 
 
 @pytest.mark.parametrize("args, message", [
