@@ -143,6 +143,21 @@ def test_crafted_initial_parameters_give_a_higher_bound_than_random():
     assert crafted["audit.passed"] and random["audit.passed"]
 
 
+def test_a_file_init_holding_the_runs_initialisation_reproduces_random(tmp_path):
+    """θ₀ from a file is the θ₀ every model starts from: the run's own initialisation saved and given back gives the
+    random audit's numbers exactly; a perturbed one changes them."""
+    from dpeval.runner import prepare
+
+    state = prepare(spec("dpsgd")).model.state_dict()
+    torch.save(state, tmp_path / "init.pt")
+    torch.save({k: v + 0.5 if k.endswith("weight") else v for k, v in state.items()}, tmp_path / "moved.pt")
+    results = [run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, init=init))
+               for init in ("random", str(tmp_path / "init.pt"), str(tmp_path / "moved.pt"))]
+    thresholds = [[t["threshold"] for t in r["audit.tests"]] for r in results]
+    assert results[1]["audit.init"]["kind"] == "file"
+    assert thresholds[0] == thresholds[1] and thresholds[0] != thresholds[2]
+
+
 def test_sampler_full_batch_and_fixed_rate():
     gen = torch.Generator().manual_seed(0)
     full = FixedRateSampler(11, 10, "poisson", gen, rate=1.0, steps=3).epoch()
