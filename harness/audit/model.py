@@ -79,6 +79,7 @@ class ModelAuditOptions:
     sampling: str = "full"    # full | run
     progress: bool = False
     group: int = 0            # models trained together (0: as many as GROUP_BYTES of per-sample gradients hold)
+    keep: Path | None = None  # keep each finished model here; a later audit of the same settings loads them
 
     def validate(self) -> None:
         """Everything that can be checked without the data (ConfigError in one line)."""
@@ -94,6 +95,8 @@ class ModelAuditOptions:
                               f"file with x and y; {self.target!r} is none of them")
         if self.group < 0:
             raise ConfigError(f"group: must be >= 0, got {self.group}")
+        if self.keep is not None and self.keep.exists() and not self.keep.is_dir():
+            raise ConfigError(f"--keep-models: {self.keep} exists and is not a folder")
 
 
 def _is_index(text: str) -> bool:
@@ -350,15 +353,37 @@ def balanced_labels(k: int, rng: np.random.Generator) -> np.ndarray:
 
 @dataclass
 class _Finished:
-    """``ShadowProgress`` for the bar: counts models as their group ends (keeps nothing: no resume)."""
+    """``ShadowProgress`` for the bar: counts models as their group ends, and keeps them in ``store`` (a
+    ``dpeval.checkpoint.ShadowStore``) when given, so that an interrupted audit goes on with the rest."""
 
     bar: Any
+    store: Any = None
 
     def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
-        return {}
+        done = self.store.finished(k) if self.store is not None else {}
+        self.bar.update(len(done))
+        return done
 
     def save(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        if self.store is not None:
+            self.store.save(i, state)
         self.bar.update(1)
+
+
+def settings_key(spec: RunSpec, options: ModelAuditOptions, defense_cls: type | None) -> str:
+    """What determines every model of an audit: the run's key (data, model, defense, privacy, training, seed), the
+    audit's knobs (with the contents of any file they name), the defense class (a planted subclass is another
+    defense) and dpeval's version. Kept models are loaded only under the same key."""
+    def content(value: str) -> str:
+        path = Path(value)
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else value
+
+    from dpeval import __version__
+
+    cls = defense_cls or type(None)
+    parts = [__version__, spec.run_key, str(options.models), content(options.init), content(options.target),
+             options.sampling, f"{cls.__module__}.{cls.__qualname__}"]
+    return "final-model audit " + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def auto_group(models: int, rows: int, parameters: int) -> int:
@@ -456,10 +481,15 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
     group = options.group or auto_group(k, min(cfg.physical_batch_size, n + 1), d)
     seed_globals(prep.streams)
     trained = time.perf_counter()
+    kept = None
+    if options.keep is not None:
+        from dpeval.checkpoint import ShadowStore  # application layer: the membership game's store of shadows
+
+        kept = ShadowStore(options.keep, settings_key(spec, options, defense_cls))
     with tqdm(total=k, desc=f"final-model audit of {spec.defense_name}", unit="model",
               disable=not options.progress, leave=False) as bar:
         states = train_shadows(build, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s), cfg, scopes,
-                               prep.device, progress=options.progress, store=_Finished(bar), group=group,
+                               prep.device, progress=options.progress, store=_Finished(bar, kept), group=group,
                                make_sampler=make_sampler)
     train_s = time.perf_counter() - trained
     scores = final_model_scores(prep.build_model, states, theta0, target, prep.device)

@@ -158,6 +158,23 @@ def test_a_file_init_holding_the_runs_initialisation_reproduces_random(tmp_path)
     assert thresholds[0] == thresholds[1] and thresholds[0] != thresholds[2]
 
 
+def test_kept_models_resume_an_audit_and_only_under_the_same_settings(tmp_path, monkeypatch):
+    from dpeval.engine import shadow_training
+
+    first = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8))
+    assert len(list((tmp_path / "models").glob("shadow-*.pt"))) == 20
+    (tmp_path / "models" / "shadow-13.pt").unlink()  # as if interrupted before model 13 was kept
+    trained = []
+    real = shadow_training._train_together
+    monkeypatch.setattr(shadow_training, "_train_together", lambda *a, **k: trained.append(len(a[3])) or real(*a, **k))
+    again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8))
+    assert trained == [1] and again["audit.tests"] == first["audit.tests"]  # only model 13 trained; same result
+    trained.clear()
+    other = run_model_audit(spec("dpsgd", privacy={"epsilon": 2.0}), ModelAuditOptions(models=20,
+                                                                                         keep=tmp_path / "models"))
+    assert trained == [20] and other["privacy.epsilon"] == pytest.approx(2.0, abs=0.02)  # another key: all retrained
+
+
 def test_sampler_full_batch_and_fixed_rate():
     gen = torch.Generator().manual_seed(0)
     full = FixedRateSampler(11, 10, "poisson", gen, rate=1.0, steps=3).epoch()
@@ -256,6 +273,7 @@ def test_cli_exit_1_on_a_registered_noiseless_defense():
     (["--target", "WRONG_SHAPE"], "--target"),
     (["--target", "clipbkd", "--set", "data.name=tokens", "--set", "model.name=null"], "--target"),
     (["--sampling", "sometimes"], "--sampling"),
+    (["--keep-models", "WRONG_SHAPES"], "--keep-models"),
     (["--sampling", "run", "--set", "train.sampling=shuffle"], "--sampling"),
     (["--trials", "100"], "--trials"),
     (["--canaries", "100"], "--canaries"),
