@@ -425,6 +425,9 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
     options = options or ModelAuditOptions()
     options.validate()
     train = spec.train
+    if spec.model.weights is not None:
+        raise ConfigError("model.weights: the final-model audit trains its own models from θ₀; give trained weights "
+                          "as the initial parameters with --init FILE")
     if options.sampling == "run" and train.sampling != "poisson":
         raise ConfigError(f"--sampling: run uses the run's Poisson sampler; train.sampling is {train.sampling!r} "
                           f"(set train.sampling=poisson, or use --sampling full)")
@@ -465,9 +468,12 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
     scopes = [streams.scope("models", i) for i in range(k)]
     steps = privacy.steps // train.epochs
     # what the release divides by, and the step: full → lr × the summed release with SGD (Adam ignores the scale)
+    # (weight decay divided by N: SGD adds it to the gradient before the lr, so the decay per step stays lr × wd)
+    summed = options.sampling == "full" and train.optimizer == "sgd"
     divide = n if options.sampling == "full" else train.batch_size
-    lr = train.lr * n if options.sampling == "full" and train.optimizer == "sgd" else train.lr
-    cfg = dataclasses.replace(train, batch_size=divide, lr=lr)
+    lr = train.lr * n if summed else train.lr
+    cfg = dataclasses.replace(train, batch_size=divide, lr=lr,
+                              weight_decay=train.weight_decay / n if summed else train.weight_decay)
 
     def build() -> nn.Module:
         model = prep.build_model()
@@ -520,7 +526,7 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         "audit.sampling": {
             "mode": options.sampling, "sample_rate": privacy.sample_rate, "steps": privacy.steps,
             "steps_per_epoch": steps, "epochs": train.epochs, "pool": n, "release_divides_by": divide,
-            "optimizer": train.optimizer, "lr": train.lr, "effective_lr": lr,
+            "optimizer": train.optimizer, "lr": train.lr, "effective_lr": lr, "weight_decay": cfg.weight_decay,
             "gradient": ("sum: lr × (Σ clipped + noise)" if options.sampling == "full" and train.optimizer == "sgd"
                          else "Adam (invariant to the gradient's scale)" if train.optimizer == "adam"
                          else f"mean over the expected batch {divide}")},

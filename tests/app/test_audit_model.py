@@ -99,9 +99,10 @@ def test_run_sampling_uses_the_runs_poisson_rate_and_steps():
 
 
 def test_full_sampling_with_sgd_steps_on_the_summed_release():
-    result = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20))
+    result = run_model_audit(spec("dpsgd", train={"weight_decay": 0.003}), ModelAuditOptions(models=20))
     sampling = result["audit.sampling"]
     assert sampling["release_divides_by"] == 150 and sampling["effective_lr"] == pytest.approx(0.01 * 150)
+    assert sampling["weight_decay"] == pytest.approx(0.003 / 150)  # the decay per step stays lr × wd
     assert result["privacy.sampling"] == "full"
     # the accounted ε: T = 5 Gaussian releases at q = 1, σ calibrated there for the claimed ε = 1
     sigma = result["privacy.accounted_noise_multiplier"]
@@ -276,6 +277,7 @@ def test_cli_exit_1_on_a_registered_noiseless_defense():
     (["--keep-models", "WRONG_SHAPES"], "--keep-models"),
     (["--sampling", "run", "--set", "train.sampling=shuffle"], "--sampling"),
     (["--trials", "100"], "--trials"),
+    (["--set", "model.weights=WRONG_SHAPES"], "model.weights"),
     (["--canaries", "100"], "--canaries"),
     (["--defense", "none"], "defense"),
 ])
@@ -288,7 +290,8 @@ def test_bad_input_is_refused_in_one_line_before_training(args, message, tmp_pat
     torch.save({"weight": torch.zeros(3)}, wrong)
     wrong_target = tmp_path / "wrong.npz"
     np.savez(wrong_target, x=np.zeros((3, 5, 5), dtype=np.float32), y=np.array(1))
-    args = [str(wrong) if a == "WRONG_SHAPES" else str(wrong_target) if a == "WRONG_SHAPE" else a for a in args]
+    args = [a.replace("WRONG_SHAPES", str(wrong)) if "WRONG_SHAPES" in a else str(wrong_target) if a == "WRONG_SHAPE"
+            else a for a in args]
     out = CliRunner().invoke(main, ["audit", "--defense", "dpsgd", "--scope", "model", "--quiet",
                                     "--set", "data.max_train=150", "--set", "model.name=logreg", *args])
     assert out.exit_code == 2, out.output
