@@ -527,9 +527,9 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
             "mode": options.sampling, "sample_rate": privacy.sample_rate, "steps": privacy.steps,
             "steps_per_epoch": steps, "epochs": train.epochs, "pool": n, "release_divides_by": divide,
             "optimizer": train.optimizer, "lr": train.lr, "effective_lr": lr, "weight_decay": cfg.weight_decay,
-            "gradient": ("sum: lr × (Σ clipped + noise)" if options.sampling == "full" and train.optimizer == "sgd"
-                         else "Adam (invariant to the gradient's scale)" if train.optimizer == "adam"
-                         else f"mean over the expected batch {divide}")},
+            "gradient": ("sum: lr × (Σ clipped + noise)" if summed else
+                         "sum or mean: Adam's step ignores the scale" if options.sampling == "full" else
+                         f"the run's: the release over the expected batch {divide}")},
         "audit.tests": [{**t, "tpr_ci": list(t["tpr_ci"]), "fpr_ci": list(t["fpr_ci"]),
                          **({"mu_ci": list(t["mu_ci"])} if "mu_ci" in t else {})} for t in tests],
         "time.train_s": train_s,
