@@ -288,7 +288,7 @@ def _cp_upper(successes: np.ndarray, trials: int, alpha: float) -> np.ndarray:
     return upper
 
 
-def gdp_mu(fpr: float, fnr: float) -> float:
+def mu_of_rates(fpr: float, fnr: float) -> float:
     """Φ⁻¹(1 − FPR) − Φ⁻¹(FNR), clipped at 0: the least μ of a Gaussian trade-off curve through (FPR, FNR)."""
     with np.errstate(invalid="ignore"):  # ∞ − ∞ (both rates at an end) is no evidence: 0
         value = float(special.ndtri(1 - fpr) - special.ndtri(fnr))
@@ -312,12 +312,12 @@ def gdp_split_test(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: 
     tp, pos, fpos, neg = rates_at(scores[half:], labels[half:], threshold)
     tpr_ci, fpr_ci = clopper_pearson(tp, pos, alpha), clopper_pearson(fpos, neg, alpha)
     fnr_hi_judged = 1 - tpr_ci[0]
-    mu_lb = gdp_mu(fpr_ci[1], fnr_hi_judged)
+    mu_lb = mu_of_rates(fpr_ci[1], fnr_hi_judged)
     tpr, fpr = tp / max(pos, 1), fpos / max(neg, 1)
     return {
         "epsilon_lower_bound": gdp_epsilon(mu_lb, delta), "mu_lower_bound": mu_lb,
         "threshold": threshold, "tpr": tpr, "fpr": fpr, "tpr_ci": tpr_ci, "fpr_ci": fpr_ci,
-        "mu_hat": gdp_mu(fpr, 1 - tpr), "mu_ci": (mu_lb, gdp_mu(fpr_ci[0], 1 - tpr_ci[1])),
+        "mu_hat": mu_of_rates(fpr, 1 - tpr), "mu_ci": (mu_lb, mu_of_rates(fpr_ci[0], 1 - tpr_ci[1])),
     }
 
 
