@@ -599,13 +599,19 @@ def progress(all_cells: dict[tuple[str, float], Cell]) -> str:
 
 
 def audit_reach(audited: list[dict]) -> str:
-    """How much of the accounted ε each one-run estimator proves, over the audits that have it."""
+    """How much of the accounted ε each one-run estimator proves, over the audits that have it (the Gaussian pair
+    over those whose scores it could model), and the headline estimator's count."""
+    def valid(a: dict) -> bool:
+        return str(a.get("audit.pair_valid")) in ("True", "true", "1")
+
     parts = []
-    for name, key in (("counting", "audit.counting_epsilon"), ("f-DP", "audit.fdp_epsilon"),
-                      ("Gaussian pair", "audit.pair_epsilon")):
-        shares = [num(a[key]) / num(a["privacy.epsilon"]) for a in audited if a.get(key) not in (None, "")]
+    for name, key, keep in (("counting", "audit.counting_epsilon", None), ("f-DP", "audit.fdp_epsilon", None),
+                            ("Gaussian pair", "audit.pair_epsilon", valid)):
+        shares = [num(a[key]) / num(a["privacy.epsilon"]) for a in audited
+                  if a.get(key) not in (None, "") and (keep is None or keep(a))]
         if shares:
-            parts.append(f"{name} {min(shares):.0%}–{max(shares):.0%}")
+            where = f" (valid on {len(shares)} of {len(audited)})" if keep is not None else ""
+            parts.append(f"{name} {min(shares):.0%}–{max(shares):.0%}{where}")
     return f" Share of the accounted ε proved: {', '.join(parts)}." if len(parts) > 1 else ""
 
 
