@@ -438,7 +438,7 @@ def function_defense(release: ReleaseFunction, noise_std: float = 0.0, check: Us
             out = release(per_sample, self.generator)
             self.reset()
             shared = out if isinstance(out, SharedGradient) else None
-            values = shared.values if shared is not None else out
+            values = shared.grads if shared is not None else out
             if not isinstance(values, Mapping) or set(self.param_shapes) - set(values) or any(
                     not isinstance(values[n], torch.Tensor) or tuple(values[n].shape) != tuple(s)
                     for n, s in self.param_shapes.items()):

@@ -14,7 +14,8 @@ import json
 import math
 import os
 import sys
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -321,7 +322,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                                   "set its σ or ε with --set privacy.…)")
         spec = build_spec(raw)
         given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind)) if v is not None}
-        result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
+        with audit_failures(spec.defense_name):
+            result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
         emit(result, as_json, format_run_audit(result))
     else:
         from dpeval.audit.driver import AuditOptions, run_audit
@@ -335,13 +337,28 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                 raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
         spec = build_spec(raw)
         given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
-        result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
-                                              progress=not quiet))
+        with audit_failures(spec.defense_name):
+            result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
+                                                  progress=not quiet))
         emit(result, as_json, format_audit(result))
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
                    f"ε = {result['privacy.epsilon']:.3f} ({result['audit.statistic']})", err=True)
         sys.exit(1)
+
+
+@contextmanager
+def audit_failures(defense: str) -> Iterator[None]:
+    """Whatever stops an audit once it has started — the defense's own code raising (a plug-in's bug), a release
+    of NaN, training that diverges in the run scope — is one line and exit 1 (RunFailure), never a traceback;
+    bad input stays exit 2 (ConfigError)."""
+    try:
+        yield
+    except (ConfigError, RunFailure):
+        raise
+    except Exception as exc:
+        said = printable(" ".join(str(exc).split()), 300)
+        raise RunFailure(f"audit of {defense} failed: {type(exc).__name__}: {said}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -306,6 +306,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
         start = time.perf_counter()
         try:
             result = attack.play(view, prep.task)
+            check_headline(attack, result.metrics)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
             outcomes[name] = AttackOutcome(name, error=f"{type(exc).__name__}: {exc}")
@@ -315,6 +316,20 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
         artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in result.artefacts.items()}
         outcomes[name] = AttackOutcome.of(name, result.metrics, result.verdict, artefacts)
     return outcomes, seconds
+
+
+class NonFiniteResult(RuntimeError):
+    """An attack's headline metric came out NaN or infinite: an error of the attack, never a verdict."""
+
+
+def check_headline(attack: Any, metrics: dict[str, Any]) -> None:
+    """``NonFiniteResult`` when the attack's headline metric (the one its verdict and the rankings read) is NaN or
+    infinite; a headline it does not report (None: not resolvable) is left as it is."""
+    name = type(attack).headline
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
+        raise NonFiniteResult(f"its headline metric {name} is {value}; NaN or infinite values are an error, never a "
+                              f"verdict")
 
 
 @dataclass

@@ -127,7 +127,7 @@ def run_sequence(ctx: AuditContext, design: CanaryDesign, variant: str, included
             canaries = design.design(defense, variant, len(included), gen, canaries)
             if included.any():
                 defense.clip_and_accumulate(canaries.gradients(included.to(ctx.device), ctx.shapes))
-        shared = defense.release(ctx.spec.train.batch_size)
+        shared = defense.release(ctx.spec.train.batch_size).require_finite(ctx.spec.defense_name)
         if audited:
             for name, score in design.score(defense, shared, canaries).items():
                 totals[name] = totals.get(name, 0) + score.detach().double().cpu()
@@ -255,6 +255,12 @@ def audit_variant(ctx: AuditContext, design: CanaryDesign, variant: str, options
     return {name: np.stack(rows) for name, rows in scores.items() if rows}, labels
 
 
+def require_finite(values: np.ndarray, what: str) -> None:
+    """RunFailure when ``values`` hold NaN or infinity: a statistic of NaN is an error, never a PASS."""
+    if not np.isfinite(values).all():
+        raise RunFailure(f"audit: {what} hold NaN or infinite values; no bound can be read from them")
+
+
 def run_tests(ctx: AuditContext, options: AuditOptions, delta: float) -> tuple[list[TestResult], list[str]]:
     """Every (variant, statistic) test of the defense's design, Bonferroni-corrected; and the variants
     skipped because no canary fits."""
@@ -268,6 +274,7 @@ def run_tests(ctx: AuditContext, options: AuditOptions, delta: float) -> tuple[l
         if not scores:
             skipped.append(variant)
         for statistic, values in scores.items():
+            require_finite(values, f"the audit's {variant}/{statistic} scores of {ctx.spec.defense_name}")
             tests.append(TestResult(variant, statistic, separation=separation(values, labels),
                                     trials_per_neighbour=int(labels.sum()),
                                     canaries=labels.shape[1], releases=labels.shape[0],
@@ -294,6 +301,9 @@ def _run_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None) -
     tests, skipped = run_tests(ctx, options, delta)
     if not tests:
         raise RunFailure(f"audit: no canary fits any released coordinate of {spec.defense_name}")
+    nan = [t.name for t in tests if math.isnan(t.epsilon_lower_bound) or math.isnan(t.separation)]
+    if nan:  # an infinite μ̂ is a noise-free release, perfectly separated: a result; NaN never is
+        raise RunFailure(f"audit: the {nan[0]} statistic of {spec.defense_name} is NaN; no bound can be read from it")
     best = max(tests, key=lambda t: t.epsilon_lower_bound)
     passed = best.epsilon_lower_bound <= epsilon
     return {

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from dpeval.core.canaries import CANARY_NORM, Canaries, flatten
-from dpeval.core.errors import ConfigError
+from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import resolve_device, single_cpu_thread
 from dpeval.core.spec import RunSpec
@@ -307,6 +307,10 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         scores = pool.scores()
     else:
         scores = canary_scores(np.stack(pool.projections), np.stack(pool.released))
+    bad = next((name for name, values in scores.items() if not np.isfinite(values).all()), None)
+    if bad is not None:  # NaN scores would count as wrong guesses: an error, never a PASS
+        raise RunFailure(f"audit: the canaries' {bad} scores of {spec.defense_name} hold NaN or infinite values; "
+                         f"no bound can be read from them")
     tests = judge(scores, pool.included, privacy.delta, audit_streams.numpy("canaries", 1))
     best = max(tests, key=lambda t: t.epsilon_lower_bound)
     passed = best.epsilon_lower_bound <= privacy.epsilon
