@@ -33,6 +33,7 @@ from torch import nn
 
 from dpeval.config import build_spec, set_dotted
 from dpeval.core.errors import ConfigError
+from dpeval.core.runtime import in_known_torch_state, known_torch_state
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
 from dpeval.results import RunResult
@@ -71,6 +72,7 @@ def settings_tree(settings: Settings | None, argument: str) -> dict[str, Any]:
     return raw
 
 
+@in_known_torch_state
 def load_data(settings: Settings | None = None, /, **dotted: Any) -> Task:
     """The data a run with these settings uses: ``task.train`` (the private pool), ``task.test``, ``task.public``
     (images in [0, 1], N × C × H × W), ``task.num_classes``. Train your own model on ``task.train`` and score it
@@ -110,6 +112,7 @@ def check_flag(value: Any, argument: str) -> bool:
     return value
 
 
+@in_known_torch_state
 def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module:
     """The model a run with these settings trains, untrained: the same architecture, input normalisation
     (``Sequential(Normalize(mean, std), net)``: buffers ``0.mean``, ``0.std``, then the network's ``1.*``) and
@@ -123,6 +126,7 @@ def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module
     return prepare(spec).model
 
 
+@in_known_torch_state
 def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | None = None,
         progress: bool = False) -> RunResult:
     """Train and attack one run; its typed result. ``results``: also record it in that results folder (resuming an
@@ -326,7 +330,8 @@ def checked_trainer(train_shadow: Any, expected: dict[str, tuple[int, ...]], che
                           f"{type(train_shadow).__name__}")
 
     def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:
-        returned = train_shadow(model, x, y, seed)
+        with known_torch_state(generators=False):  # what the user's function sets globally stays inside it
+            returned = train_shadow(model, x, y, seed)
         trained = model if returned is None else returned
         if not isinstance(trained, nn.Module):
             raise check.refuse(f"train_shadow: must train the model it is given in place (returning None) or return "
@@ -358,6 +363,7 @@ def outside_task(members: Split, nonmembers: Split, num_classes: Any) -> Task:
                 (0.0,) * channels, (1.0,) * channels)
 
 
+@in_known_torch_state
 def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torch.Tensor],
                      nonmembers: Split | tuple[torch.Tensor, torch.Tensor], recipe: Settings,
                      attacks: str | tuple[str, ...] | list[str] = ("loss", "lira", "rmia"), *,
@@ -467,6 +473,7 @@ def check_weights(weights: Any, model: nn.Module) -> dict[str, torch.Tensor]:
     return {str(n): t.detach().clone() for n, t in weights.items()}
 
 
+@in_known_torch_state
 def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
                    attacks: str | tuple[str, ...] | list[str] = ("ig",), *, noise_std: float = 0.0,
                    weights: dict[str, torch.Tensor] | None = None, out: str | Path | None = None) -> RunResult:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from dpeval.core.errors import ConfigError
@@ -96,3 +100,46 @@ def single_cpu_thread(device: torch.device | str) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def known_torch_state(generators: bool = True) -> Iterator[None]:
+    """Run a block in dpeval's known global torch state — default dtype float32, autograd on (also inside a
+    caller's ``no_grad`` or ``inference_mode``), torch's default algorithm selection and float32 matmul precision —
+    and give the caller's state back afterwards, also when the block raises: those settings, the intra-op thread
+    count (a run sets its own) and the global random generators of torch, NumPy and Python (a run seeds them).
+    So a call neither depends on nor changes what its caller set. ``generators`` False leaves the random generators
+    as the block leaves them (a user's function called during a run draws from them as it always did)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    strict = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    precision = torch.get_float32_matmul_precision()
+    python_rng, numpy_rng = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices, enabled=generators), torch.inference_mode(False), \
+                torch.enable_grad():
+            torch.set_default_dtype(torch.float32)
+            torch.use_deterministic_algorithms(False)
+            torch.set_float32_matmul_precision("highest")
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict, warn_only=warn_only)
+        torch.set_float32_matmul_precision(precision)
+        if generators:
+            random.setstate(python_rng)
+            np.random.set_state(numpy_rng)
+
+
+def in_known_torch_state(func: F) -> F:
+    """``func`` run under :func:`known_torch_state` (the public API's entry points)."""
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with known_torch_state():
+            return func(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
