@@ -30,7 +30,7 @@ from dpeval.attacks.view import AttackerView
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
-from dpeval.core.files import write_atomic, write_text_atomic
+from dpeval.core.files import inside, write_atomic, write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
 from dpeval.core.params import check_noise_scales
@@ -299,7 +299,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
     outcomes: dict[str, AttackOutcome] = {}
     seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
-        folder = out_dir / name
+        folder = inside(out_dir, name, "attack")  # a registered name is plain: never a folder elsewhere
         view = attacker_view(prep, states, defense_states, folder, run_id, progress, train_shadow)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)

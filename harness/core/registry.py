@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
 from dpeval.core.errors import ConfigError, brief, printable
+from dpeval.core.files import inside, plain_name
 
 T = TypeVar("T")
 log = logging.getLogger("dpeval")
@@ -83,6 +84,7 @@ class Registry(Generic[T]):
         return decorator
 
     def _register(self, name: str, description: str, details: dict[str, Any], obj: T) -> T:
+        inside(".", name, f"{self._origin(getattr(obj, '__module__', None))} registers the {self.kind} name")
         builtin = self.builtin().get(name)
         module = getattr(obj, "__module__", None)
         if builtin is not None and module != builtin.module:
@@ -236,6 +238,9 @@ def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declarat
         origin = f"the plug-in module {printable(module, 100)} (distribution {printable(dist, 100)})"
         description, details, broken = f"(plug-in from {dist})", {}, ""
         try:
+            if not plain_name(ep.name):  # names become folders (an attack's artefacts) and result keys
+                raise ValueError(f"its entry point {group}: {printable(repr(ep.name), 100)} is not a plain name (one "
+                                 f"name starting with a letter or digit, without a path separator)")
             if not _is_module_name(module):
                 raise ValueError(f"its entry point {group}: {ep.name} = {ep.value!r} does not name a module")
             path = _module_source(ep.dist, module) if ep.dist is not None else None
