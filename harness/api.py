@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpeval.config import build_spec, set_dotted
+from dpeval.config import build_spec, refuse_recorded, set_dotted
 from dpeval.core.errors import ConfigError
 from dpeval.core.runtime import in_known_torch_state, known_torch_state
 from dpeval.core.spec import RunSpec
@@ -49,6 +49,7 @@ def configure(settings: Settings | None = None, /, **dotted: Any) -> RunSpec:
     ``--defense dpsgd --set defense.clip=0.5``), which win. Bad input raises ``ConfigError`` naming the field, as
     the CLI's exit 2 does."""
     raw = settings_tree(settings, "settings")
+    refuse_recorded(dotted)
     for key, value in dotted.items():
         field = key.replace("__", ".")
         if field == "defense" and isinstance(value, str):  # a name alone, as --defense gives it
@@ -64,6 +65,7 @@ def settings_tree(settings: Settings | None, argument: str) -> dict[str, Any]:
         raw: dict[str, Any] = settings.canonical()
     elif settings is None or isinstance(settings, Mapping):
         raw = copy.deepcopy(dict(settings or {}))
+        refuse_recorded(raw)  # a RunSpec's own record stays; one the caller writes is refused
     else:
         raise ConfigError(f"{argument}: must be settings as a dict (as in a YAML file) or a RunSpec "
                           f"(dpeval.configure), got {type(settings).__name__}")

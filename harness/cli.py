@@ -61,9 +61,10 @@ def main() -> None:
 
 def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...]) -> dict[str, Any]:
     """Merge the layers: YAML file ← explicit CLI flags ← ``--set`` (later wins)."""
-    from dpeval.config import load_yaml, parse_set, set_dotted
+    from dpeval.config import load_yaml, parse_set, refuse_recorded, set_dotted
 
     raw = load_yaml(config) if config else {}
+    refuse_recorded(raw)
     if isinstance(raw.get("defense"), str):
         raw["defense"] = {"name": raw["defense"]}
     for key, value in flags.items():
@@ -71,6 +72,7 @@ def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...])
             set_dotted(raw, key, value)
     for key, value in parse_set(list(sets)):
         set_dotted(raw, key, value)
+    refuse_recorded(raw)
     return raw
 
 

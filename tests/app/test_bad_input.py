@@ -114,6 +114,7 @@ def template(tmp_path_factory):
     (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
                                                       "attack": {"targets": [6, 10**12]}}))
     (base / "outside.txt").write_text("a file outside the results folder\n")
+    (base / "defaults.yaml").write_text("defaults: [train.lr=99]\ntrain: {epochs: 1}\n")  # dpeval's record, not input
     (base / "huge_grid.yaml").write_text(yaml.safe_dump({"train": {"epochs": list(range(1, 101)),
                                                               "lr": [0.001 * i for i in range(1, 101)]},
                                                     "seeds": list(range(100))}))  # 10**6 points
@@ -199,7 +200,10 @@ CASES = [
          id="run-config-is-a-fifo"),
     case(["run", "--set", "attack.targets=1000000000000", "--attack", "ig", "--epochs", "1"], "attack.targets",
          id="run-attack-targets-beyond-the-data"),
+    case(["run", "--config", "defaults.yaml"], "defaults: recorded by dpeval", id="run-config-carries-defaults"),
+    case(["run", "--set", "defaults=[train.lr=99]"], "defaults: recorded by dpeval", id="run-set-defaults"),
     # sweep
+    case(["sweep", "defaults.yaml"], "defaults: recorded by dpeval", id="sweep-file-carries-defaults"),
     case(["sweep", "missing.yaml"], "SWEEP_FILE: cannot read missing.yaml", id="sweep-missing-file"),
     case(["sweep", "bin.yaml"], "SWEEP_FILE", id="sweep-binary-file"),
     case(["sweep", "dup.yaml"], "duplicate key 'train'", id="sweep-duplicate-yaml-key"),
@@ -319,6 +323,8 @@ CASES = [
          id="audit-config-is-a-fifo"),
     case(["audit", "--defense", "dpsgd", "--set", "privacy.epsilon=3"], "privacy.epsilon",
                  id="audit-epsilon-given"),
+    case(["audit", "--defense", "dpsgd", "--config", "defaults.yaml"], "defaults: recorded by dpeval",
+         id="audit-config-carries-defaults"),
     case(["audit"], "--defense", id="audit-missing-defense"),
     # list
     case(["list", "--bogus"], "--bogus", id="list-unknown-option"),
