@@ -31,17 +31,24 @@ DEFAULT_RESULTS = "./dpeval-results"
 
 THREADS_OPTION = click.option(
     "--threads", type=int, default=None,
-    help="torch's CPU threads per run process (default: the cores this process may use, divided among the "
-         "workers; never the load, so a seed gives the same metrics on a busy machine); as OMP_NUM_THREADS=N")
+    help="torch's CPU threads per run process, at most the cores this process may use (default: those cores, "
+         "divided among the workers; never the load, so a seed gives the same metrics on a busy machine); as "
+         "OMP_NUM_THREADS=N")
 
 
 def choose_threads(threads: int | None) -> None:
     """``--threads N``: the user's thread count, passed on as ``OMP_NUM_THREADS`` (which every run process, sweep
     workers included, applies: ``dpeval.core.runtime.apply_thread_default``)."""
-    if threads is None:
+    from dpeval.core.processes import THREADS_ENV, check_threads
+
+    if threads is None:  # the environment's choice, checked before torch's thread pool reads it
+        for name in THREADS_ENV:
+            if os.environ.get(name, "").strip():
+                check_threads(os.environ[name], name)
         return
     if threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {threads}")
+    check_threads(threads, "--threads")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.pop("MKL_NUM_THREADS", None)
 
@@ -168,7 +175,8 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
 @main.command()
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True, help="local worker processes")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="local worker processes, at most 4 per CPU core this process may use")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--rerun", is_flag=True, help="run grid points again even if they are done")
@@ -184,14 +192,14 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
           fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool,
           threads: int | None) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
+    from dpeval.core.processes import check_workers
     from dpeval.logs import setup_logging
     from dpeval.store import ResultStore
     from dpeval.sweep import executors
     from dpeval.sweep.driver import run_sweep
     from dpeval.sweep.grid import describe, load_paper, load_sweep, swept_fields
 
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    check_workers(workers, "--workers")  # before the lock and any process: 10⁵ workers would exhaust the files
     choose_threads(threads)
     specs = load_sweep(sweep_file)
     from dpeval.runner import check_points
@@ -238,16 +246,18 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 @click.option("--noise-multiplier", type=float, help="σ: print the ε it spends")
 @click.option("--delta", type=float, required=True, help="δ")
 @click.option("--sample-rate", type=float, required=True, help="sampling rate q = B/N")
-@click.option("--epochs", type=int, help="epochs (steps = epochs·⌊N/B⌋ as training counts them; docs/privacy.md)")
-@click.option("--steps", type=int, help="steps")
+@click.option("--epochs", type=int, help="epochs, at most 100,000 (steps = epochs·⌊N/B⌋ as training counts them; "
+                                        "docs/privacy.md)")
+@click.option("--steps", type=int, help="steps, at most 10^9")
 @click.option("--accountant", type=click.Choice(["rdp", "prv"]), default="rdp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
             epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
-    from dpeval.core.accounting import ACCOUNTED_SAMPLING, noise_for, steps_for
+    from dpeval.core.accounting import ACCOUNTED_SAMPLING, MAX_STEPS, noise_for, steps_for
     from dpeval.core.ledger import PrivacyLedger
+    from dpeval.core.settings import MAX_EPOCHS
 
     for flag, value in (("--epsilon", epsilon), ("--noise-multiplier", noise_multiplier), ("--delta", delta),
                         ("--sample-rate", sample_rate)):
@@ -257,13 +267,16 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
         raise ConfigError("--epochs/--steps: give exactly one of them")
     if (epsilon is None) == (noise_multiplier is None):
         raise ConfigError("--epsilon/--noise-multiplier: give exactly one of them")
-    if epochs is not None and epochs < 1:
-        raise ConfigError(f"--epochs: must be >= 1, got {epochs}")
-    if steps is not None and steps < 1:
-        raise ConfigError(f"--steps: must be >= 1, got {steps}")
+    if epochs is not None and not 1 <= epochs <= MAX_EPOCHS:
+        raise ConfigError(f"--epochs: must be from 1 to {MAX_EPOCHS:,}, got {brief(epochs, 40)}")
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise ConfigError(f"--steps: must be from 1 to {MAX_STEPS:,}, got {brief(steps, 40)}")
     if not 0 < sample_rate <= 1:
         raise ConfigError(f"--sample-rate: must satisfy 0 < q <= 1, got {sample_rate}")
     total = steps if steps is not None else steps_for(epochs, sample_rate)
+    if total > MAX_STEPS:
+        raise ConfigError(f"--epochs: {epochs:,} epochs at q = {sample_rate:g} are {total:,} steps; at most "
+                          f"{MAX_STEPS:,} are accounted")
     if noise_multiplier is not None:
         if noise_multiplier <= 0:
             raise ConfigError(f"--noise-multiplier: must be > 0, got {noise_multiplier}")
@@ -292,7 +305,8 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
               help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
 @click.option("--trials", type=int,
-              help="release scope: trials per neighbour (with / without the canary); default 100000")
+              help="release scope: trials per neighbour (with / without the canary), at most 10,000,000; default "
+                   "100000")
 @click.option("--noise-multiplier", type=float,
               help="release scope: accounted σ of each audited step (the defense adds noise_for_accounted(σ)); "
                    "default 2.0")

@@ -113,13 +113,15 @@ def input_pca(spec: RunSpec, task: Task, noise_multiplier: float, generator: tor
     return dp_pca(inputs, dims, noise_multiplier, generator)
 
 
-def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
+def check_attacks(spec: RunSpec, model: nn.Module, task: Any, privacy: PrivacyLedger | None = None) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
     training will never record. Also for a run from ``model.weights``, which is attacked on the same data."""
     for _name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
         type(attack).check_model(attack.params, model, task.shape)
+        if privacy is not None:
+            type(attack).check_privacy(attack.params, privacy)
         for state in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
             state.check_exists(spec.train.epochs)
 
@@ -160,7 +162,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     check_per_sample(model, "model" if given is not None else "model.name")
     if spec.model.weights is not None:
         check_weights(spec, model)
-    check_attacks(spec, model, task)
+    check_attacks(spec, model, task, privacy)
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead

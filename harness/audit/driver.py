@@ -63,6 +63,9 @@ from dpeval.engine.training import make_optimizer
 
 DEFAULT_NOISE_MULTIPLIER = 2.0   # accounted σ of each audited step: μ = 0.5 per step
 DEFAULT_TRIALS = 100_000         # trials per neighbour (with / without the canary)
+MAX_TRIALS = 10_000_000          # 100× the default: each trial keeps a few floats per statistic (≈ 1 GB at most)
+MAX_STEPS = 1_000                # audited steps of one sequence (each a release of the whole model)
+MAX_CANARIES = 1_000_000         # canaries per release (capped again by the released coordinates)
 DEFAULT_STEPS = 2                # audited consecutive steps (stateful defenses need >= 2)
 DEFAULT_CANARIES = 512           # canaries per release (orthogonal directions), capped by the defense
 ALPHA = 0.05                     # 1 − confidence of the reported bound
@@ -190,12 +193,12 @@ class AuditOptions:
     progress: bool = False  # a progress bar over releases on stderr (the CLI turns it on)
 
     def validate(self) -> None:
-        if self.trials < 2:
-            raise ConfigError(f"--trials: must be an integer >= 2, got {self.trials}")
-        if self.steps < 1:
-            raise ConfigError(f"--steps: must be an integer >= 1, got {self.steps}")
-        if self.canaries < 1:
-            raise ConfigError(f"--canaries: must be an integer >= 1, got {self.canaries}")
+        if not 2 <= self.trials <= MAX_TRIALS:
+            raise ConfigError(f"--trials: must be an integer from 2 to {MAX_TRIALS:,}, got {self.trials}")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"--steps: must be an integer from 1 to {MAX_STEPS:,}, got {self.steps}")
+        if not 1 <= self.canaries <= MAX_CANARIES:
+            raise ConfigError(f"--canaries: must be an integer from 1 to {MAX_CANARIES:,}, got {self.canaries}")
         if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
             raise ConfigError(f"--noise-multiplier: must be a number > 0, got {self.noise_multiplier}")
 

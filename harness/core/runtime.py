@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from dpeval.core.errors import ConfigError
+from dpeval.core.processes import THREADS_ENV, check_threads, cores_available
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,15 +27,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 log = logging.getLogger("dpeval")
-THREADS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's explicit choice, never overridden
-
-
-def cores_available() -> int:
-    """CPU cores this process may run on (its affinity mask; the machine's count where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_threads(workers: int = 1) -> int:
@@ -49,11 +41,13 @@ def default_threads(workers: int = 1) -> int:
 
 
 def user_threads() -> int | None:
-    """The thread count the user chose through ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``), if a positive integer."""
+    """The thread count the user chose through ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``), if a positive integer;
+    one above the cores this process may use is a ConfigError naming the variable (``check_threads``), never handed
+    to the thread pool."""
     for name in THREADS_ENV:
         value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+        if value.isdigit() and int(value[:20] or 0) > 0:
+            return check_threads(value, name)
     return None
 
 
