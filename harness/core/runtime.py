@@ -35,8 +35,10 @@ def default_threads(workers: int = 1) -> int:
     between thread counts, so a count that followed the load would give the same seed another number on a busy
     machine. A fixed count keeps a configuration's metrics identical on one machine whatever else runs there.
 
-    The price is speed on a busy machine (docs/performance.md, "CPU threads": oversubscribed threads trained
-    3.6× slower there than one thread); ``--threads N`` or ``OMP_NUM_THREADS=N`` chooses another count."""
+    The price could be speed on a busy machine: threads that spin while they wait trained 7-26× slower there than
+    one thread; every command therefore makes them sleep (``OMP_WAIT_POLICY=PASSIVE``), which brings two threads
+    level with one (docs/performance.md, "CPU threads"); ``--threads N`` or ``OMP_NUM_THREADS=N`` chooses another
+    count."""
     return max(1, cores_available() // max(workers, 1))
 
 
@@ -60,13 +62,20 @@ def apply_thread_default(workers: int = 1) -> int:
     chosen = user_threads()
     threads = chosen or default_threads(workers)
     torch.set_num_threads(threads)
-    if chosen is None and workers == 1 and threads > 1:
+    if chosen is None and workers == 1 and threads > 1 and not passive_wait():
         idle = idle_cores()
         if idle < threads:
-            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads may train several times "
-                        "slower than --threads 1 here; the thread count does not follow the load, so the metrics "
-                        "stay those of %d threads", idle, cores_available(), threads, threads)
+            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads that spin while they wait "
+                        "can train tens of times slower here than --threads 1 or OMP_WAIT_POLICY=PASSIVE set before "
+                        "torch is imported (7-26x measured, docs/performance.md); the thread count does not follow "
+                        "the load, so the metrics stay those of %d threads", idle, cores_available(), threads, threads)
     return torch.get_num_threads()
+
+
+def passive_wait() -> bool:
+    """Whether OpenMP's threads sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``, which every dpeval command sets
+    unless the user chose): then a busy machine costs a thread count little (docs/performance.md, "CPU threads")."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
 
 
 def idle_cores() -> int:
