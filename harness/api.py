@@ -245,6 +245,9 @@ def check_disjoint(members: Split, nonmembers: Split) -> None:
 def check_model(model: Any, argument: str = "model") -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{argument}: must be a torch.nn.Module, got {type(model).__name__}")
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise ConfigError(f"{argument}: its weights are on the meta device (shapes without values); give a model "
+                          f"with real weights")
     if not all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point()):
         raise ConfigError(f"{argument}: its weights hold NaN or infinite values; a diverged model cannot be scored")
     return model
@@ -257,7 +260,11 @@ HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_p
 def without_hooks(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with every module's hooks removed: a model trained with Opacus keeps the hooks its
     ``GradSampleModule`` put on it, and dpeval's per-sample engines need the plain module."""
-    plain = copy.deepcopy(model)
+    try:
+        plain = copy.deepcopy(model)
+    except Exception as exc:  # an attribute that cannot be copied (a lock, a file, a process handle)
+        raise ConfigError(f"model: cannot be copied ({type(exc).__name__}: {exc}); dpeval attacks a copy of the model "
+                          f"and trains its shadows from copies: move what cannot be copied out of the module") from None
     for module in plain.modules():
         for hooks in HOOKS:
             getattr(module, hooks, {}).clear()

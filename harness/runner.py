@@ -160,6 +160,7 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     else:
         model = given[0]
     check_per_sample(model, "model" if given is not None else "model.name")
+    check_trainable(model, "model" if given is not None else "model.name")
     if spec.model.weights is not None:
         check_weights(spec, model)
     check_attacks(spec, model, task, privacy)
@@ -191,6 +192,25 @@ def check_per_sample(model: nn.Module, field: str) -> None:
             raise ConfigError(f"{field}: {name or 'the model'} is a {type(module).__name__}, which mixes the examples "
                               f"of a batch; per-sample gradients need a model without BatchNorm (GroupNorm or "
                               f"LayerNorm instead)")
+
+
+def check_trainable(model: nn.Module, field: str) -> None:
+    """Refuse before training a model dpeval cannot train (a plug-in's, or one given to the API): tensors on the meta
+    device (shapes without values), no trainable parameter (nothing to release), or trainable parameters that are
+    not float32 (the engines, the defenses' noise and the release path compute in float32)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = next((name for name, t in tensors if t.is_meta), None)
+    if meta is not None:
+        raise ConfigError(f"{field}: {meta} is on the meta device (a shape without values); build the model with "
+                          f"real weights")
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ConfigError(f"{field}: the model has no trainable parameter (every requires_grad is False); a defense "
+                          f"releases the gradients of trainable parameters")
+    other = next(((name, p.dtype) for name, p in trainable if p.dtype != torch.float32), None)
+    if other is not None:
+        raise ConfigError(f"{field}: parameter {other[0]} is {str(other[1]).removeprefix('torch.')}; dpeval trains "
+                          f"float32 models (build it in float32, or call .float())")
 
 
 def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
