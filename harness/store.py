@@ -330,7 +330,7 @@ class ResultStore:
     def run_dir(self, run_id: str) -> Path:
         """``runs/<run_id>`` of this store; ConfigError naming the store when the (stored) id is not a plain name:
         a tampered row's ``../../x`` never leads outside ``runs/``."""
-        return files.inside(self.root / "runs", run_id, f"--results: {self.db_path} holds the run id")
+        return files.inside(self.root / "runs", run_id, f"--results: {self.db_path}: the stored run id")
 
     @classmethod
     def of_run(cls, run_dir: str | Path) -> ResultStore:

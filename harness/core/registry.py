@@ -84,7 +84,7 @@ class Registry(Generic[T]):
         return decorator
 
     def _register(self, name: str, description: str, details: dict[str, Any], obj: T) -> T:
-        inside(".", name, f"{self._origin(getattr(obj, '__module__', None))} registers the {self.kind} name")
+        inside(".", name, f"{self._origin(getattr(obj, '__module__', None))}: the {self.kind} name it registers,")
         builtin = self.builtin().get(name)
         module = getattr(obj, "__module__", None)
         if builtin is not None and module != builtin.module:
