@@ -120,6 +120,12 @@ class Attack(ABC, Generic[Evidence]):
         called before training and again when the game starts."""
         return None  # an optional hook: by default every model is accepted
 
+    @classmethod
+    def check_privacy(cls, params: Any, privacy: Any) -> None:
+        """Raise ConfigError when the attack cannot be scored against the run's planned privacy ledger (a
+        ``PrivacyLedger``: a bound it computes from σ, q, T); called before training."""
+        return None  # an optional hook: by default every ledger is accepted
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "play" in vars(cls) and any("play" in vars(base) for base in cls.__mro__[1:]

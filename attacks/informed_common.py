@@ -81,7 +81,7 @@ class InformedParams(AttackParams):
     candidates: int = param(10, "n: candidates the target is drawn from, uniformly (held-out examples, one per "
                                 "class while n ≤ classes); chance is 1/n", low=2)
     targets: int = param(200, "K independent games (candidates, secret, sampling, noise of their own) played "
-                              "against the run's states: the sample of the success rate", low=1)
+                              "against the run's states: the sample of the success rate", low=1, high=100_000)
     at: str | list[str] = param("trajectory", "recorded states the T steps are replayed at (each step at the "
                                               "latest state at or before its epoch; `init` always): "
                                               "`trajectory[:k]`, `epoch:N`, or a list of them")
@@ -173,6 +173,17 @@ class InformedReconstructionAttack(Attack):
     @classmethod
     def check_task(cls, params: Any, task: Task) -> None:
         check_pool(params, task.test)
+
+    @classmethod
+    def check_privacy(cls, params: Any, privacy: Any) -> None:
+        """The bound 1 − f(1/n) discretises the run's privacy loss: a σ so small that the grid would not fit in
+        memory (σ = 1e-30) is refused before training, not after it."""
+        sigma = privacy.accounted_noise_multiplier
+        points = rero.grid_points([*privacy.before, (sigma, privacy.sample_rate, privacy.steps)])
+        if points > rero.MAX_GRID:
+            raise ConfigError(f"attack.{cls.name}: the run's accounted σ = {sigma:.3g} (q = {privacy.sample_rate:.3g}, "
+                              f"{privacy.steps} steps) is too small for its bound 1 − f(1/n): the privacy loss would "
+                              f"need {points:.2g} grid points (at most {rero.MAX_GRID:.0e}); use a larger σ or ε")
 
     def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
         raise NotImplementedError

@@ -29,6 +29,7 @@ def measure(run: Path, batches: int) -> dict:
     from dpeval.runner import prepare
 
     config = yaml.safe_load((run / "config.yaml").read_text())
+    config.pop("defaults", None)  # dpeval's record of the run, not a setting: configure refuses it as input
     spec = dpeval.configure({**config, "device": "cpu"})
     if spec.defense_name != "gep":
         raise SystemExit(f"{run}: a {spec.defense_name} run; this reads gep runs only")

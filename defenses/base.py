@@ -107,6 +107,31 @@ class SharedGradient:
         index_cost = min(INDEX_BYTES * self.released, math.ceil(self.numel / 8)) if self.mask_is_new else 0
         return FLOAT_BYTES * self.released + index_cost
 
+    def nonfinite(self) -> str | None:
+        """What of the release is NaN or infinite (a parameter's values, or its noise std), None when all is
+        finite; one synchronisation for all parameters."""
+        names = list(self.grads)
+        if names:
+            finite = torch.stack([torch.isfinite(g).all() for g in self.grads.values()])
+            if not bool(finite.all()):
+                return f"the values of {names[int((~finite).nonzero()[0])]}"
+        if not math.isfinite(float(self.noise_std)):
+            return f"its noise_std ({self.noise_std})"
+        return None
+
+    def require_finite(self, defense: str) -> SharedGradient:
+        """The release itself; ``NonFiniteRelease`` naming ``defense`` when any of it is NaN or infinite."""
+        bad = self.nonfinite()
+        if bad is not None:
+            raise NonFiniteRelease(f"the defense {defense!r} released NaN or infinite values ({bad}); a release "
+                                   f"must be finite, so nothing is attacked or audited on it")
+        return self
+
+
+class NonFiniteRelease(RuntimeError):
+    """A defense released NaN or infinite values: a bug of the defense, never a result (no verdict or bound is
+    read from such a release)."""
+
 
 class DefenseParams(Params):
     """Base for a defense's parameter dataclass; ``validate`` (cross-field rules) raises ConfigError naming

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpeval.config import build_spec, set_dotted
+from dpeval.config import build_spec, refuse_recorded, set_dotted
 from dpeval.core.errors import ConfigError
+from dpeval.core.runtime import in_known_torch_state, known_torch_state
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
 from dpeval.results import RunResult
@@ -48,6 +49,7 @@ def configure(settings: Settings | None = None, /, **dotted: Any) -> RunSpec:
     ``--defense dpsgd --set defense.clip=0.5``), which win. Bad input raises ``ConfigError`` naming the field, as
     the CLI's exit 2 does."""
     raw = settings_tree(settings, "settings")
+    refuse_recorded(dotted)
     for key, value in dotted.items():
         field = key.replace("__", ".")
         if field == "defense" and isinstance(value, str):  # a name alone, as --defense gives it
@@ -63,6 +65,7 @@ def settings_tree(settings: Settings | None, argument: str) -> dict[str, Any]:
         raw: dict[str, Any] = settings.canonical()
     elif settings is None or isinstance(settings, Mapping):
         raw = copy.deepcopy(dict(settings or {}))
+        refuse_recorded(raw)  # a RunSpec's own record stays; one the caller writes is refused
     else:
         raise ConfigError(f"{argument}: must be settings as a dict (as in a YAML file) or a RunSpec "
                           f"(dpeval.configure), got {type(settings).__name__}")
@@ -71,6 +74,7 @@ def settings_tree(settings: Settings | None, argument: str) -> dict[str, Any]:
     return raw
 
 
+@in_known_torch_state
 def load_data(settings: Settings | None = None, /, **dotted: Any) -> Task:
     """The data a run with these settings uses: ``task.train`` (the private pool), ``task.test``, ``task.public``
     (images in [0, 1], N × C × H × W), ``task.num_classes``. Train your own model on ``task.train`` and score it
@@ -110,6 +114,7 @@ def check_flag(value: Any, argument: str) -> bool:
     return value
 
 
+@in_known_torch_state
 def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module:
     """The model a run with these settings trains, untrained: the same architecture, input normalisation
     (``Sequential(Normalize(mean, std), net)``: buffers ``0.mean``, ``0.std``, then the network's ``1.*``) and
@@ -123,6 +128,7 @@ def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module
     return prepare(spec).model
 
 
+@in_known_torch_state
 def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | None = None,
         progress: bool = False) -> RunResult:
     """Train and attack one run; its typed result. ``results``: also record it in that results folder (resuming an
@@ -239,6 +245,9 @@ def check_disjoint(members: Split, nonmembers: Split) -> None:
 def check_model(model: Any, argument: str = "model") -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{argument}: must be a torch.nn.Module, got {type(model).__name__}")
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise ConfigError(f"{argument}: its weights are on the meta device (shapes without values); give a model "
+                          f"with real weights")
     if not all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point()):
         raise ConfigError(f"{argument}: its weights hold NaN or infinite values; a diverged model cannot be scored")
     return model
@@ -251,7 +260,11 @@ HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_p
 def without_hooks(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with every module's hooks removed: a model trained with Opacus keeps the hooks its
     ``GradSampleModule`` put on it, and dpeval's per-sample engines need the plain module."""
-    plain = copy.deepcopy(model)
+    try:
+        plain = copy.deepcopy(model)
+    except Exception as exc:  # an attribute that cannot be copied (a lock, a file, a process handle)
+        raise ConfigError(f"model: cannot be copied ({type(exc).__name__}: {exc}); dpeval attacks a copy of the model "
+                          f"and trains its shadows from copies: move what cannot be copied out of the module") from None
     for module in plain.modules():
         for hooks in HOOKS:
             getattr(module, hooks, {}).clear()
@@ -326,7 +339,8 @@ def checked_trainer(train_shadow: Any, expected: dict[str, tuple[int, ...]], che
                           f"{type(train_shadow).__name__}")
 
     def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:
-        returned = train_shadow(model, x, y, seed)
+        with known_torch_state(generators=False):  # what the user's function sets globally stays inside it
+            returned = train_shadow(model, x, y, seed)
         trained = model if returned is None else returned
         if not isinstance(trained, nn.Module):
             raise check.refuse(f"train_shadow: must train the model it is given in place (returning None) or return "
@@ -358,6 +372,7 @@ def outside_task(members: Split, nonmembers: Split, num_classes: Any) -> Task:
                 (0.0,) * channels, (1.0,) * channels)
 
 
+@in_known_torch_state
 def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torch.Tensor],
                      nonmembers: Split | tuple[torch.Tensor, torch.Tensor], recipe: Settings,
                      attacks: str | tuple[str, ...] | list[str] = ("loss", "lira", "rmia"), *,
@@ -438,7 +453,7 @@ def function_defense(release: ReleaseFunction, noise_std: float = 0.0, check: Us
             out = release(per_sample, self.generator)
             self.reset()
             shared = out if isinstance(out, SharedGradient) else None
-            values = shared.values if shared is not None else out
+            values = shared.grads if shared is not None else out
             if not isinstance(values, Mapping) or set(self.param_shapes) - set(values) or any(
                     not isinstance(values[n], torch.Tensor) or tuple(values[n].shape) != tuple(s)
                     for n, s in self.param_shapes.items()):
@@ -467,6 +482,7 @@ def check_weights(weights: Any, model: nn.Module) -> dict[str, torch.Tensor]:
     return {str(n): t.detach().clone() for n, t in weights.items()}
 
 
+@in_known_torch_state
 def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
                    attacks: str | tuple[str, ...] | list[str] = ("ig",), *, noise_std: float = 0.0,
                    weights: dict[str, torch.Tensor] | None = None, out: str | Path | None = None) -> RunResult:

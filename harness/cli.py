@@ -14,7 +14,8 @@ import json
 import math
 import os
 import sys
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +31,24 @@ DEFAULT_RESULTS = "./dpeval-results"
 
 THREADS_OPTION = click.option(
     "--threads", type=int, default=None,
-    help="torch's CPU threads per run process (default: the cores this process may use, divided among the "
-         "workers; never the load, so a seed gives the same metrics on a busy machine); as OMP_NUM_THREADS=N")
+    help="torch's CPU threads per run process, at most the cores this process may use (default: those cores, "
+         "divided among the workers; never the load, so a seed gives the same metrics on a busy machine); as "
+         "OMP_NUM_THREADS=N")
 
 
 def choose_threads(threads: int | None) -> None:
     """``--threads N``: the user's thread count, passed on as ``OMP_NUM_THREADS`` (which every run process, sweep
     workers included, applies: ``dpeval.core.runtime.apply_thread_default``)."""
-    if threads is None:
+    from dpeval.core.processes import THREADS_ENV, check_threads
+
+    if threads is None:  # the environment's choice, checked before torch's thread pool reads it
+        for name in THREADS_ENV:
+            if os.environ.get(name, "").strip():
+                check_threads(os.environ[name], name)
         return
     if threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {threads}")
+    check_threads(threads, "--threads")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.pop("MKL_NUM_THREADS", None)
 
@@ -51,7 +59,17 @@ def main() -> None:
     """dpeval: train victims with DP defenses, attack what they share, score utility vs ε vs leakage."""
     from dpeval.logs import setup_logging
 
+    passive_wait()
     setup_logging()  # warnings on stderr for every command; run and sweep redo it with their --debug
+
+
+def passive_wait() -> None:
+    """OpenMP threads that sleep while they wait instead of spinning (``OMP_WAIT_POLICY=PASSIVE``), unless the user
+    chose a policy: set before torch starts its thread pool (no command has imported torch yet; sweep workers
+    inherit it). Spinning threads fight any other busy process for the cores: on the loaded 2-core machine a
+    2-thread run trained 18× slower spinning than sleeping (110.6 s vs 6.0 s), with the same metrics
+    (docs/performance.md, "CPU threads")."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -60,9 +78,10 @@ def main() -> None:
 
 def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...]) -> dict[str, Any]:
     """Merge the layers: YAML file ← explicit CLI flags ← ``--set`` (later wins)."""
-    from dpeval.config import load_yaml, parse_set, set_dotted
+    from dpeval.config import load_yaml, parse_set, refuse_recorded, set_dotted
 
     raw = load_yaml(config) if config else {}
+    refuse_recorded(raw)
     if isinstance(raw.get("defense"), str):
         raw["defense"] = {"name": raw["defense"]}
     for key, value in flags.items():
@@ -70,6 +89,7 @@ def raw_config(config: str | None, flags: dict[str, Any], sets: tuple[str, ...])
             set_dotted(raw, key, value)
     for key, value in parse_set(list(sets)):
         set_dotted(raw, key, value)
+    refuse_recorded(raw)
     return raw
 
 
@@ -165,7 +185,8 @@ def spelling_notes(raw: dict[str, Any]) -> list[str]:
 @main.command()
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True, help="local worker processes")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="local worker processes, at most 4 per CPU core this process may use")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True, help="results folder")
 @click.option("--rerun", is_flag=True, help="run grid points again even if they are done")
@@ -181,14 +202,14 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
           fail_fast: bool, wait_for_lock: bool, dry_run: bool, as_json: bool, quiet: bool, debug: bool,
           threads: int | None) -> None:
     """Run every grid point of SWEEP_FILE (fields given as lists, plus seeds); resumes by default."""
+    from dpeval.core.processes import check_workers
     from dpeval.logs import setup_logging
     from dpeval.store import ResultStore
     from dpeval.sweep import executors
     from dpeval.sweep.driver import run_sweep
     from dpeval.sweep.grid import describe, load_paper, load_sweep, swept_fields
 
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    check_workers(workers, "--workers")  # before the lock and any process: 10⁵ workers would exhaust the files
     choose_threads(threads)
     specs = load_sweep(sweep_file)
     from dpeval.runner import check_points
@@ -235,16 +256,18 @@ def sweep(sweep_file: str, executor: str, workers: int, ray_address: str | None,
 @click.option("--noise-multiplier", type=float, help="σ: print the ε it spends")
 @click.option("--delta", type=float, required=True, help="δ")
 @click.option("--sample-rate", type=float, required=True, help="sampling rate q = B/N")
-@click.option("--epochs", type=int, help="epochs (steps = epochs·⌊N/B⌋ as training counts them; docs/privacy.md)")
-@click.option("--steps", type=int, help="steps")
+@click.option("--epochs", type=int, help="epochs, at most 100,000 (steps = epochs·⌊N/B⌋ as training counts them; "
+                                        "docs/privacy.md)")
+@click.option("--steps", type=int, help="steps, at most 10^9")
 @click.option("--accountant", type=click.Choice(["rdp", "prv"]), default="rdp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float, sample_rate: float,
             epochs: int | None, steps: int | None, accountant: str, as_json: bool) -> None:
     """Calibrate σ for a target (ε, δ), or report ε for a given σ (Opacus accountants)."""
-    from dpeval.core.accounting import ACCOUNTED_SAMPLING, noise_for, steps_for
+    from dpeval.core.accounting import ACCOUNTED_SAMPLING, MAX_STEPS, noise_for, steps_for
     from dpeval.core.ledger import PrivacyLedger
+    from dpeval.core.settings import MAX_EPOCHS
 
     for flag, value in (("--epsilon", epsilon), ("--noise-multiplier", noise_multiplier), ("--delta", delta),
                         ("--sample-rate", sample_rate)):
@@ -254,13 +277,16 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
         raise ConfigError("--epochs/--steps: give exactly one of them")
     if (epsilon is None) == (noise_multiplier is None):
         raise ConfigError("--epsilon/--noise-multiplier: give exactly one of them")
-    if epochs is not None and epochs < 1:
-        raise ConfigError(f"--epochs: must be >= 1, got {epochs}")
-    if steps is not None and steps < 1:
-        raise ConfigError(f"--steps: must be >= 1, got {steps}")
+    if epochs is not None and not 1 <= epochs <= MAX_EPOCHS:
+        raise ConfigError(f"--epochs: must be from 1 to {MAX_EPOCHS:,}, got {brief(epochs, 40)}")
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise ConfigError(f"--steps: must be from 1 to {MAX_STEPS:,}, got {brief(steps, 40)}")
     if not 0 < sample_rate <= 1:
         raise ConfigError(f"--sample-rate: must satisfy 0 < q <= 1, got {sample_rate}")
     total = steps if steps is not None else steps_for(epochs, sample_rate)
+    if total > MAX_STEPS:
+        raise ConfigError(f"--epochs: {epochs:,} epochs at q = {sample_rate:g} are {total:,} steps; at most "
+                          f"{MAX_STEPS:,} are accounted")
     if noise_multiplier is not None:
         if noise_multiplier <= 0:
             raise ConfigError(f"--noise-multiplier: must be > 0, got {noise_multiplier}")
@@ -290,7 +316,8 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
               help="defense / data / train / model setting, e.g. defense.final_rate=0.5")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML file of settings")
 @click.option("--trials", type=int,
-              help="release scope: trials per neighbour (with / without the canary); default 100000")
+              help="release scope: trials per neighbour (with / without the canary), at most 10,000,000; default "
+                   "100000")
 @click.option("--noise-multiplier", type=float,
               help="release scope: accounted σ of each audited step (the defense adds noise_for_accounted(σ)); "
                    "default 2.0")
@@ -350,7 +377,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                                    ("keep", keep_models and Path(keep_models))) if v is not None}
         options = ModelAuditOptions(**given, progress=not quiet)
         options.validate()
-        result = run_model_audit(spec, options)
+        with audit_failures(spec.defense_name):
+            result = run_model_audit(spec, options)
         emit(result, as_json, format_model_audit(result))
     elif scope == "run":
         from dpeval.audit.format import format_run_audit
@@ -363,7 +391,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
         spec = build_spec(raw)
         given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind),
                                    ("scores_path", save_scores and Path(save_scores))) if v is not None}
-        result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
+        with audit_failures(spec.defense_name):
+            result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
         emit(result, as_json, format_run_audit(result))
     else:
         from dpeval.audit.driver import AuditOptions, run_audit
@@ -378,14 +407,29 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                 raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
         spec = build_spec(raw)
         given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
-        result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
-                                              progress=not quiet))
+        with audit_failures(spec.defense_name):
+            result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
+                                                  progress=not quiet))
         emit(result, as_json, format_audit(result))
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
                    f"ε = {result['privacy.epsilon']:.3f} "
                    f"({result.get('audit.estimator', result['audit.statistic'])})", err=True)
         sys.exit(1)
+
+
+@contextmanager
+def audit_failures(defense: str) -> Iterator[None]:
+    """Whatever stops an audit once it has started — the defense's own code raising (a plug-in's bug), a release
+    of NaN, training that diverges in the run scope — is one line and exit 1 (RunFailure), never a traceback;
+    bad input stays exit 2 (ConfigError)."""
+    try:
+        yield
+    except (ConfigError, RunFailure):
+        raise
+    except Exception as exc:
+        said = printable(" ".join(str(exc).split()), 300)
+        raise RunFailure(f"audit of {defense} failed: {type(exc).__name__}: {said}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------

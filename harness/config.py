@@ -187,6 +187,15 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def refuse_recorded(raw: Any) -> None:
+    """The user's settings (a YAML file, ``--set``, a sweep file, ``configure``) never carry ``defaults``: it is
+    dpeval's record of the data-set defaults a run took, and a given one would be recorded although the run never
+    took it. Only a stored run's settings read back (a ``RunSpec``'s canonical form) keep theirs."""
+    if isinstance(raw, dict) and "defaults" in raw:
+        raise ConfigError("defaults: recorded by dpeval (the data set's defaults a run took for keys it did not set), "
+                          "not a setting: set the keys themselves (e.g. train.lr=0.05) and leave `defaults` out")
+
+
 def build_spec(raw: dict[str, Any]) -> RunSpec:
     """Validate nested raw config data into a RunSpec (all ConfigErrors name the field).
 

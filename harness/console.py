@@ -43,21 +43,24 @@ TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
-def sigterm_raises() -> Iterator[None]:
+def sigterm_raises() -> Iterator[list[int]]:
     """While a command runs, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (once: a second
-    one during the bookkeeping gets the default action)."""
+    one during the bookkeeping gets the default action). Yields the signals received: a library that swallows the
+    exception (one raised inside a callback or a finaliser is only printed) must not turn it into exit 0."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
 
     def on_term(signum: int, frame: Any) -> None:
         for sig in TERMINATING:
             signal.signal(sig, signal.SIG_DFL)
+        received.append(signum)
         raise Terminated(signum)
 
     previous = {sig: signal.signal(sig, on_term) for sig in TERMINATING}
     try:
-        yield
+        yield received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -80,8 +83,11 @@ def handle_errors(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with sigterm_raises():
-                return func(*args, **kwargs)
+            with sigterm_raises() as received:
+                result = func(*args, **kwargs)
+            if received:  # the signal's exception was swallowed on the way: the command still ends with its code
+                raise Terminated(received[0])
+            return result
         except ConfigError as exc:
             end_progress_bars()
             fail_usage(str(exc))

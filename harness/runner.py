@@ -30,7 +30,7 @@ from dpeval.attacks.view import AttackerView
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
-from dpeval.core.files import write_atomic, write_text_atomic
+from dpeval.core.files import inside, write_atomic, write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.models import build_model
 from dpeval.core.params import check_noise_scales
@@ -113,13 +113,15 @@ def input_pca(spec: RunSpec, task: Task, noise_multiplier: float, generator: tor
     return dp_pca(inputs, dims, noise_multiplier, generator)
 
 
-def check_attacks(spec: RunSpec, model: nn.Module, task: Any) -> None:
+def check_attacks(spec: RunSpec, model: nn.Module, task: Any, privacy: PrivacyLedger | None = None) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
     training will never record. Also for a run from ``model.weights``, which is attacked on the same data."""
     for _name, attack in attacks_of(spec):
         type(attack).check_task(attack.params, task)
         type(attack).check_model(attack.params, model, task.shape)
+        if privacy is not None:
+            type(attack).check_privacy(attack.params, privacy)
         for state in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
             state.check_exists(spec.train.epochs)
 
@@ -158,9 +160,10 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
     else:
         model = given[0]
     check_per_sample(model, "model" if given is not None else "model.name")
+    check_trainable(model, "model" if given is not None else "model.name")
     if spec.model.weights is not None:
         check_weights(spec, model)
-    check_attacks(spec, model, task)
+    check_attacks(spec, model, task, privacy)
     defense_cls.check_task(spec.defense, task)
     defense_cls.check_model(spec.defense, model)
     if spec.train.engine == "lean":  # fail before training; ``auto`` falls back to func instead
@@ -189,6 +192,25 @@ def check_per_sample(model: nn.Module, field: str) -> None:
             raise ConfigError(f"{field}: {name or 'the model'} is a {type(module).__name__}, which mixes the examples "
                               f"of a batch; per-sample gradients need a model without BatchNorm (GroupNorm or "
                               f"LayerNorm instead)")
+
+
+def check_trainable(model: nn.Module, field: str) -> None:
+    """Refuse before training a model dpeval cannot train (a plug-in's, or one given to the API): tensors on the meta
+    device (shapes without values), no trainable parameter (nothing to release), or trainable parameters that are
+    not float32 (the engines, the defenses' noise and the release path compute in float32)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = next((name for name, t in tensors if t.is_meta), None)
+    if meta is not None:
+        raise ConfigError(f"{field}: {meta} is on the meta device (a shape without values); build the model with "
+                          f"real weights")
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ConfigError(f"{field}: the model has no trainable parameter (every requires_grad is False); a defense "
+                          f"releases the gradients of trainable parameters")
+    other = next(((name, p.dtype) for name, p in trainable if p.dtype != torch.float32), None)
+    if other is not None:
+        raise ConfigError(f"{field}: parameter {other[0]} is {str(other[1]).removeprefix('torch.')}; dpeval trains "
+                          f"float32 models (build it in float32, or call .float())")
 
 
 def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
@@ -299,13 +321,14 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
     outcomes: dict[str, AttackOutcome] = {}
     seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
-        folder = out_dir / name
+        folder = inside(out_dir, name, "attack")  # a registered name is plain: never a folder elsewhere
         view = attacker_view(prep, states, defense_states, folder, run_id, progress, train_shadow)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()
         try:
             result = attack.play(view, prep.task)
+            check_headline(attack, result.metrics)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
             outcomes[name] = AttackOutcome(name, error=f"{type(exc).__name__}: {exc}")
@@ -315,6 +338,20 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
         artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in result.artefacts.items()}
         outcomes[name] = AttackOutcome.of(name, result.metrics, result.verdict, artefacts)
     return outcomes, seconds
+
+
+class NonFiniteResult(RuntimeError):
+    """An attack's headline metric came out NaN or infinite: an error of the attack, never a verdict."""
+
+
+def check_headline(attack: Any, metrics: dict[str, Any]) -> None:
+    """``NonFiniteResult`` when the attack's headline metric (the one its verdict and the rankings read) is NaN or
+    infinite; a headline it does not report (None: not resolvable) is left as it is."""
+    name = type(attack).headline
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
+        raise NonFiniteResult(f"its headline metric {name} is {value}; NaN or infinite values are an error, never a "
+                              f"verdict")
 
 
 @dataclass

@@ -328,7 +328,9 @@ class ResultStore:
 
     # -- recording ----------------------------------------------------------------------------------------------
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        """``runs/<run_id>`` of this store; ConfigError naming the store when the (stored) id is not a plain name:
+        a tampered row's ``../../x`` never leads outside ``runs/``."""
+        return files.inside(self.root / "runs", run_id, f"--results: {self.db_path}: the stored run id")
 
     @classmethod
     def of_run(cls, run_dir: str | Path) -> ResultStore:
@@ -566,7 +568,9 @@ class ResultStore:
                 damaged.append(column)
                 value = {}
             row[key] = value
-        if damaged:
+        if not files.plain_name(row.get("run_id")):  # a path would lead outside runs/: nothing is read for it
+            row["damaged"] = "run_id not a plain name"
+        elif damaged:
             row["damaged"] = f"{' and '.join(damaged)} not a JSON object"
         elif unreadable := _unreadable_verdict(row["metrics"]):
             row["damaged"] = unreadable

@@ -1,6 +1,8 @@
 """A victim trained elsewhere (``model.weights``, ``dpeval run --weights``): reading its state dict from the
 common checkpoint layouts, and checking it fits the run's model before anything is written."""
 
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,15 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
+def torchscript(path: Path) -> bool:
+    """Whether ``path`` is a TorchScript archive (a zip holding the model's ``code/``), read without loading it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("/code/" in name or name.startswith("code/") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
 WRAPPED = ("state_dict", "model")  # where a training checkpoint commonly keeps the model's state dict
 
 
@@ -26,8 +37,13 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The state dict in a ``model.weights`` file: the file's dict itself, or the one a checkpoint keeps under
     ``state_dict`` or ``model`` (``{"model": model.state_dict(), "epoch": 20}``). Never unpickles anything; a
     ConfigError in one line otherwise."""
+    if torchscript(path):
+        raise ConfigError(f"model.weights: {path} is a TorchScript archive (torch.jit.save), not a state dict; save "
+                          f"model.state_dict() with torch.save")
     try:
-        loaded = load_checkpoint(path)
+        with warnings.catch_warnings():  # torch's own warnings about the file: the refusal below says it all
+            warnings.simplefilter("ignore")
+            loaded = load_checkpoint(path)
     except Exception as exc:  # torch raises pickle, zip and runtime errors alike
         raise ConfigError(f"model.weights: {path} is not a tensors-only state dict ({type(exc).__name__}); save "
                           f"model.state_dict() with torch.save") from None

@@ -63,6 +63,9 @@ from dpeval.engine.training import make_optimizer
 
 DEFAULT_NOISE_MULTIPLIER = 2.0   # accounted σ of each audited step: μ = 0.5 per step
 DEFAULT_TRIALS = 100_000         # trials per neighbour (with / without the canary)
+MAX_TRIALS = 10_000_000          # 100× the default: each trial keeps a few floats per statistic (≈ 1 GB at most)
+MAX_STEPS = 1_000                # audited steps of one sequence (each a release of the whole model)
+MAX_CANARIES = 1_000_000         # canaries per release (capped again by the released coordinates)
 DEFAULT_STEPS = 2                # audited consecutive steps (stateful defenses need >= 2)
 DEFAULT_CANARIES = 512           # canaries per release (orthogonal directions), capped by the defense
 ALPHA = 0.05                     # 1 − confidence of the reported bound
@@ -127,7 +130,7 @@ def run_sequence(ctx: AuditContext, design: CanaryDesign, variant: str, included
             canaries = design.design(defense, variant, len(included), gen, canaries)
             if included.any():
                 defense.clip_and_accumulate(canaries.gradients(included.to(ctx.device), ctx.shapes))
-        shared = defense.release(ctx.spec.train.batch_size)
+        shared = defense.release(ctx.spec.train.batch_size).require_finite(ctx.spec.defense_name)
         if audited:
             for name, score in design.score(defense, shared, canaries).items():
                 totals[name] = totals.get(name, 0) + score.detach().double().cpu()
@@ -190,12 +193,12 @@ class AuditOptions:
     progress: bool = False  # a progress bar over releases on stderr (the CLI turns it on)
 
     def validate(self) -> None:
-        if self.trials < 2:
-            raise ConfigError(f"--trials: must be an integer >= 2, got {self.trials}")
-        if self.steps < 1:
-            raise ConfigError(f"--steps: must be an integer >= 1, got {self.steps}")
-        if self.canaries < 1:
-            raise ConfigError(f"--canaries: must be an integer >= 1, got {self.canaries}")
+        if not 2 <= self.trials <= MAX_TRIALS:
+            raise ConfigError(f"--trials: must be an integer from 2 to {MAX_TRIALS:,}, got {self.trials}")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"--steps: must be an integer from 1 to {MAX_STEPS:,}, got {self.steps}")
+        if not 1 <= self.canaries <= MAX_CANARIES:
+            raise ConfigError(f"--canaries: must be an integer from 1 to {MAX_CANARIES:,}, got {self.canaries}")
         if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
             raise ConfigError(f"--noise-multiplier: must be a number > 0, got {self.noise_multiplier}")
 
@@ -255,6 +258,12 @@ def audit_variant(ctx: AuditContext, design: CanaryDesign, variant: str, options
     return {name: np.stack(rows) for name, rows in scores.items() if rows}, labels
 
 
+def require_finite(values: np.ndarray, what: str) -> None:
+    """RunFailure when ``values`` hold NaN or infinity: a statistic of NaN is an error, never a PASS."""
+    if not np.isfinite(values).all():
+        raise RunFailure(f"audit: {what} hold NaN or infinite values; no bound can be read from them")
+
+
 def run_tests(ctx: AuditContext, options: AuditOptions, delta: float) -> tuple[list[TestResult], list[str]]:
     """Every (variant, statistic) test of the defense's design, Bonferroni-corrected; and the variants
     skipped because no canary fits."""
@@ -268,6 +277,7 @@ def run_tests(ctx: AuditContext, options: AuditOptions, delta: float) -> tuple[l
         if not scores:
             skipped.append(variant)
         for statistic, values in scores.items():
+            require_finite(values, f"the audit's {variant}/{statistic} scores of {ctx.spec.defense_name}")
             tests.append(TestResult(variant, statistic, separation=separation(values, labels),
                                     trials_per_neighbour=int(labels.sum()),
                                     canaries=labels.shape[1], releases=labels.shape[0],
@@ -294,6 +304,9 @@ def _run_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None) -
     tests, skipped = run_tests(ctx, options, delta)
     if not tests:
         raise RunFailure(f"audit: no canary fits any released coordinate of {spec.defense_name}")
+    nan = [t.name for t in tests if math.isnan(t.epsilon_lower_bound) or math.isnan(t.separation)]
+    if nan:  # an infinite μ̂ is a noise-free release, perfectly separated: a result; NaN never is
+        raise RunFailure(f"audit: the {nan[0]} statistic of {spec.defense_name} is NaN; no bound can be read from it")
     best = max(tests, key=lambda t: t.epsilon_lower_bound)
     passed = best.epsilon_lower_bound <= epsilon
     return {

@@ -150,6 +150,9 @@ def steps_per_epoch(sample_rate: float) -> int:
     return math.floor(ratio)
 
 
+MAX_STEPS = 10**9  # releases one ledger counts (`dpeval privacy --steps`): far beyond any training, still quick
+
+
 def steps_for(epochs: int, sample_rate: float) -> int:
     """Steps of ``epochs`` passes at rate q: ``steps_per_epoch(q)`` each, as training takes them."""
     return epochs * steps_per_epoch(sample_rate)

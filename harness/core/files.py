@@ -30,6 +30,24 @@ KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", sta
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
 
 
+def plain_name(name: object) -> bool:
+    """Whether ``name`` is one plain folder or file name, so that ``folder / name`` stays inside ``folder``: a
+    non-empty string of at most 255 characters starting with a letter or digit (never ``.``, ``..`` or ``-``), with
+    no path separator, NUL or control character."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and name[0].isalnum() and name.isprintable()
+            and not any(c in name for c in "/\\\0"))
+
+
+def inside(folder: str | Path, name: str, what: str) -> Path:
+    """``folder / name`` for a ``name`` taken from a store or a registry; ConfigError naming ``what`` when it is not
+    a plain name (``plain_name``): a path dpeval derives never leads outside its folder."""
+    if not plain_name(name):
+        raise ConfigError(f"{what} {printable(repr(name), 120)} is not a plain name (one name starting with a "
+                          f"letter or digit, without a path separator or control character); dpeval derives no "
+                          f"path from it")
+    return Path(folder) / name
+
+
 def special_kind(path: str | Path) -> str | None:
     """What ``path`` is when it exists and is neither a regular file nor a symbolic link (not followed): "a
     character device", "a FIFO (named pipe)", ...; None otherwise (also when it cannot be looked at: the write

@@ -31,14 +31,20 @@ import importlib
 import importlib.machinery
 import importlib.util
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
 from dpeval.core.errors import ConfigError, brief, printable
+from dpeval.core.files import inside, plain_name
 
 T = TypeVar("T")
 log = logging.getLogger("dpeval")
+# Reading the declarations (and registering) happens once per process, possibly from several threads at once
+# (the Python API called from a thread pool): one lock for every registry, re-entrant because importing a plug-in
+# module registers from inside ``get``. Each cache is published whole, never while it is filled.
+_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -72,43 +78,51 @@ class Registry(Generic[T]):
         """Register the decorated object as ``name``; ``details`` (literals, so the source tells them without
         an import) are read back by :meth:`detail`."""
         def decorator(obj: T) -> T:
-            builtin = self.builtin().get(name)
-            module = getattr(obj, "__module__", None)
-            if builtin is not None and module != builtin.module:
-                raise ConfigError(f"{self._origin(module)} registers the built-in {self.kind} name {name!r}; "
-                                  f"refused (a built-in name always means the built-in): rename it in the plug-in")
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._items[name] = obj
-            self._descriptions[name] = description
-            self._details[name] = details
-            if isinstance(obj, type):
-                cast(Any, obj).name = name  # a registered class knows its user-facing name
-            return obj
+            with _LOCK:
+                return self._register(name, description, details, obj)
 
         return decorator
 
+    def _register(self, name: str, description: str, details: dict[str, Any], obj: T) -> T:
+        inside(".", name, f"{self._origin(getattr(obj, '__module__', None))}: the {self.kind} name it registers,")
+        builtin = self.builtin().get(name)
+        module = getattr(obj, "__module__", None)
+        if builtin is not None and module != builtin.module:
+            raise ConfigError(f"{self._origin(module)} registers the built-in {self.kind} name {name!r}; "
+                              f"refused (a built-in name always means the built-in): rename it in the plug-in")
+        if name in self._items:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._items[name] = obj
+        self._descriptions[name] = description
+        self._details[name] = details
+        if isinstance(obj, type):
+            cast(Any, obj).name = name  # a registered class knows its user-facing name
+        return obj
+
     def builtin(self) -> dict[str, Declaration]:
         """The entries declared in the source of the package itself (read once, never imported)."""
-        if self._builtin is None:
-            self._builtin = {}
-            for module, path in _source_files(self.scan):
-                for name, description, details, attributes in _declarations(path, self.var):
-                    self._builtin[name] = Declaration(module, description, details, attributes)
-        return self._builtin
+        with _LOCK:
+            if self._builtin is None:
+                builtin = {}
+                for module, path in _source_files(self.scan):
+                    for name, description, details, attributes in _declarations(path, self.var):
+                        builtin[name] = Declaration(module, description, details, attributes)
+                self._builtin = builtin
+            return self._builtin
 
     def declared(self) -> dict[str, Declaration]:
         """The built-in entries and those the entry points' modules declare (read once, never imported)."""
-        if self._declared is None:
-            declared = dict(self.builtin())
-            for name, declaration in _entry_point_declarations(self.group, self.var).items():
-                if name in declared:
-                    log.warning("warning: %s", printable(f"the {self.kind} {name!r} of {declaration.origin} is "
-                                                         f"ignored: a built-in {self.kind} has that name"))
-                    continue
-                declared[name] = declaration
-            self._declared = declared
-        return self._declared
+        with _LOCK:
+            if self._declared is None:
+                declared = dict(self.builtin())
+                for name, declaration in _entry_point_declarations(self.group, self.var).items():
+                    if name in declared:
+                        log.warning("warning: %s", printable(f"the {self.kind} {name!r} of {declaration.origin} is "
+                                                             f"ignored: a built-in {self.kind} has that name"))
+                        continue
+                    declared[name] = declaration
+                self._declared = declared
+            return self._declared
 
     def _origin(self, module: str | None) -> str:
         """"the plug-in module M (distribution D)" for a module an entry point names (or one of its submodules)."""
@@ -224,6 +238,9 @@ def _entry_point_declarations(group: str | None, var: str) -> dict[str, Declarat
         origin = f"the plug-in module {printable(module, 100)} (distribution {printable(dist, 100)})"
         description, details, broken = f"(plug-in from {dist})", {}, ""
         try:
+            if not plain_name(ep.name):  # names become folders (an attack's artefacts) and result keys
+                raise ValueError(f"its entry point {group}: {printable(repr(ep.name), 100)} is not a plain name (one "
+                                 f"name starting with a letter or digit, without a path separator)")
             if not _is_module_name(module):
                 raise ValueError(f"its entry point {group}: {ep.name} = {ep.value!r} does not name a module")
             path = _module_source(ep.dist, module) if ep.dist is not None else None

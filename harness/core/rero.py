@@ -120,7 +120,6 @@ def privacy_loss_distribution(releases: tuple[Release, ...]) -> tuple[np.ndarray
         PoissonSubsampledGaussianPRV,
         TruncatedPrivacyRandomVariable,
         compose_heterogeneous,
-        compute_safe_domain_size,
         discretize,
     )
 
@@ -128,13 +127,36 @@ def privacy_loss_distribution(releases: tuple[Release, ...]) -> tuple[np.ndarray
     counts = [steps for _, _, steps in releases]
     with warnings.catch_warnings(), np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         warnings.simplefilter("ignore")  # log(1 − q) at q = 1, Opacus' α-range warnings
-        size = compute_safe_domain_size(prvs, counts, eps_error=EPS_ERROR, delta_error=DELTA_ERROR)
-        mesh = EPS_ERROR / math.sqrt(sum(counts) * math.log(12 / DELTA_ERROR) / 2)
+        size, mesh = _grid(releases)
         domain = Domain.create_aligned(-size, size, mesh)
         parts = [discretize(TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max), domain) for prv in prvs]
         composed = compose_heterogeneous(parts, counts)
     pmf = np.clip(composed.pmf, 0.0, None)  # FFT round-off leaves tiny negative masses
     return composed.domain.ts, pmf / pmf.sum()
+
+
+MAX_GRID = 10**8  # points of the discretised privacy loss (beyond it, gigabytes; a σ of 1e-30 asks 1e66)
+
+
+def _grid(releases: Sequence[Release]) -> tuple[float, float]:
+    """(half-width, mesh) of the privacy loss's discretisation, as Opacus' PRV accountant chooses them."""
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
+
+    prvs = [PoissonSubsampledGaussianPRV(q, sigma) for sigma, q, _ in releases]
+    counts = [steps for _, _, steps in releases]
+    with warnings.catch_warnings(), np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore")
+        size = compute_safe_domain_size(prvs, counts, eps_error=EPS_ERROR, delta_error=DELTA_ERROR)
+    return size, EPS_ERROR / math.sqrt(sum(counts) * math.log(12 / DELTA_ERROR) / 2)
+
+
+def grid_points(releases: Sequence[Release]) -> float:
+    """How many points ``tradeoff_bound`` discretises the privacy loss of ``releases`` into (0 for a release without
+    noise, whose bound is 1 without any grid): a σ of 1e-30 asks for more than memory holds."""
+    if any(sigma <= 0 for sigma, _, _ in releases):
+        return 0.0
+    size, mesh = _grid(releases)
+    return 2 * size / mesh if math.isfinite(size) else math.inf
 
 
 def bounds(releases: Sequence[Release], epsilon: float, delta: float, n: int) -> dict[str, float]:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from dpeval.core.errors import ConfigError
+from dpeval.core.processes import THREADS_ENV, check_threads, cores_available
 
 
 def resolve_device(name: str) -> torch.device:
@@ -22,15 +27,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 log = logging.getLogger("dpeval")
-THREADS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's explicit choice, never overridden
-
-
-def cores_available() -> int:
-    """CPU cores this process may run on (its affinity mask; the machine's count where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_threads(workers: int = 1) -> int:
@@ -39,17 +35,21 @@ def default_threads(workers: int = 1) -> int:
     between thread counts, so a count that followed the load would give the same seed another number on a busy
     machine. A fixed count keeps a configuration's metrics identical on one machine whatever else runs there.
 
-    The price is speed on a busy machine (docs/performance.md, "CPU threads": oversubscribed threads trained
-    3.6× slower there than one thread); ``--threads N`` or ``OMP_NUM_THREADS=N`` chooses another count."""
+    The price could be speed on a busy machine: threads that spin while they wait trained 7-26× slower there than
+    one thread; every command therefore makes them sleep (``OMP_WAIT_POLICY=PASSIVE``), which brings two threads
+    level with one (docs/performance.md, "CPU threads"); ``--threads N`` or ``OMP_NUM_THREADS=N`` chooses another
+    count."""
     return max(1, cores_available() // max(workers, 1))
 
 
 def user_threads() -> int | None:
-    """The thread count the user chose through ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``), if a positive integer."""
+    """The thread count the user chose through ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``), if a positive integer;
+    one above the cores this process may use is a ConfigError naming the variable (``check_threads``), never handed
+    to the thread pool."""
     for name in THREADS_ENV:
         value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+        if value.isdigit() and int(value[:20] or 0) > 0:
+            return check_threads(value, name)
     return None
 
 
@@ -62,13 +62,20 @@ def apply_thread_default(workers: int = 1) -> int:
     chosen = user_threads()
     threads = chosen or default_threads(workers)
     torch.set_num_threads(threads)
-    if chosen is None and workers == 1 and threads > 1:
+    if chosen is None and workers == 1 and threads > 1 and not passive_wait():
         idle = idle_cores()
         if idle < threads:
-            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads may train several times "
-                        "slower than --threads 1 here; the thread count does not follow the load, so the metrics "
-                        "stay those of %d threads", idle, cores_available(), threads, threads)
+            log.warning("the machine is busy (about %d of %d cores idle): %d CPU threads that spin while they wait "
+                        "can train tens of times slower here than --threads 1 or OMP_WAIT_POLICY=PASSIVE set before "
+                        "torch is imported (7-26x measured, docs/performance.md); the thread count does not follow "
+                        "the load, so the metrics stay those of %d threads", idle, cores_available(), threads, threads)
     return torch.get_num_threads()
+
+
+def passive_wait() -> bool:
+    """Whether OpenMP's threads sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``, which every dpeval command sets
+    unless the user chose): then a busy machine costs a thread count little (docs/performance.md, "CPU threads")."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
 
 
 def idle_cores() -> int:
@@ -96,3 +103,46 @@ def single_cpu_thread(device: torch.device | str) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def known_torch_state(generators: bool = True) -> Iterator[None]:
+    """Run a block in dpeval's known global torch state — default dtype float32, autograd on (also inside a
+    caller's ``no_grad`` or ``inference_mode``), torch's default algorithm selection and float32 matmul precision —
+    and give the caller's state back afterwards, also when the block raises: those settings, the intra-op thread
+    count (a run sets its own) and the global random generators of torch, NumPy and Python (a run seeds them).
+    So a call neither depends on nor changes what its caller set. ``generators`` False leaves the random generators
+    as the block leaves them (a user's function called during a run draws from them as it always did)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    strict = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    precision = torch.get_float32_matmul_precision()
+    python_rng, numpy_rng = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices, enabled=generators), torch.inference_mode(False), \
+                torch.enable_grad():
+            torch.set_default_dtype(torch.float32)
+            torch.use_deterministic_algorithms(False)
+            torch.set_float32_matmul_precision("highest")
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict, warn_only=warn_only)
+        torch.set_float32_matmul_precision(precision)
+        if generators:
+            random.setstate(python_rng)
+            np.random.set_state(numpy_rng)
+
+
+def in_known_torch_state(func: F) -> F:
+    """``func`` run under :func:`known_torch_state` (the public API's entry points)."""
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with known_torch_state():
+            return func(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]

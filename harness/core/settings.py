@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from dpeval.core.params import Params, param
 
 DEFAULT_EPSILON = 3.0
+MAX_EPOCHS = 100_000  # training epochs, and `dpeval privacy --epochs` (larger counts only hang the accountant)
 
 
 @dataclass
@@ -145,7 +146,7 @@ class TrainConfig(Params):
     Adam at lr 0.01 serves both DP-SGD (≈0.91 test accuracy at ε = 3) and the non-private baseline (≈0.97);
     the papers' SGD recipes are in configs/papers/."""
 
-    epochs: int = param(20, "training epochs (flag `--epochs`)", low=1)
+    epochs: int = param(20, "training epochs (flag `--epochs`)", low=1, high=MAX_EPOCHS)
     batch_size: int = param(128, "logical batch size B (at most the private pool); q = B/N", low=1)
     physical_batch_size: int = param(256, "micro-batch for per-sample gradients (bounds memory, never "
                                           "changes results)", low=1)

@@ -41,7 +41,8 @@ class RunSpec:
     defaults: list[str] = param(factory=list, help="recorded by dpeval: the defaults this run took for keys it "
                                                    "did not set, as `key=value`: its data set's recipe (\"Data-set "
                                                    "defaults\" below), `attack.<name>.at=final` with `model.weights`; "
-                                                   "not part of the run key")
+                                                   "not part of the run key; never an input (a file, `--set` or "
+                                                   "`configure` that gives it is refused)")
 
     def canonical(self) -> dict[str, Any]:
         """The fully-defaulted nested form: what is hashed, stored and shown."""

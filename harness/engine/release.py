@@ -47,6 +47,11 @@ def observe_release(defense: Defense, model: nn.Module, x: torch.Tensor, y: torc
     return defense.release(x.shape[0])
 
 
+def defense_name(defense: Defense) -> str:
+    """The registered name of ``defense``'s class (its class name when it has none)."""
+    return type(defense).name or type(defense).__name__
+
+
 @dataclass(frozen=True)
 class ReleaseOracle:
     """What the defense releases for a chosen batch at a recorded state, as training would have released it.
@@ -55,7 +60,8 @@ class ReleaseOracle:
     attack pass independent streams), bound to ``model`` (the weights of state ``at``: a defense that reads
     the model, GEP's anchors, sees what training saw then), put in the state of ``at`` — ``begin_epoch`` and
     then the public state training recorded then — observes the batch through its own stages. Returns the
-    release and a report of the state used (state, epoch, density, noise_std, defense_rate)."""
+    release and a report of the state used (state, epoch, density, noise_std, defense_rate). A release that is NaN or
+    infinite anywhere raises ``NonFiniteRelease``: an attack never scores one."""
 
     make_defense: Callable[..., Defense]       # make_defense(streams, bound_to): as configured in training
     defense_states: Mapping[str, dict[str, Any]]
@@ -67,7 +73,7 @@ class ReleaseOracle:
                  streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
         defense = self.defense_at(model, at, streams)
         shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
-        return shared, self.report(at, shared)
+        return shared.require_finite(defense_name(defense)), self.report(at, shared)
 
     def defense_at(self, model: nn.Module, at: str, streams: Streams) -> Defense:
         """A fresh defense drawing from ``streams``, bound to ``model``, in the state training recorded at ``at``."""
@@ -87,7 +93,7 @@ class ReleaseOracle:
         defense = self.defense_at(model, at, streams)
         if next(iter(grads.values())).shape[0]:
             defense.clip_and_accumulate(grads)
-        shared = defense.release(batch_size)
+        shared = defense.release(batch_size).require_finite(defense_name(defense))
         return shared, self.report(at, shared)
 
     def report(self, at: str, shared: SharedGradient) -> dict[str, Any]:

@@ -146,11 +146,19 @@ class Diverged(RuntimeError):
     """Training produced a non-finite weight: every later step would only carry NaN."""
 
 
-def check_finite(params: dict[str, nn.Parameter], cfg: TrainConfig, epoch: int, step: int) -> None:
+def check_finite(params: dict[str, nn.Parameter], cfg: TrainConfig, epoch: int, step: int,
+                 shared: SharedGradient | None = None, defense: Defense | None = None) -> None:
     """Stop at the first step that leaves a weight NaN or infinite (a learning rate far too large, an
-    exploding loss), naming the setting to change instead of training on and recording NaN results."""
+    exploding loss), naming the setting to change instead of training on and recording NaN results; when the
+    step's release ``shared`` was itself not finite, the message says so and names the defense (a plug-in whose
+    release is NaN looks like this, and so does a release computed from exploded weights)."""
     bad = next((name for name, p in params.items() if not bool(torch.isfinite(p).all())), None)
     if bad is not None:
+        released = shared.nonfinite() if shared is not None else None
+        if released is not None and defense is not None:
+            raise Diverged(f"training diverged: the defense {type(defense).name or type(defense).__name__!r} released "
+                           f"NaN or infinite values ({released}) at step {step} (epoch {epoch + 1}); a bug of the "
+                           f"defense, or weights that exploded: lower train.lr (now {cfg.lr:g})")
         raise Diverged(f"training diverged: weight {bad} is NaN or infinite after step {step} (epoch {epoch + 1}); "
                        f"lower train.lr (now {cfg.lr:g})")
 
@@ -341,7 +349,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             optimizer.zero_grad(set_to_none=True)
             if schedule is not None:
                 schedule.step()
-            check_finite(params, cfg, epoch, result.steps + 1)
+            check_finite(params, cfg, epoch, result.steps + 1, shared, defense)
             densities.append(shared.density)
             sparse_bytes.append(shared.bytes_sparse())
             result.bytes_dense = shared.bytes_dense()

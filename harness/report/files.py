@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from dpeval.core.errors import brief
-from dpeval.core.files import save_figure
+from dpeval.core.files import plain_name, save_figure
 from dpeval.report.labels import CELL_IMAGES
 from dpeval.report.markup import PAGE_START
 
@@ -28,7 +28,7 @@ def resolve_artefact(value: Any, root: Path, run_id: str) -> Path | None:
     """The file an artefact value names, relative to the results folder ``root`` (an absolute path of an
     older run: its part from ``<run_id>/`` on, under ``root/runs/``); None when it does not exist or
     leads outside ``root/runs/<run_id>/``."""
-    if not isinstance(value, str) or not value or not run_id:
+    if not isinstance(value, str) or not value or not plain_name(run_id):
         return None
     path = Path(value)
     if path.is_absolute():

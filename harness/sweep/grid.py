@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from dpeval.config import build_spec, load_yaml
+from dpeval.config import build_spec, load_yaml, refuse_recorded
 from dpeval.core.errors import ConfigError, brief
 from dpeval.core.params import Params, from_dict, param
 from dpeval.core.spec import RunSpec
@@ -150,6 +150,10 @@ def load_sweep(path: str | Path) -> list[RunSpec]:
     raw = load_yaml(path, "SWEEP_FILE")
     if not raw:
         raise ConfigError(f"{path}: empty sweep file")
+    try:
+        refuse_recorded(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     paper_columns(raw.pop("paper", None), f"{path}: paper")  # validated here; carried by load_paper
     specs: dict[str, RunSpec] = {}
     for point in expand(raw, where=str(path)):

@@ -311,3 +311,18 @@ def test_the_api_leaves_no_temporary_folder_behind(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "kept" and (tmp_path / "kept" / "loss").is_dir()
     assert [p.name for p in scratch.iterdir() if p.name.startswith("dpeval-")] == []
+
+
+@pytest.mark.parametrize("settings,dotted", [({"defaults": ["train.lr=99"]}, {}), (None, {"defaults": ["train.lr=99"]}),
+                                             ({"train": {"epochs": 1}, "defaults": []}, {})],
+                         ids=["in-settings", "as-keyword", "empty-list"])
+def test_configure_refuses_a_defaults_record_it_did_not_write(settings, dotted):
+    """``defaults`` records which data-set defaults dpeval filled in; given by the caller it would be a lie."""
+    with pytest.raises(ConfigError, match="^defaults: recorded by dpeval"):
+        dpeval.configure(settings, **dotted)
+
+
+def test_configure_from_a_runspec_keeps_its_record():
+    spec = dpeval.configure(data__name="digits", model__weights=None)
+    spec.defaults = ["train.lr=0.5"]  # a stored run's record, read back
+    assert dpeval.configure(spec).defaults == ["train.lr=0.5"]

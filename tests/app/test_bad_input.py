@@ -114,6 +114,7 @@ def template(tmp_path_factory):
     (base / "targets.yaml").write_text(yaml.safe_dump({"attacks": ["ig"], "train": {"epochs": 1},
                                                       "attack": {"targets": [6, 10**12]}}))
     (base / "outside.txt").write_text("a file outside the results folder\n")
+    (base / "defaults.yaml").write_text("defaults: [train.lr=99]\ntrain: {epochs: 1}\n")  # dpeval's record, not input
     (base / "huge_grid.yaml").write_text(yaml.safe_dump({"train": {"epochs": list(range(1, 101)),
                                                               "lr": [0.001 * i for i in range(1, 101)]},
                                                     "seeds": list(range(100))}))  # 10**6 points
@@ -199,7 +200,18 @@ CASES = [
          id="run-config-is-a-fifo"),
     case(["run", "--set", "attack.targets=1000000000000", "--attack", "ig", "--epochs", "1"], "attack.targets",
          id="run-attack-targets-beyond-the-data"),
+    case(["run", "--threads", "1000000000"], "--threads: must be a whole number from 1 to", id="run-threads-1e9"),
+    case(["run", "--threads", "100000000000000000000"], "--threads: must be a whole number from 1 to",
+         id="run-threads-1e20"),
+    case(["run", "--attack", "informed-recon", "--set", "attack.informed-recon.targets=1000000000000"],
+         "attack.informed-recon.targets", id="run-informed-targets-1e12"),
+    case(["run", "--attack", "informed-recon", "--set", "privacy.noise_multiplier=1e-30", "--epochs", "1"],
+         "attack.informed-recon: the run's accounted σ = 1e-30", hang=True, id="run-informed-sigma-1e-30"),
+    case(["run", "--epochs", "100000000000000000000"], "train.epochs", id="run-epochs-1e20"),
+    case(["run", "--config", "defaults.yaml"], "defaults: recorded by dpeval", id="run-config-carries-defaults"),
+    case(["run", "--set", "defaults=[train.lr=99]"], "defaults: recorded by dpeval", id="run-set-defaults"),
     # sweep
+    case(["sweep", "defaults.yaml"], "defaults: recorded by dpeval", id="sweep-file-carries-defaults"),
     case(["sweep", "missing.yaml"], "SWEEP_FILE: cannot read missing.yaml", id="sweep-missing-file"),
     case(["sweep", "bin.yaml"], "SWEEP_FILE", id="sweep-binary-file"),
     case(["sweep", "dup.yaml"], "duplicate key 'train'", id="sweep-duplicate-yaml-key"),
@@ -217,6 +229,9 @@ CASES = [
     case(["sweep", "huge_grid.yaml", "--dry-run"], "huge_grid.yaml: the grid has 1000000 points", hang=True,
          id="sweep-dry-run-million-point-grid"),
     case(["sweep", "ok.yaml", "--workers", "0"], "--workers", id="sweep-zero-workers"),
+    case(["sweep", "ok.yaml", "--workers", "100000", "--results", "store"], "--workers: must be a whole number",
+         id="sweep-100000-workers"),
+    case(["sweep", "ok.yaml", "--threads", "1000000000"], "--threads: must be a whole number", id="sweep-threads-1e9"),
     case(["sweep", "ok.yaml", "--executor", "nope"], "--executor", id="sweep-unknown-executor"),
     case(["sweep", "bomb.yaml"], "SWEEP_FILE: bomb.yaml holds more than", hang=True, id="sweep-yaml-alias-bomb"),
     case(["sweep", "fifo.yaml"], "SWEEP_FILE: fifo.yaml is not a regular file", hang=True, id="sweep-file-is-a-fifo"),
@@ -308,17 +323,27 @@ CASES = [
                  "--delta", id="privacy-delta-nan"),
     case(["privacy", "--epsilon", "3", *PRIVACY, "--steps", "3"], "--epochs/--steps",
                  id="privacy-epochs-and-steps"),
+    case(["privacy", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.02", "--epochs",
+          "100000000000000000000"], "--epochs: must be from 1 to", hang=True, id="privacy-epochs-1e20"),
+    case(["privacy", "--noise-multiplier", "1", "--delta", "1e-5", "--sample-rate", "0.02", "--steps",
+          "100000000000000000000"], "--steps: must be from 1 to", hang=True, id="privacy-steps-1e20"),
     # audit
     case(["audit", "--defense", "nope"], "defense", id="audit-unknown-defense"),
     case(["audit", "--defense", "none"], "not a DP mechanism", id="audit-non-dp-defense"),
     case(["audit", "--defense", "dpsgd", "--noise-multiplier", "nan"], "--noise-multiplier",
                  id="audit-sigma-nan"),
     case(["audit", "--defense", "dpsgd", "--trials", "0"], "--trials", id="audit-zero-trials"),
+    case(["audit", "--defense", "dpsgd", "--trials", "1000000000000000"], "--trials: must be an integer from 2",
+         hang=True, id="audit-trials-1e15"),
+    case(["audit", "--defense", "dpsgd", "--trials", "100000000000000000000000"], "--trials", hang=True,
+         id="audit-trials-1e23"),
     case(["audit", "--defense", "dpsgd", "--config", "bin.yaml"], "--config", id="audit-binary-config"),
     case(["audit", "--defense", "dpsgd", "--config", "fifo.yaml"], "not a regular file", hang=True,
          id="audit-config-is-a-fifo"),
     case(["audit", "--defense", "dpsgd", "--set", "privacy.epsilon=3"], "privacy.epsilon",
                  id="audit-epsilon-given"),
+    case(["audit", "--defense", "dpsgd", "--config", "defaults.yaml"], "defaults: recorded by dpeval",
+         id="audit-config-carries-defaults"),
     case(["audit"], "--defense", id="audit-missing-defense"),
     # list
     case(["list", "--bogus"], "--bogus", id="list-unknown-option"),
@@ -434,3 +459,21 @@ def test_an_error_never_repeats_a_huge_value(value):
     (line,) = result.stderr.splitlines()
     assert result.exit_code == 2 and line.startswith("dpeval: error: train.epochs: must be an integer, got ")
     assert len(line) < 200, len(line)
+
+
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+@pytest.mark.parametrize("command", [["run", "--epochs", "1"], ["sweep", "ok.yaml"]])
+def test_an_absurd_thread_count_in_the_environment_is_one_line(variable, command, template, tmp_path, monkeypatch):
+    """OMP_NUM_THREADS=1000000000 would reach the thread pool (libgomp aborts, the run stays `running`): refused
+    before anything starts, naming the variable."""
+    base, _ = template
+    work = tmp_path / "work"
+    shutil.copytree(base, work, symlinks=True)
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv(variable, "1000000000")
+    before = snapshot(work)
+    result = CliRunner().invoke(main, [*command, "--results", "fresh"])
+    (line,) = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and line.startswith(f"dpeval: error: {variable}: must be a whole number"), line
+    assert snapshot(work) == before

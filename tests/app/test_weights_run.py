@@ -110,3 +110,24 @@ def test_gradient_attacks_on_given_weights_attack_the_state_that_exists(tmp_path
     out = invoke("run", "--weights", str(tmp_path / "w.pt"), "--attack", "ig", "--set", "attack.ig.at=epoch:1",
                  "--results", str(tmp_path / "r"))
     assert out.exit_code == 2 and "set attack.ig.at=final" in out.output and out.output.count("\n") == 1, out.output
+
+
+def test_a_torchscript_file_is_refused_in_one_line_without_torch_warnings(tmp_path):
+    """torch.load of a TorchScript archive warns (twice) that it dispatches to torch.jit.load: the refusal is the
+    only line, saying what the file is and what to pass."""
+    import warnings
+
+    import torch
+
+    import dpeval
+
+    model = dpeval.build_model({"train": {"epochs": 1}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # every warning torch gives reaches stderr, as in a fresh process
+        out = invoke("run", "--weights", str(tmp_path / "scripted.pt"), "--results", str(tmp_path / "r"))
+    (line,) = out.stderr.splitlines()
+    assert out.exit_code == 2 and "TorchScript" in line and "state_dict" in line, out.stderr
+    assert not (tmp_path / "r").exists()

