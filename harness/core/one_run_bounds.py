@@ -160,8 +160,10 @@ def gaussian_pair_refusal(in_scores: np.ndarray, out_scores: np.ndarray) -> str 
     for name, group in (("in", in_scores), ("out", out_scores)):
         if len(group) < PAIR_MIN_PER_GROUP:
             return f"{len(group)} {name}-canary scores (the pair model needs at least {PAIR_MIN_PER_GROUP} per group)"
+        if np.ptp(group) == 0:
+            return f"the {name}-canary scores have no spread (a degenerate Gaussian: the pair model does not apply)"
         p = float(stats.normaltest(group).pvalue)
-        if p < PAIR_NORMALITY_LEVEL:
+        if not p >= PAIR_NORMALITY_LEVEL:  # NaN (a test that cannot be computed) refuses too
             return (f"the {name}-canary scores are not Gaussian (D'Agostino–Pearson p = {p:.2g} < "
                     f"{PAIR_NORMALITY_LEVEL})")
     return None

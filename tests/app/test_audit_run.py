@@ -82,6 +82,34 @@ def test_every_dp_defense_without_its_noise_fails_the_whole_run_audit(name):
     assert not result["audit.passed"] and result["audit.verdict"] == "FAIL"
 
 
+class TenthNoiseDPSGD(DPSGD):
+    """Bug: a tenth of the noise the ledger plans (every Gaussian draw scaled by 0.1, σ reported unchanged)."""
+
+    def standard_normal(self, shape):
+        return 0.1 * super().standard_normal(shape)
+
+
+def test_a_tenth_of_the_noise_fails_under_every_estimator_and_no_noise_reaches_the_ceilings():
+    """The planted σ/10 DP-SGD run fails under the counting, the f-DP and the Gaussian-pair analysis alike. With no
+    noise at all every "in" guess of ``sum`` is right (the included canaries are the only nonzero scores), so the
+    guessing estimators reach their ceiling for those guesses: the bound of r right of r. ("Out" guesses cannot all be
+    right: an included canary that was never sampled scores 0, like an excluded one.)"""
+    from dpeval.core.one_run_bounds import fdp_mu_lower_bound, gdp_epsilon
+    from dpeval.core.statistics import one_run_epsilon_lower_bound
+
+    under = audit_run("dpsgd", defense_cls=TenthNoiseDPSGD, canaries=400, **SMALL)
+    assert not under["audit.passed"]
+    for name, bound in under["audit.bounds"].items():
+        assert bound["epsilon_lower_bound"] > under["privacy.epsilon"], (name, bound)
+    free = audit_run("dpsgd", defense_cls=noiseless(DPSGD), canaries=400, **SMALL)
+    in_only = [t for t in free["audit.tests"] if t["statistic"] == "sum" and t["k_out"] == 0]
+    assert in_only and all(t["correct"] == t["k_in"] for t in in_only)
+    m, delta, level = 400, free["privacy.delta"], 0.05 / 3 / 30
+    r = max(t["k_in"] for t in in_only)
+    assert free["audit.bounds"]["counting"]["epsilon_lower_bound"] >= one_run_epsilon_lower_bound(r, r, m, delta, level)
+    assert free["audit.bounds"]["f-dp"]["epsilon_lower_bound"] >= gdp_epsilon(fdp_mu_lower_bound(r, r, m, level), delta)
+
+
 # ---------------------------------------------------------------------------------------------------
 # planted run-level bugs
 

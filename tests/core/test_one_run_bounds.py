@@ -212,6 +212,13 @@ def test_too_few_scores_refuse_the_pair():
     assert "at least" in one_run_bounds(scores, included, DELTA).bounds["gaussian-pair"].refused
 
 
+def test_a_group_without_spread_refuses_the_pair():
+    included = np.random.default_rng(7).random(400) < 0.5
+    scores = np.where(included, np.random.default_rng(8).normal(3.0, 1.0, 400), 0.0)  # noise-free out-scores
+    pair = one_run_bounds(scores, included, DELTA, guesses=[(50, 50)]).bounds["gaussian-pair"]
+    assert not pair.valid and "no spread" in pair.refused
+
+
 # ---------------------------------------------------------------------------------------------------
 # Table 1 of Mahloujifar, Melis & Chaudhuri (bench/one_run_table1.py reproduces all four rows)
 
