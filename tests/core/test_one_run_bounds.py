@@ -109,7 +109,7 @@ def test_every_estimator_covers_a_gaussian_mechanism(mu):
     over = {name: 0 for name in ESTIMATORS}
     for rep in range(200):
         scores, included = gaussian_game(mu, 500, rng)
-        result = one_run_bounds(scores, included, DELTA, guesses=[(25, 25), (75, 75)],
+        result = one_run_bounds(scores, included, DELTA, guesses=[(50, 50)],
                                 rng=np.random.default_rng(rep))
         for name, bound in result.bounds.items():
             over[name] += bound.epsilon_lower_bound > truth
@@ -127,7 +127,7 @@ def test_every_estimator_covers_idealised_dpsgd_at_its_accounted_epsilon():
     over = {name: 0 for name in ESTIMATORS}
     for rep in range(200):
         scores, included = dpsgd_game(q, steps, sigma, 500, rng)
-        result = one_run_bounds(scores, included, DELTA, guesses=[(25, 25), (75, 75)],
+        result = one_run_bounds(scores, included, DELTA, guesses=[(50, 50)],
                                 rng=np.random.default_rng(rep))
         for name, bound in result.bounds.items():
             over[name] += bound.epsilon_lower_bound > truth
