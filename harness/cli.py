@@ -342,6 +342,10 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 @click.option("--sampling", type=click.Choice(["full", "run"]),
               help="model scope: full (default: every record in every step, q = 1, one step per epoch; with SGD "
                    "the step is lr × the summed release) or run (the run's Poisson sampler and steps)")
+@click.option("--training", type=click.Choice(["auto", "sequential", "together"]),
+              help="model scope: sequential (one model at a time through the run's training loop and train.engine), "
+                   "together (all at once, vmapped torch.func gradients) or auto (default: sequential on the CPU, "
+                   "together on CUDA)")
 @click.option("--keep-models", type=click.Path(file_okay=False), default=None,
               help="model scope: keep each finished model in this folder; the same audit run again with it loads "
                    "them and trains only the rest (an interrupted audit goes on)")
@@ -352,7 +356,8 @@ def privacy(epsilon: float | None, noise_multiplier: float | None, delta: float,
 def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, trials: int | None,
           noise_multiplier: float | None, steps: int | None, canaries: int | None, canary_kind: str | None,
           save_scores: str | None, models: int | None, init: str | None, target: str | None,
-          sampling: str | None, keep_models: str | None, seed: int | None, as_json: bool, quiet: bool) -> None:
+          sampling: str | None, training: str | None, keep_models: str | None, seed: int | None, as_json: bool,
+          quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
     from dpeval.config import build_spec
@@ -360,7 +365,7 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
     if scope != "model":
         for flag, value in (("--models", models), ("--init", init), ("--target", target), ("--sampling", sampling),
-                            ("--keep-models", keep_models)):
+                            ("--training", training), ("--keep-models", keep_models)):
             if value is not None:
                 raise ConfigError(f"{flag}: only with --scope model")
     if scope == "model":
@@ -374,7 +379,8 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
                                   "--set privacy.…, the steps with --set train.epochs=…)")
         spec = build_spec(raw)
         given = {k: v for k, v in (("models", models), ("init", init), ("target", target), ("sampling", sampling),
-                                   ("keep", keep_models and Path(keep_models))) if v is not None}
+                                   ("training", training), ("keep", keep_models and Path(keep_models)))
+                 if v is not None}
         options = ModelAuditOptions(**given, progress=not quiet)
         options.validate()
         with audit_failures(spec.defense_name):

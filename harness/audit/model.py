@@ -57,7 +57,7 @@ from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
 from dpeval.core.statistics import MAX_THRESHOLDS, clopper_pearson, rates_at, separation, split_bound
 from dpeval.core.streams import Streams, seed_globals
-from dpeval.engine.shadow_training import train_shadows
+from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.engine.training import BatchSampler
 
 DEFAULT_MODELS = 200
@@ -66,6 +66,7 @@ ALPHA = 0.05                                  # 1 − confidence of the headline
 STATISTICS = ("loss", "projection")
 ESTIMATORS = ("clopper-pearson", "gdp")
 SAMPLINGS = ("full", "run")
+TRAININGS = ("auto", "sequential", "together")
 CRAFT = {"epochs": 5, "lr": 0.01, "batch_size": 32, "optimizer": "sgd", "momentum": 0.0}  # the anchor's recipe
 CLIPBKD_ROWS = 10_000                         # the principal components of at most this many pool records
 GROUP_BYTES = 1 << 30                         # per-sample gradients of one group of models trained together
@@ -78,7 +79,8 @@ class ModelAuditOptions:
     target: str = "blank"     # blank | clipbkd | an index into the private pool | a .pt / .npz file with x, y
     sampling: str = "full"    # full | run
     progress: bool = False
-    group: int = 0            # models trained together (0: as many as GROUP_BYTES of per-sample gradients hold)
+    training: str = "auto"    # sequential | together | auto (sequential on the CPU, together on CUDA)
+    group: int = 0            # together: models per group (0: as many as GROUP_BYTES of per-sample gradients hold)
     keep: Path | None = None  # keep each finished model here; a later audit of the same settings loads them
 
     def validate(self) -> None:
@@ -93,6 +95,8 @@ class ModelAuditOptions:
         if self.target not in ("blank", "clipbkd") and not _is_index(self.target) and not Path(self.target).is_file():
             raise ConfigError(f"--target: must be blank, clipbkd, an index into the private pool or a .pt / .npz "
                               f"file with x and y; {self.target!r} is none of them")
+        if self.training not in TRAININGS:
+            raise ConfigError(f"--training: must be one of {', '.join(TRAININGS)}, got {self.training!r}")
         if self.group < 0:
             raise ConfigError(f"group: must be >= 0, got {self.group}")
         if self.keep is not None and self.keep.exists() and not self.keep.is_dir():
@@ -484,7 +488,10 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         return FixedRateSampler(size, divide, "poisson", generator, rate=privacy.sample_rate, steps=steps)
 
     d = sum(p.numel() for p in prep.model.parameters() if p.requires_grad)
-    group = options.group or auto_group(k, min(cfg.physical_batch_size, n + 1), d)
+    training = options.training
+    if training == "auto":  # measured: one model at a time with the run's engine is faster on the CPU (docs/audit.md)
+        training = "together" if prep.device.type == "cuda" else "sequential"
+    group = (options.group or auto_group(k, min(cfg.physical_batch_size, n + 1), d)) if training == "together" else 1
     seed_globals(prep.streams)
     trained = time.perf_counter()
     kept = None
@@ -494,9 +501,14 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         kept = ShadowStore(options.keep, settings_key(spec, options, defense_cls))
     with tqdm(total=k, desc=f"final-model audit of {spec.defense_name}", unit="model",
               disable=not options.progress, leave=False) as bar:
-        states = train_shadows(build, x, y, pools, lambda i, m, s: prep.make_defense(scopes[i], m, s), cfg, scopes,
-                               prep.device, progress=options.progress, store=_Finished(bar, kept), group=group,
-                               make_sampler=make_sampler)
+        defense_of = lambda i, m, s: prep.make_defense(scopes[i], m, s)  # noqa: E731
+        if training == "together":
+            states = train_shadows(build, x, y, pools, defense_of, cfg, scopes, prep.device,
+                                   progress=options.progress, store=_Finished(bar, kept), group=group,
+                                   make_sampler=make_sampler)
+        else:
+            states = train_shadows_sequential(build, x, y, pools, defense_of, cfg, scopes, prep.device,
+                                              progress=False, store=_Finished(bar, kept), make_sampler=make_sampler)
     train_s = time.perf_counter() - trained
     scores = final_model_scores(prep.build_model, states, theta0, target, prep.device)
     tests = judge(scores, labels, privacy.delta)
@@ -521,6 +533,7 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         "audit.models": k,
         "audit.models_with_target": int(labels.sum()),
         "audit.models_per_group": group,
+        "audit.training": training,
         "audit.init": init,
         "audit.target": target.description,
         "audit.sampling": {

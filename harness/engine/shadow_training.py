@@ -24,8 +24,10 @@ size, epochs, optimizer, schedule and sampling.
   ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
   draws only from its own scope (``scopes[i]``: init, sampler, its defense's noise and masks), so which
   others train beside it changes none of its draws; on CPU its weights come out bit-identical too (tested).
-- **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another — the
-  reference path.
+- **Sequential** (``train_shadows_sequential``): the normal training loop, one model after another, with the
+  recipe's per-sample engine — the reference path, and on the CPU often the faster one: the lean engine's
+  book-keeping never forms a per-sample gradient of a Linear layer (full-batch DP-SGD of a logistic regression on
+  1,000 MNIST records: 4 ms a step against 42 ms for one model's torch.func gradients, one thread).
 """
 
 from __future__ import annotations
@@ -75,19 +77,26 @@ def fresh_models(build: Callable[[], nn.Module], scopes: list[Streams]) -> list[
 def train_shadows_sequential(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
                              pools: list[torch.Tensor], make_defense: MakeDefense,
                              cfg: TrainConfig, scopes: list[Streams], device: torch.device,
-                             progress: bool | None = None) -> list[dict[str, torch.Tensor]]:
-    """Reference path: the normal training loop, one model after another. ``make_defense(i, model,
-    steps_per_epoch)`` binds model i's defense to its own model (needed by defenses that keep it, e.g. GEP)
-    and schedules it for the epochs of model i's pool."""
-    states = []
+                             progress: bool | None = None, store: ShadowProgress | None = None,
+                             make_sampler: MakeSampler | None = None) -> list[dict[str, torch.Tensor]]:
+    """Reference path: the normal training loop (``train``, with the recipe's ``train.engine``), one model after
+    another. ``make_defense(i, model, steps_per_epoch)`` binds model i's defense to its own model (needed by
+    defenses that keep it, e.g. GEP) and schedules it for the epochs of model i's pool. ``store`` and
+    ``make_sampler`` as for ``train_shadows`` (each model is saved as soon as it is trained)."""
+    states = store.finished(len(pools)) if store is not None else {}
     models = fresh_models(build, scopes)
-    for i, model in enumerate(tqdm(models, desc="shadows (sequential)", disable=progress is False, leave=False)):
-        idx = pools[i]
-        sampler = BatchSampler(len(idx), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
+    todo = [i for i in range(len(pools)) if i not in states]
+    for i in tqdm(todo, desc="shadows (sequential)", disable=progress is False, leave=False):
+        model, idx = models[i], pools[i]
+        generator = scopes[i].generator("sampler")
+        sampler = (BatchSampler(len(idx), cfg.batch_size, cfg.sampling, generator) if make_sampler is None
+                   else make_sampler(i, len(idx), generator))
         defense = make_defense(i, model, sampler.steps_per_epoch)
         train(model, _Split(x[idx], y[idx]), _Split(x[:0], y[:0]), defense, cfg, sampler, device, progress=False)
-        states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
-    return states
+        states[i] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        if store is not None:
+            store.save(i, states[i])
+    return [states[i] for i in range(len(pools))]
 
 
 @dataclass

@@ -162,18 +162,47 @@ def test_a_file_init_holding_the_runs_initialisation_reproduces_random(tmp_path)
 def test_kept_models_resume_an_audit_and_only_under_the_same_settings(tmp_path, monkeypatch):
     from dpeval.engine import shadow_training
 
-    first = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8))
+    first = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8,
+                                                             training="together"))
     assert len(list((tmp_path / "models").glob("shadow-*.pt"))) == 20
     (tmp_path / "models" / "shadow-13.pt").unlink()  # as if interrupted before model 13 was kept
     trained = []
     real = shadow_training._train_together
     monkeypatch.setattr(shadow_training, "_train_together", lambda *a, **k: trained.append(len(a[3])) or real(*a, **k))
-    again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8))
+    again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8,
+                                                             training="together"))
     assert trained == [1] and again["audit.tests"] == first["audit.tests"]  # only model 13 trained; same result
     trained.clear()
-    other = run_model_audit(spec("dpsgd", privacy={"epsilon": 2.0}), ModelAuditOptions(models=20,
-                                                                                         keep=tmp_path / "models"))
+    other = run_model_audit(spec("dpsgd", privacy={"epsilon": 2.0}),
+                            ModelAuditOptions(models=20, keep=tmp_path / "models", training="together"))
     assert trained == [20] and other["privacy.epsilon"] == pytest.approx(2.0, abs=0.02)  # another key: all retrained
+
+
+def test_sequential_training_keeps_each_model_and_resumes(tmp_path, monkeypatch):
+    """One model at a time (the CPU default): each model is kept as soon as it is trained; an interrupted audit
+    trains only the missing ones and gives the same result."""
+    from dpeval.engine import shadow_training
+
+    first = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models"))
+    assert first["audit.training"] == "sequential" and first["audit.models_per_group"] == 1
+    (tmp_path / "models" / "shadow-4.pt").unlink()
+    trained = []
+    real = shadow_training.train
+    monkeypatch.setattr(shadow_training, "train", lambda *a, **k: trained.append(1) or real(*a, **k))
+    again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models"))
+    assert len(trained) == 1 and again["audit.tests"] == first["audit.tests"]
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "rs", "gep"])
+def test_sequential_and_together_train_the_same_models(name):
+    """The two training paths draw each model's sampling, noise and masks from the same streams and use the same
+    per-sample gradients (torch.func here), so they train the same models up to float rounding: equal scores."""
+    raw = spec(name, train={"engine": "func"})
+    together = run_model_audit(raw, ModelAuditOptions(models=20, training="together"))
+    sequential = run_model_audit(raw, ModelAuditOptions(models=20, training="sequential"))
+    assert together["audit.training"] == "together" and sequential["audit.training"] == "sequential"
+    for a, b in zip(together["audit.tests"], sequential["audit.tests"]):
+        assert a["separation"] == pytest.approx(b["separation"], rel=1e-3, abs=1e-4), (a, b)
 
 
 def test_sampler_full_batch_and_fixed_rate():
@@ -274,6 +303,7 @@ def test_cli_exit_1_on_a_registered_noiseless_defense():
     (["--target", "WRONG_SHAPE"], "--target"),
     (["--target", "clipbkd", "--set", "data.name=tokens", "--set", "model.name=null"], "--target"),
     (["--sampling", "sometimes"], "--sampling"),
+    (["--training", "parallel"], "--training"),
     (["--keep-models", "WRONG_SHAPES"], "--keep-models"),
     (["--sampling", "run", "--set", "train.sampling=shuffle"], "--sampling"),
     (["--trials", "100"], "--trials"),
@@ -286,6 +316,7 @@ def test_bad_input_is_refused_in_one_line_before_training(args, message, tmp_pat
         raise AssertionError("trained on bad input")
 
     monkeypatch.setattr(model_audit, "train_shadows", no_training)
+    monkeypatch.setattr(model_audit, "train_shadows_sequential", no_training)
     wrong = tmp_path / "wrong.pt"
     torch.save({"weight": torch.zeros(3)}, wrong)
     wrong_target = tmp_path / "wrong.npz"

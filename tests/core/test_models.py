@@ -22,7 +22,7 @@ from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, sk
 
 ALL = MODELS.names()
 EXPECTED = {"dpcnn", "dpcnn-small", "cnn6", "cnn3", "fcn3", "mlp", "resnet20-gn", "hcnn", "hcnn-small", "vit", "gpt",
-            "logreg", "cnn2-mnist"}
+            "logreg", "cnn2-mnist", "tanh-cnn-mnist"}
 # Models of token sequences (tested below with token inputs); the rest take images.
 TOKEN_MODELS = {"gpt"}
 IMAGE = [n for n in ALL if n not in TOKEN_MODELS]
@@ -37,6 +37,7 @@ SMALL_SHAPE = {
     "mlp": (1, 8, 8),
     "logreg": (1, 8, 8),
     "cnn2-mnist": (1, 16, 16),
+    "tanh-cnn-mnist": (1, 28, 28),
     "resnet20-gn": (3, 4, 4),
     "hcnn": (1, 8, 8),
     "hcnn-small": (1, 4, 4),
@@ -47,7 +48,8 @@ SMALL_SHAPE = {
 SHAPES = [(1, 8, 8), (3, 32, 32), (1, 28, 28), (2, 17, 13)]
 # dpcnn-small and cnn2-mnist need H, W >= 16; everything else takes all the shapes above.
 INVALID = {("dpcnn-small", (1, 8, 8)), ("dpcnn-small", (2, 17, 13)), ("vit", (2, 17, 13)), ("cnn2-mnist", (1, 8, 8)),
-           ("cnn2-mnist", (2, 17, 13))}
+           ("cnn2-mnist", (2, 17, 13)), ("tanh-cnn-mnist", (1, 8, 8)), ("tanh-cnn-mnist", (3, 32, 32)),
+           ("tanh-cnn-mnist", (2, 17, 13))}
 # Models whose fixed scattering front cannot run inside vmap (the engines apply it outside: fixed_front).
 FIXED_FRONT = {"hcnn", "hcnn-small"}
 
@@ -124,6 +126,7 @@ def test_a_dataset_without_a_default_model_needs_model_name() -> None:
     [
         ("dpcnn", (3, 32, 32), 550_570),
         ("dpcnn-small", (1, 28, 28), 26_010),
+        ("tanh-cnn-mnist", (1, 28, 28), 25_386),
         ("cnn6", (3, 32, 32), 154_266),
         ("hcnn", (3, 32, 32), 187_210),
         ("hcnn-small", (1, 28, 28), 33_066),
@@ -136,6 +139,39 @@ def test_exact_param_counts(name: str, shape: tuple[int, int, int], expected: in
     # Normalize contributes no parameters, so the wrapped model has the same count.
     assert num_params(full[0], trainable_only=False) == 0
     assert num_params(full) == expected
+
+
+def test_tanh_cnn_mnist_is_the_anchors_network_and_loads_its_parameters() -> None:
+    """``bench/anchor_init.py`` maps the published SmallNetwork's state dict (names net.conv1 … net.fc2) onto
+    ``tanh-cnn-mnist``; the loaded model computes the anchor's forward pass (written out below from its code:
+    conv → max-pool 2 → tanh twice, 512 → 32 tanh → 10, on (x − 0.1307) / 0.3081)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "anchor_init.py"
+    module_spec = importlib.util.spec_from_file_location("anchor_init", path)
+    anchor_init = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(anchor_init)
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"net.conv1.weight": (16, 1, 5, 5), "net.conv1.bias": (16,), "net.conv2.weight": (32, 16, 4, 4),
+              "net.conv2.bias": (32,), "net.fc1.weight": (32, 512), "net.fc1.bias": (32,),
+              "net.fc2.weight": (10, 32), "net.fc2.bias": (10,)}
+    theirs = {name: torch.randn(shape, generator=gen) * 0.2 for name, shape in shapes.items()}
+    model = build_model("tanh-cnn-mnist", (1, 28, 28), 10, (0.5,), (0.25,))
+    model.load_state_dict(anchor_init.convert(theirs))  # strict: every name and shape matches
+    x = torch.rand(4, 1, 28, 28, generator=gen)
+
+    def their_forward(x: torch.Tensor) -> torch.Tensor:
+        p = theirs
+        h = (x - 0.1307) / 0.3081
+        h = torch.tanh(F.max_pool2d(F.conv2d(h, p["net.conv1.weight"], p["net.conv1.bias"]), (2, 2)))
+        h = torch.tanh(F.max_pool2d(F.conv2d(h, p["net.conv2.weight"], p["net.conv2.bias"]), (2, 2)))
+        h = torch.tanh(F.linear(h.view(-1, 512), p["net.fc1.weight"], p["net.fc1.bias"]))
+        return F.linear(h, p["net.fc2.weight"], p["net.fc2.bias"])
+
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), their_forward(x))
+    with pytest.raises(SystemExit, match="net.conv3.weight"):
+        anchor_init.convert({"net.conv3.weight": torch.zeros(1)})
 
 
 def test_num_params_trainable_only() -> None:
@@ -247,7 +283,8 @@ def test_build_model_rejects_stats_channel_mismatch() -> None:
 
 @pytest.mark.parametrize("name", IMAGE)
 def test_no_batchnorm(name: str) -> None:
-    model = build_model(name, (3, 32, 32), 10, *_stats(3))
+    shape = (3, 32, 32) if (name, (3, 32, 32)) not in INVALID else SMALL_SHAPE[name]
+    model = build_model(name, shape, 10, *_stats(shape[0]))
     bad = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm2d)
     assert not any(isinstance(m, bad) for m in model.modules())
     assert not any("BatchNorm" in type(m).__name__ for m in model.modules())

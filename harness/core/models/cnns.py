@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from dpeval.core.errors import ConfigError
 from dpeval.core.models._shapes import Shape, check_in_shape, features_out, numel, takes_settings
 from dpeval.core.models.pooling import MaxPool2d
 from dpeval.core.registry import MODELS
@@ -49,6 +50,25 @@ def dpcnn_small(in_shape: Shape, num_classes: int) -> nn.Module:
     return nn.Sequential(
         *features, nn.Flatten(), nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes)
     )
+
+
+@MODELS.register(
+    "tanh-cnn-mnist", "The MNIST tanh CNN of Dörmann et al. 2021 that Annamalai & De Cristofaro 2024 audit: conv "
+                      "16@5x5, max-pool 2, tanh, conv 32@4x4, max-pool 2, tanh, 512 -> 32 tanh -> classes (25,386 "
+                      "params at 1x28x28); needs 1x28x28"
+)
+def tanh_cnn_mnist(in_shape: Shape, num_classes: int) -> nn.Module:
+    """Layer for layer the anchor's ``SmallNetwork`` (convolution, then pooling, then tanh; no padding, pooling of
+    stride 2), so that its published initial parameters load (their names mapped by ``bench/anchor_init.py``)."""
+    in_shape = check_in_shape("tanh-cnn-mnist", in_shape, num_classes)
+    if tuple(in_shape) != (1, 28, 28):
+        raise ConfigError(f"model.name: tanh-cnn-mnist needs 1x28x28 inputs (its 512 features are 32x4x4); the "
+                          f"data has shape {tuple(in_shape)}")
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 5), MaxPool2d(2), nn.Tanh(),
+        nn.Conv2d(16, 32, 4), MaxPool2d(2), nn.Tanh(),
+        nn.Flatten(), nn.Linear(512, 32), nn.Tanh(), nn.Linear(32, num_classes),
+    )  # fmt: skip
 
 
 @MODELS.register(
