@@ -109,6 +109,11 @@ def format_model_audit(result: dict[str, Any]) -> str:
                      f"TPR {t['tpr']:.3f} [{t['tpr_ci'][0]:.3f}, {t['tpr_ci'][1]:.3f}]  FPR {t['fpr']:.3f} "
                      f"[{t['fpr_ci'][0]:.3f}, {t['fpr_ci'][1]:.3f}]  threshold {t['threshold']:.4g}  "
                      f"({t['confidence']:.2%})")
+    if "audit.anchor_reading" in r:
+        readings = ", ".join(f"{name} ε {a['epsilon']:.2f} (μ {a['mu']:.2f})"
+                             for name, a in r["audit.anchor_reading"].items())
+        lines.append(f"  for comparison only, the anchor's reading (threshold chosen on all {r['audit.models']} "
+                     f"models, the scores it is judged on; not a bound): {readings}")
     if r["audit.passed"]:
         lines.append("  PASS: ε_LB ≤ ε")
     else:

@@ -325,6 +325,23 @@ def gdp_split_test(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: 
     }
 
 
+def anchor_reading(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: float = ALPHA) -> dict[str, float]:
+    """The anchor's own GDP reading (Annamalai & De Cristofaro's ``compute_eps_lower_gdp``), for comparison with
+    their numbers only: over EVERY model, at every threshold, two-sided (1 − 2α) Clopper–Pearson upper ends of FPR
+    and FNR give μ = Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi), and the largest ε_μ(δ) over the thresholds is reported. The
+    threshold is chosen on the scores it is judged on, so this is not a (1 − α) bound (it is optimistic); the
+    audit's verdict never uses it."""
+    scores, labels = np.asarray(scores, dtype=float).ravel(), np.asarray(labels, dtype=bool).ravel()
+    thresholds = np.unique(scores)
+    hits = scores[None, :] >= thresholds[:, None]
+    fp, fn = (hits & ~labels).sum(axis=1), (~hits & labels).sum(axis=1)
+    fpr_hi, fnr_hi = _cp_upper(fp, int((~labels).sum()), 2 * alpha), _cp_upper(fn, int(labels.sum()), 2 * alpha)
+    with np.errstate(invalid="ignore"):
+        mus = np.nan_to_num(special.ndtri(1 - fpr_hi) - special.ndtri(fnr_hi), nan=-np.inf)
+    mu = max(float(mus.max()), 0.0)
+    return {"epsilon": gdp_epsilon(mu, delta), "mu": mu, "threshold": float(thresholds[int(np.argmax(mus))])}
+
+
 def judge(scores: dict[str, np.ndarray], labels: np.ndarray, delta: float,
           alpha: float = ALPHA) -> list[dict[str, Any]]:
     """Every statistic × estimator test at level α / (their number) (Bonferroni): the largest bound is a (1 − α)
@@ -543,6 +560,8 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
             "gradient": ("sum: lr × (Σ clipped + noise)" if summed else
                          "sum or mean: Adam's step ignores the scale" if options.sampling == "full" else
                          f"the run's: the release over the expected batch {divide}")},
+        "audit.anchor_reading": {statistic: anchor_reading(values, labels, privacy.delta)
+                                 for statistic, values in scores.items()},
         "audit.tests": [{**t, "tpr_ci": list(t["tpr_ci"]), "fpr_ci": list(t["fpr_ci"]),
                          **({"mu_ci": list(t["mu_ci"])} if "mu_ci" in t else {})} for t in tests],
         "time.train_s": train_s,

@@ -55,6 +55,7 @@ def audit(name, defense_cls=None, models=MODELS, **options):
 def test_every_dp_defense_passes_the_final_model_audit(name):
     result = audit(name)
     assert result["audit.scope"] == "model" and result["audit.passed"] and result["audit.verdict"] == "PASS", result
+    assert set(result["audit.anchor_reading"]) == set(STATISTICS)
     assert 0 <= result["audit.epsilon_lower_bound"] <= result["privacy.epsilon"]
     assert result["privacy.epsilon"] == pytest.approx(1.0, abs=0.01)
     assert result["privacy.sample_rate"] == 1.0 and result["privacy.steps"] == 5  # full batch: one step an epoch
@@ -247,6 +248,26 @@ def test_the_gdp_bound_is_tight_on_well_separated_scores():
     test = gdp_split_test(rng.standard_normal(2000) + 2.0 * labels, labels, 1e-5, 0.05)
     assert 1.5 < test["mu_lower_bound"] <= 2.0
     assert test["mu_ci"][0] <= test["mu_hat"] <= test["mu_ci"][1]
+
+
+def test_the_anchors_reading_is_their_formula_over_every_threshold():
+    """``anchor_reading`` against an independent computation of the anchor's ``compute_eps_lower_gdp`` (scipy's
+    binomtest intervals at 1 − 2α, every unique score a threshold, the largest ε); on well separated scores it reads
+    higher than the held-out test, whose threshold never sees the models that judge it."""
+    from scipy.stats import binomtest, norm
+
+    rng = np.random.default_rng(3)
+    labels = balanced_labels(200, rng)
+    scores = rng.normal(size=200) + 2.0 * labels
+    best = 0.0
+    for t in np.unique(scores):
+        fp, fn = int(((scores >= t) & ~labels).sum()), int(((scores < t) & labels).sum())
+        fpr = binomtest(fp, int((~labels).sum())).proportion_ci(confidence_level=0.9).high
+        fnr = binomtest(fn, int(labels.sum())).proportion_ci(confidence_level=0.9).high
+        best = max(best, norm.ppf(1 - fpr) - norm.ppf(fnr))
+    reading = model_audit.anchor_reading(scores, labels, 1e-5)
+    assert reading["mu"] == pytest.approx(best, rel=1e-6) and reading["epsilon"] == pytest.approx(gdp_epsilon(best, 1e-5))
+    assert reading["epsilon"] > gdp_split_test(scores, labels, 1e-5, 0.05 / 4)["epsilon_lower_bound"]
 
 
 def test_judge_splits_the_confidence_and_refuses_non_finite_scores():
