@@ -6,6 +6,7 @@
     python bench/benchmark_page.py --export-audits RESULTS   # only the one-run audits, row by row
     python bench/benchmark_page.py --export-informed RESULTS [RESULTS ...]  # the informed-reconstruction rows
                                                                # (their own CSV; from one folder or several)
+    python bench/benchmark_page.py --export-model-audits RESULTS  # the final-model column (bench/model_audit_column.py)
 
 ``--export`` reads the results folder through dpeval's leaderboard (one row per run, its settings and every
 metric) into docs/results/benchmark-fashionmnist.csv, scores every membership run's per-example file with
@@ -42,6 +43,21 @@ from dpeval.doc_markers import write_into
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _bench_module(name: str):
+    """Another script of bench/ (not a package) as a module."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+model_audit_column = _bench_module("model_audit_column")  # the final-model column's rows and section
+
+
 class Files:
     """Where the exports, figures and page go (``--docs``: a docs folder, default the repository's)."""
 
@@ -54,6 +70,7 @@ class Files:
         self.epoch = docs / "results/benchmark-fashionmnist-epoch.csv"  # bench/benchmark_epoch.py --out
         self.informed = docs / "results/benchmark-fashionmnist-informed.csv"  # --export-informed
         self.informed_figure = docs / "results/benchmark-fashionmnist-informed.svg"
+        self.model_audit = docs / "results/benchmark-fashionmnist-model-audit.csv"  # --export-model-audits
         self.page = docs / "benchmark.md"
 
 
@@ -667,6 +684,8 @@ def main() -> None:
     parser.add_argument("--export-audits", type=Path, metavar="RESULTS",
                         help="update the audits' CSV from RESULTS/audits only, row by row (re-measured rows replace "
                              "their old ones)")
+    parser.add_argument("--export-model-audits", type=Path, metavar="RESULTS",
+                        help="write the final-model column's CSV from bench/model_audit_column.py's RESULTS folder")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repository's)")
     args = parser.parse_args()
     files = Files(args.docs)
@@ -677,6 +696,8 @@ def main() -> None:
         export_informed(args.export_informed, files.informed)
     if args.export_audits:
         export_audits(args.export_audits / "audits", files.audit, merge=True)
+    if args.export_model_audits:
+        model_audit_column.export_rows(args.export_model_audits, files.model_audit)
     rows = [r for r in read(files.csv) if r.get("status", "done") == "done"]
     audits = read(files.audit) if files.audit.is_file() else []
     all_cells = cells(rows)
@@ -696,7 +717,11 @@ def main() -> None:
                progress(all_cells) + table(all_cells) + "\n\n" + epoch_note + ". " + compute(rows, audits) + figure)
     write_into(files.page, "benchmark-readings", readings(all_cells))
     informed = read(files.informed) if files.informed.is_file() else []
-    write_into(files.page, "benchmark-summary", summary(all_cells, informed))
+    model_audits = read(files.model_audit) if files.model_audit.is_file() else []
+    write_into(files.page, "benchmark-summary", summary(all_cells, informed)
+               + ("\n" + model_audit_column.summary_line(model_audits) if model_audits else ""))
+    if model_audits:
+        write_into(files.page, "benchmark-model-audit", model_audit_column.section(model_audits))
     grid = f"\n\n![the most exposed training images](results/{files.grid.name})" if files.grid.is_file() else ""
     write_into(files.page, "benchmark-exposure", exposure_table(files.exposure) + grid)
     if informed:

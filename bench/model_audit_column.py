@@ -6,7 +6,8 @@ De Cristofaro 2024): crafted initial parameters, a blank target, full-batch trai
 
 One JSON per row under RESULTS (default ``runs/model-audit-column``), written when the row's audit ends; a finished
 row is skipped and an interrupted one goes on from its kept models (``RESULTS/models/<row>``), so the script is
-resumable. ``bench/benchmark_page.py --export-model-audits RESULTS`` turns the rows into the page's column.
+resumable. ``bench/benchmark_page.py --export-model-audits RESULTS`` turns the rows into
+docs/results/benchmark-fashionmnist-model-audit.csv (``export_rows``) and the page's section (``section``).
 
 Each row keeps its defense's benchmark parameters (clip C = 0.1, RS's rate and schedule, GEP's bases and groups, …)
 and changes what makes 200 models affordable on two cores, the same for every row:
@@ -23,7 +24,9 @@ and changes what makes 200 models affordable on two cores, the same for every ro
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import os
 import platform
 import sys
@@ -49,6 +52,118 @@ def row_config(defense: str, epsilon: float) -> dict:
     return {"defense": recipe["defense"], "data": OVERRIDES["data"], "model": OVERRIDES["model"],
             "train": {**recipe["train"], **OVERRIDES["train"]},
             "privacy": {"epsilon": epsilon, "delta": recipe["privacy"]["delta"], "accountant": "prv"}}
+
+
+ROW_NAMES = {"groupwise-all": "groupwise (all)", "groupwise-layer": "groupwise (layer)"}
+COLUMNS = ["defense", "target_epsilon", "epsilon", "accounted_mu", "noise_multiplier", "models", "epsilon_lower_bound",
+           "estimator", "statistic", "mu_lower_bound", "mu_hat", "mu_hat_lo", "mu_hat_hi", "loss_separation",
+           "loss_separation_se", "projection_separation", "anchor_reading_epsilon", "crafted_test_accuracy", "train_s",
+           "threads"]
+
+
+def separation_se(d: float, n_in: int, n_out: int) -> float:
+    """Standard error of the standardised shift (mean_in − mean_out) / sd_out of Gaussian scores of equal spread:
+    √(1/n_in + 1/n_out + d²/(2 n_out)) (the last term from estimating sd_out)."""
+    return math.sqrt(1 / n_in + 1 / n_out + d * d / (2 * n_out))
+
+
+def export_rows(results: Path, out: Path) -> list[dict]:
+    """One CSV row per finished row of the column (``<defense>-eps<ε>.json``)."""
+    from dpeval.core.one_run_bounds import gdp_mu
+
+    rows = []
+    for path in sorted(results.glob("*-eps*.json")):
+        r = json.loads(path.read_text())
+        tests = {(t["statistic"], t["estimator"]): t for t in r["audit.tests"]}
+        loss = tests[("loss", "gdp")]["separation"]
+        n_in = r["audit.models_with_target"]
+        rows.append({
+            "defense": ROW_NAMES.get(r["bench.row"], r["bench.row"]),
+            "target_epsilon": float(path.stem.rsplit("-eps", 1)[1]), "epsilon": round(r["privacy.epsilon"], 3),
+            "accounted_mu": round(gdp_mu(r["privacy.epsilon"], r["privacy.delta"]), 3),
+            "noise_multiplier": round(r["privacy.noise_multiplier"], 4), "models": r["audit.models"],
+            "epsilon_lower_bound": round(r["audit.epsilon_lower_bound"], 3), "estimator": r["audit.estimator"],
+            "statistic": r["audit.statistic"], "mu_lower_bound": round(r["audit.mu_lower_bound"], 3),
+            "mu_hat": round(r["audit.mu_hat"], 3), "mu_hat_lo": round(r["audit.mu_hat_ci"][0], 3),
+            "mu_hat_hi": round(r["audit.mu_hat_ci"][1], 3), "loss_separation": round(loss, 3),
+            "loss_separation_se": round(separation_se(loss, n_in, r["audit.models"] - n_in), 3),
+            "projection_separation": round(tests[("projection", "gdp")]["separation"], 3),
+            "anchor_reading_epsilon": round(max(a["epsilon"] for a in r["audit.anchor_reading"].values()), 3),
+            "crafted_test_accuracy": round(r["audit.init"].get("test_accuracy", float("nan")), 4),
+            "train_s": round(r["time.train_s"]), "threads": r["time.threads"]})
+    if rows:
+        with out.open("w", newline="") as f:
+            writer = csv.DictWriter(f, COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {out} ({len(rows)} rows)")
+    return rows
+
+
+ORDER = ["dpsgd", "rs", "random-freeze", "gep", "adaclip", "groupwise (all)", "groupwise (layer)"]
+
+
+def _f(row: dict, key: str) -> float:
+    return float(row[key])
+
+
+def against_dpsgd(rows: list[dict]) -> list[tuple[dict, dict, float, float]]:
+    """(row, DP-SGD's row at the same ε, difference of the loss separations, its 95 % half-width)."""
+    base = {_f(r, "target_epsilon"): r for r in rows if r["defense"] == "dpsgd"}
+    out = []
+    for r in rows:
+        b = base.get(_f(r, "target_epsilon"))
+        if r["defense"] != "dpsgd" and b is not None:
+            half = 1.96 * math.hypot(_f(r, "loss_separation_se"), _f(b, "loss_separation_se"))
+            out.append((r, b, _f(r, "loss_separation") - _f(b, "loss_separation"), half))
+    return out
+
+
+def section(rows: list[dict]) -> str:
+    """The page's table (one line per row) and its reading against DP-SGD, from the CSV rows."""
+    rows = sorted(rows, key=lambda r: (_f(r, "target_epsilon"), ORDER.index(r["defense"])
+                                       if r["defense"] in ORDER else 99))
+    lines = ["| defense | ε | μ (accounted) | ε_LB (95 %) | ε_LB / ε | test | μ̂ [interval] | loss separation ± 1.96 SE "
+             "| projection separation | anchor's reading |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['defense']} | {_f(r, 'epsilon'):.2f} | {_f(r, 'accounted_mu'):.2f} | "
+            f"{_f(r, 'epsilon_lower_bound'):.2f} | {_f(r, 'epsilon_lower_bound') / _f(r, 'epsilon'):.0%} | "
+            f"{r['statistic']}/{r['estimator']} | {_f(r, 'mu_hat'):.2f} [{_f(r, 'mu_hat_lo'):.2f}, "
+            f"{_f(r, 'mu_hat_hi'):.2f}] | {_f(r, 'loss_separation'):.2f} ± {1.96 * _f(r, 'loss_separation_se'):.2f} | "
+            f"{_f(r, 'projection_separation'):.2f} | {_f(r, 'anchor_reading_epsilon'):.2f} |")
+    missing = sorted({f"{d} at ε = {e:g}" for d in ORDER for e in EPSILONS}
+                     - {f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}" for r in rows})
+    text = ["\n".join(lines), ""]
+    if missing:
+        text.append(f"Not measured yet: {', '.join(missing)}.\n")
+    reading = []
+    for r, b, diff, half in against_dpsgd(rows):
+        eps = _f(r, "target_epsilon")
+        verdict = ("less than DP-SGD" if diff + half < 0 else "more than DP-SGD" if diff - half > 0 else
+                   "within noise of DP-SGD")
+        reading.append(f"{r['defense']} at ε = {eps:g}: {verdict} (loss separation {_f(r, 'loss_separation'):.2f} "
+                       f"against {_f(b, 'loss_separation'):.2f}, difference {diff:+.2f} ± {half:.2f})")
+    if reading:
+        text.append("Against DP-SGD at the same ε (the difference of the loss separations with its 95 % interval; "
+                    "*less* or *more* only where the interval excludes zero): " + "; ".join(reading) + ".")
+    return "\n".join(text)
+
+
+def summary_line(rows: list[dict]) -> str:
+    """The page's "In short" bullet."""
+    if not rows:
+        return ""
+    ratios = [_f(r, "epsilon_lower_bound") / _f(r, "epsilon") for r in rows]
+    compared = against_dpsgd(rows)
+    less = [f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}" for r, _, d, h in compared if d + h < 0]
+    more = [f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}" for r, _, d, h in compared if d - h > 0]
+    return (f"- **Final model, worst case** (`--scope model`, crafted θ₀, blank target, {rows[0]['models']} models "
+            f"a row): {len(rows)} of 21 private rows audited; ε_LB is {min(ratios):.0%}–{max(ratios):.0%} of the "
+            f"accounted ε; against DP-SGD's loss separation at the same ε, "
+            f"{len(compared)} rows compared: resolved less: "
+            f"{', '.join(less) or 'none'}; resolved more: {', '.join(more) or 'none'}; the rest within noise.")
 
 
 def main() -> None:
