@@ -88,7 +88,8 @@ def export_rows(results: Path, out: Path) -> list[dict]:
             "mu_hat_hi": round(r["audit.mu_hat_ci"][1], 3), "loss_separation": round(loss, 3),
             "loss_separation_se": round(separation_se(loss, n_in, r["audit.models"] - n_in), 3),
             "projection_separation": round(tests[("projection", "gdp")]["separation"], 3),
-            "anchor_reading_epsilon": round(max(a["epsilon"] for a in r["audit.anchor_reading"].values()), 3),
+            "anchor_reading_epsilon": round(max((a["epsilon"] for a in r.get("audit.anchor_reading", {}).values()),
+                                                default=math.nan), 3),
             "crafted_test_accuracy": round(r["audit.init"].get("test_accuracy", float("nan")), 4),
             "train_s": round(r["time.train_s"]), "threads": r["time.threads"]})
     if rows:
