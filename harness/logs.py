@@ -85,9 +85,9 @@ def open_run_log(path: Path) -> Callable[[], None]:
     logger = logging.getLogger("dpeval")
     handler = RunLogHandler(path)
     logger.addHandler(handler)
-    former = logger.getEffectiveLevel()
+    former, propagate = logger.getEffectiveLevel(), logger.propagate
     forward = None
-    if logger.level == logging.NOTSET and former > logging.INFO:
+    if logger.level == logging.NOTSET and former > logging.INFO and propagate:
         forward = _ToCallersHandlers(former)
         logger.addHandler(forward)
         logger.setLevel(logging.INFO)
@@ -99,7 +99,7 @@ def open_run_log(path: Path) -> Callable[[], None]:
         if forward is not None:
             logger.removeHandler(forward)
             logger.setLevel(logging.NOTSET)
-            logger.propagate = True
+            logger.propagate = propagate
 
     return close
 
