@@ -3,7 +3,9 @@ or YAML involved (docs/api.md). Everything here is also reachable as ``dpeval.<n
 
 * ``configure(settings, **dotted)``: a validated ``RunSpec`` (the same settings as a YAML file or ``--set``).
 * ``run(spec)``: train the victim with its defense, play its attacks, return a ``RunResult``; with ``results=``
-  also recorded in a results folder, exactly as ``dpeval run`` records it.
+  also recorded in a results folder, exactly as ``dpeval run`` records it; ``model=factory``: your own network.
+* ``per_sample_norms(model, inputs, targets, engine)``: each example's gradient norm, as dpeval's per-sample
+  engines compute it for clipping.
 * ``load_data(settings)``: the data a run would use (private pool, test, public splits), for your own training.
 * ``build_model(settings)``: the model a run would build (untrained), to train elsewhere and attack with
   ``dpeval run --weights``.
@@ -18,13 +20,14 @@ or YAML involved (docs/api.md). Everything here is also reachable as ``dpeval.<n
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import math
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ import torch
 from torch import nn
 
 from dpeval.config import build_spec, refuse_recorded, set_dotted
-from dpeval.core.errors import ConfigError
+from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.runtime import in_known_torch_state, known_torch_state
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
@@ -40,6 +43,7 @@ from dpeval.results import RunResult
 
 Settings = Mapping[str, Any] | RunSpec
 TrainShadow = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], nn.Module | None]
+ModelFactory = Callable[[tuple[int, int, int], int], nn.Module]
 
 
 def configure(settings: Settings | None = None, /, **dotted: Any) -> RunSpec:
@@ -129,18 +133,29 @@ def build_model(settings: Settings | None = None, /, **dotted: Any) -> nn.Module
 
 
 @in_known_torch_state
-def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | None = None,
-        progress: bool = False) -> RunResult:
-    """Train and attack one run; its typed result. ``results``: also record it in that results folder (resuming an
-    interrupted run of the same configuration there, as ``dpeval run`` does). Otherwise nothing is recorded and
-    the run's files (``model.pt``, ``log.txt``, attack artefacts) go to ``out``, or to a new temporary folder
-    (``RunResult.folder``) removed when the Python process exits. ``progress``: progress bars (training and shadow
-    models) on stderr. An attack that fails after training is reported in its ``AttackOutcome.error`` (status
-    ``failed``); any other failure raises."""
+def run(spec: Settings, *, model: ModelFactory | None = None, results: str | Path | None = None,
+        out: str | Path | None = None, progress: bool = False) -> RunResult:
+    """Train and attack one run; its typed result. ``model``: your own network, as a factory ``model(in_shape,
+    num_classes) -> nn.Module`` (``in_shape`` = (C, H, W) of the data; it returns one logit per class): the run
+    builds and trains it exactly as a registered model (behind the data's ``Normalize``, in the run's seeded
+    initialisation, fresh ones for shadow models) and records it as ``model.name: python:<its name>``
+    (``model_run``). ``results``: also record it in that results folder (resuming an interrupted run of the same
+    configuration there, as ``dpeval run`` does). Otherwise nothing is recorded and the run's files (``model.pt``,
+    ``log.txt``, attack artefacts) go to ``out``, or to a new temporary folder (``RunResult.folder``) removed when
+    the Python process exits. ``progress``: progress bars (training and shadow models) on stderr. An attack that
+    fails after training is reported in its ``AttackOutcome.error`` (status ``failed``); any other failure
+    raises."""
+    if model is not None:
+        with registered_model(model) as name:
+            return run_spec(with_model(spec, name, model), results, out, progress)
+    return run_spec(spec if isinstance(spec, RunSpec) else configure(settings_tree(spec, "spec")), results, out,
+                    progress)
+
+
+def run_spec(spec: RunSpec, results: str | Path | None, out: str | Path | None, progress: bool) -> RunResult:
     from dpeval.core.runtime import apply_thread_default
     from dpeval.runner import AttacksFailed, execute, perform, prepare
 
-    spec = spec if isinstance(spec, RunSpec) else configure(settings_tree(spec, "spec"))
     progress = check_flag(progress, "progress")
     if results is not None:
         from dpeval.store import ResultStore
@@ -159,6 +174,102 @@ def run(spec: Settings, *, results: str | Path | None = None, out: str | Path | 
     except AttacksFailed as exc:
         result = exc.result
     return dataclasses.replace(result, folder=folder)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the researcher's own model, trained by dpeval
+#
+# One way in: a factory passed to ``run(model=)`` and registered in the model registry under ``python:<its name>``
+# for the call. A factory rather than a built module, because a run builds its victim in its own seeded
+# initialisation stream (the same seed, the same initial weights) and fresh copies for shadow models; registered,
+# because then the run takes the very path of a built-in model (``Normalize`` front, DP-PCA, every check before
+# training, the run key) and the stored configuration names the model it trained.
+
+
+def factory_name(factory: Any) -> str:
+    """The name a factory is recorded under (its ``__name__``: a function's or a class's); ConfigError for anything
+    that is not a named callable (a lambda or a ``functools.partial`` names no model)."""
+    if not callable(factory) or isinstance(factory, nn.Module):
+        raise ConfigError(f"model: must be a function (or class) model(in_shape, num_classes) -> nn.Module that "
+                          f"builds a fresh network, got {type(factory).__name__}"
+                          + (" (a built module: pass the function that builds it)"
+                             if isinstance(factory, nn.Module) else ""))
+    name = getattr(factory, "__name__", "")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"model: give a named function or class (def make_net(in_shape, num_classes): …): its name "
+                          f"is recorded as the run's model, and {brief(name or type(factory).__name__, 40)} names "
+                          f"none")
+    return name
+
+
+def checked_factory(factory: ModelFactory, name: str) -> ModelFactory:
+    """``factory`` as the registry calls it, each failure one ConfigError line naming the function: what it raises,
+    anything but an ``nn.Module``, or a network that fails on (or does not classify) a batch of two inputs of
+    the data's shape — a shape mistake found before training, not as a traceback in the middle of it."""
+    def build(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+        call = f"{name}(in_shape={tuple(in_shape)}, num_classes={num_classes})"
+        try:
+            net = factory(in_shape, num_classes)
+        except Exception as exc:
+            raise ConfigError(f"model: {call} raised {type(exc).__name__}: {one_line(exc)}") from None
+        if not isinstance(net, nn.Module):
+            raise ConfigError(f"model: {call} must return a torch.nn.Module, returned {type(net).__name__}")
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                logits = net(torch.zeros(2, *in_shape))
+        except Exception as exc:
+            raise ConfigError(f"model: the network {call} built fails on 2 inputs of shape {tuple(in_shape)} "
+                              f"({type(exc).__name__}: {one_line(exc)})") from None
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (2, num_classes):
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ConfigError(f"model: the network {call} built returns {got} for 2 inputs; dpeval needs logits of "
+                              f"shape (2, {num_classes}), one per class")
+        return net
+    return build
+
+
+def one_line(exc: BaseException) -> str:
+    return printable(" ".join(str(exc).split()), 300)
+
+
+@contextlib.contextmanager
+def registered_model(factory: Any) -> Iterator[str]:
+    """``factory`` registered in the model registry as ``python:<its name>`` for the block (the run's
+    ``model.name``); ConfigError when another call of this process holds that name now."""
+    from dpeval.core.registry import MODELS, PYTHON_MODEL
+
+    label = factory_name(factory)
+    name = PYTHON_MODEL + label
+    try:
+        MODELS.register(name, f"{label}, passed to dpeval.run from Python")(checked_factory(factory, label))
+    except ValueError:
+        raise ConfigError(f"model: {name} is registered already (another call of this process is running a "
+                          f"function named {label}); give this one another name") from None
+    try:
+        yield name
+    finally:
+        MODELS.unregister(name)
+
+
+def with_model(spec: Settings, name: str, factory: Any) -> RunSpec:
+    """``spec`` with ``model.name`` set to the registered factory's ``name``. A RunSpec's settings are taken without
+    the data set's defaults it took (``spec.defaults``: the recipe of the data set's default model, not of
+    yours); a ``model.name`` naming another model is refused: the run's model is given once."""
+    raw = settings_tree(spec, "spec")
+    for entry in raw.pop("defaults", []) if isinstance(spec, RunSpec) else ():
+        *parents, leaf = entry.split("=", 1)[0].split(".")
+        node = raw
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    section = raw.setdefault("model", {})
+    if not isinstance(section, dict):
+        raise ConfigError("model: settings must be a mapping of model settings")
+    if section.get("name") not in (None, name):
+        raise ConfigError(f"model.name: {brief(section['name'], 60)} and model={factory_name(factory)} both "
+                          f"name the run's model; leave model.name unset (the run records {name})")
+    section["name"] = name
+    return build_spec(raw)
 
 
 def load_result(results: str | Path, run_id: str) -> RunResult:
@@ -517,3 +628,53 @@ def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
     check.raise_any()
     result = run_result(prep, "", outcomes, sum(seconds.values()), defense=getattr(release, "__name__", "release"))
     return dataclasses.replace(result, folder=folder)
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-sample gradient norms
+
+ENGINES = ("func", "lean")
+
+
+@in_known_torch_state
+def per_sample_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, engine: str = "func",
+                     ) -> torch.Tensor:
+    """Each example's gradient norm ‖∇θ CE(model(x_i), y_i)‖ over the model's trainable parameters, float32 [B]:
+    the numbers DP-SGD clips, as dpeval's per-sample engines compute them — ``func`` from materialised per-sample
+    gradients (torch.func), ``lean`` by book-keeping during one backward pass (the layers it has kernels for;
+    otherwise a ConfigError counting the layer classes it lacks). The model is evaluated in eval mode, as training
+    runs it (its modes are given back), on its own device; ``model`` as ``score_membership`` takes it (no BatchNorm,
+    float32 trainable parameters)."""
+    from dpeval.core.per_sample import PerSampleGradients
+    from dpeval.defenses.lean_plan import LeanPlan
+    from dpeval.engine.lean import LeanEngine, trainable_layers
+    from dpeval.runner import check_per_sample, check_trainable
+
+    if engine not in ENGINES:
+        raise ConfigError(f"engine: must be one of {', '.join(ENGINES)}, got {printable(repr(engine), 40)}")
+    check_per_sample(check_model(model), "model")
+    check_trainable(model, "model")
+    examples = as_split((inputs, targets), "inputs, targets")
+    device = next(p.device for p in model.parameters() if p.requires_grad)
+    x, y = examples.x.to(device), examples.y.to(device)
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        if engine == "func":
+            grads = PerSampleGradients(model)(x, y)
+            squares = torch.stack([g.flatten(1).pow(2).sum(1, dtype=torch.float64) for g in grads.values()]).sum(0)
+        else:
+            trainable_layers(model, field="engine", instead='engine="func"')
+            names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+            found: list[torch.Tensor] = []
+
+            def keep(group: int, group_squares: torch.Tensor, probes: torch.Tensor | None) -> torch.Tensor:
+                found.append(group_squares)
+                return torch.ones_like(group_squares)
+
+            LeanEngine(model)(x, y, LeanPlan((names,), keep, sums=False))  # one group: no clipping, no sums
+            squares = found[0]
+    finally:
+        for module, training in modes.items():
+            module.train(training)
+    return squares.sqrt().float()

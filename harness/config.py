@@ -203,7 +203,7 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     and the registries' source-level names alone, so such errors answer without importing torch or any
     plug-in; then the chosen plug-ins are imported and their parameters checked."""
     from dpeval.attacks import ATTACKS
-    from dpeval.core.registry import DATASETS, MODELS, default_model
+    from dpeval.core.registry import DATASETS, MODELS, PYTHON_MODEL, default_model
     from dpeval.defenses import DEFENSES
 
     raw = copy.deepcopy(raw)  # the data set's defaults fill nested sections: never the caller's
@@ -231,6 +231,11 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
     spec = from_dict(RunSpec, raw, "")  # data, model, privacy, train, seed, device
     DATASETS.check(spec.data.name, field="data.name")
     model = spec.model.name if spec.model.name is not None else default_model(spec.data.name)
+    if model.startswith(PYTHON_MODEL) and model not in MODELS:
+        function = model.removeprefix(PYTHON_MODEL)
+        raise ConfigError(f"model.name: {brief(model)} is a model a Python caller passed as a function "
+                          f"(dpeval.run(settings, model={printable(function, 60)})), known only during that call: run "
+                          f"it again from Python with the same function as model=")
     MODELS.check(model, field="model.name")
     DEFENSES.check(defense_name, field="defense")
     for name in attacks:

@@ -290,7 +290,8 @@ def sort_records(records: list[dict[str, Any]], column: str, descending: bool) -
 
 SETTING_PREFIXES = ("defense.", "attack.", "train.", "data.", "model.", "privacy.target_epsilon", "privacy.delta",
                     "privacy.accountant")
-NOT_VARYING = {"data.train_size", "data.test_size", "data.public_size", "train.engine_used"}  # results, not settings
+NOT_VARYING = {"data.train_size", "data.test_size", "data.public_size", "train.engine_used",
+               "train.engine_reason"}  # results, not settings
 DP_ONLY = ("privacy.",)  # settings that mean nothing for a non-private run
 
 

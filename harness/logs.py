@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dpeval.core.errors import ConfigError
 from dpeval.core.files import refuse_special
@@ -63,6 +63,45 @@ class RunLogHandler(logging.FileHandler):
         except BaseException:
             os.close(fd)
             raise
+
+
+class _ToCallersHandlers(logging.Handler):
+    """Hands a record to the handlers of the ``dpeval`` logger's parents (or Python's last-resort handler), as
+    propagation would have: ``open_run_log`` stops propagation while it lets INFO records reach the run's log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        parent = logging.getLogger("dpeval").parent
+        if parent is not None:
+            parent.handle(record)
+
+
+def open_run_log(path: Path) -> Callable[[], None]:
+    """Attach the run's ``log.txt`` (``RunLogHandler``) to the ``dpeval`` logger; returns the function that detaches
+    and closes it. The CLI and a sweep's workers set the logger to INFO (``setup_logging``); a caller of the Python
+    API usually sets nothing, and INFO records (the per-sample engine chosen and why, each epoch's accuracy) would
+    then never reach the file. So, while the log is open and only when no level is set on the logger itself, it is
+    set to INFO and stops propagating, and a handler at the caller's former level passes on what the caller's own
+    handlers got before: a caller's logging prints no more than it did."""
+    logger = logging.getLogger("dpeval")
+    handler = RunLogHandler(path)
+    logger.addHandler(handler)
+    former, propagate = logger.getEffectiveLevel(), logger.propagate
+    forward = None
+    if logger.level == logging.NOTSET and former > logging.INFO and propagate:
+        forward = _ToCallersHandlers(former)
+        logger.addHandler(forward)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+    def close() -> None:
+        logger.removeHandler(handler)
+        handler.close()
+        if forward is not None:
+            logger.removeHandler(forward)
+            logger.setLevel(logging.NOTSET)
+            logger.propagate = propagate
+
+    return close
 
 
 def setup_logging(debug: bool = False, terminal: bool = True) -> None:

@@ -45,7 +45,7 @@ from dpeval.defenses.base import Defense
 from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
-from dpeval.logs import LOG_ONLY, RunLogHandler
+from dpeval.logs import LOG_ONLY, open_run_log
 from dpeval.results import AttackOutcome, Communication, RunResult, Timing, Utility
 from dpeval.store import ResultStore
 from dpeval.weights import check_weights, read_weights
@@ -377,8 +377,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
     spec = prep.spec
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(spec.canonical(), sort_keys=True))
-    handler = RunLogHandler(run_dir / "log.txt")
-    log.addHandler(handler)
+    close_log = open_run_log(run_dir / "log.txt")
     try:
         log.info("run %s: %s", run_id, json_line({"run_id": run_id, **base_metrics(prep)}))
         warn_sampling(prep.privacy)
@@ -420,7 +419,8 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
                     [h["test_accuracy"] for h in result.history], [h["train_loss"] for h in result.history]),
             Communication(result.density, result.bytes_sparse, result.bytes_dense), result.train_s,
             torch.get_num_threads(),
-            {"comm.density_by_epoch": [h["density"] for h in result.history], "train.engine_used": result.engine})
+            {"comm.density_by_epoch": [h["density"] for h in result.history], "train.engine_used": result.engine,
+             "train.engine_reason": result.engine_reason})
         released = prep.privacy.at(prep.sampler.sample_rate, result.steps)  # the releases training made
         prep = dataclasses.replace(prep, privacy=released)
         return finish(prep, trained, states, defense_states, run_dir, run_id, progress)
@@ -428,8 +428,7 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
         log.error("run %s failed", run_id, exc_info=True, extra=LOG_ONLY)
         raise
     finally:
-        log.removeHandler(handler)
-        handler.close()
+        close_log()
 
 
 def finish(prep: Prepared, trained: Trained, states: dict[str, dict[str, torch.Tensor]],

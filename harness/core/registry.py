@@ -307,6 +307,9 @@ def class_source_literals(module: str, name: str) -> dict[str, Any]:
 
 DATASETS: Registry = Registry("dataset", scan="dpeval.core.datasets", var="DATASETS", group="dpeval.datasets")
 MODELS: Registry = Registry("model", scan="dpeval.core.models", var="MODELS", group="dpeval.models")
+# ``model.name`` of a model a Python caller passed to ``dpeval.run(settings, model=factory)``: ``python:<its name>``,
+# registered for that call only (a stored configuration naming one runs again only with the function passed again).
+PYTHON_MODEL = "python:"
 
 
 def default_model(dataset: str) -> str:

@@ -26,18 +26,19 @@ Parameters are passed to the forward pass detached, so autograd computes no para
 scattering transform, a parameter-free norm: ``dpeval.core.per_sample.fixed_front``) runs without autograd;
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
-Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type, looked up by
-exact type). A layer type joins it with ``@register_kernel(LayerType)`` on a ``LayerKernel`` subclass, from this module
-or from outside the package (a model plug-in registers its own layers where it defines them; docs/architecture.md,
-"Per-sample kernels for your own layers"). Built in: Linear over any number T of tokens (input [b, *, d]: the attention
+Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type) and their
+subclasses that keep the parent's ``forward`` (``kernel_for``). A layer type joins it with
+``@register_kernel(LayerType)`` on a ``LayerKernel`` subclass, from this module or from outside the package (a model
+plug-in registers its own layers where it defines them; docs/architecture.md, "Per-sample kernels for your own
+layers"). Built in: Linear over any number T of tokens (input [b, *, d]: the attention
 projections and MLPs of a transformer), Conv2d (any stride / padding / dilation, groups = 1, zero padding),
 Embedding (plain lookups: no padding_idx, max_norm, scale_grad_by_freq or sparse gradients; its per-sample
 gradient is the scatter-add of the output-gradient rows into the looked-up rows), GroupNorm and LayerNorm
 (affine parameters; per-sample gradients instantiated, they are small). A layer whose output does not depend
 on the input features (an Embedding of token ids or of positions) is joined to backprop by adding a zero
 "anchor" scalar to its output, so its output-gradient hook still fires; the values are unchanged. A model with any other
-trainable parameter (named in the message) or a layer used twice in one forward is refused — nothing is
-ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
+trainable parameter (its layer classes counted in the message) or a layer used twice in one forward is refused —
+nothing is ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
 (training runs the model in eval mode; the registry has no batch norm).
 """
 
@@ -132,8 +133,9 @@ BUILT_IN = "Linear, Conv2d with groups=1 and zero padding, Embedding without pad
 
 
 def register_kernel(layer: type[nn.Module]) -> Callable[[type[K]], type[K]]:
-    """Class decorator: the lean engine computes the per-sample statistics and sums of layers of exactly type
-    ``layer`` with an instance of the decorated ``LayerKernel`` subclass. A weight layer (``weight_layer = True``)
+    """Class decorator: the lean engine computes the per-sample statistics and sums of layers of type ``layer``
+    (and of its subclasses that keep its ``forward``: ``kernel_for``) with an instance of the decorated
+    ``LayerKernel`` subclass. A weight layer (``weight_layer = True``)
     implements ``tokens`` (and, where it pays, ``weight_grads`` / ``weight_sum`` / ``grams``); a small layer
     (``weight_layer = False``) implements ``small_grads``; ``supports`` may refuse some configurations of the
     type. A type registered twice is refused (ValueError): a kernel is never replaced silently."""
@@ -242,7 +244,7 @@ class GroupNormKernel(LayerKernel):
     def small_grads(self, module, a, ds):
         x_hat = F.group_norm(a, module.num_groups, eps=module.eps)
         dims = tuple(range(2, a.dim()))  # [b, C, *spatial] -> [b, C]
-        return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
+        return {"weight": _sum_over(x_hat * ds, dims), "bias": _sum_over(ds, dims)}
 
 
 @register_kernel(nn.LayerNorm)
@@ -252,7 +254,13 @@ class LayerNormKernel(LayerKernel):
     def small_grads(self, module, a, ds):
         x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
         dims = tuple(range(1, a.dim() - len(module.normalized_shape)))  # [b, *, *normalized] -> [b, *normalized]
-        return {"weight": (x_hat * ds).sum(dims), "bias": ds.sum(dims)}
+        return {"weight": _sum_over(x_hat * ds, dims), "bias": _sum_over(ds, dims)}
+
+
+def _sum_over(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``t`` summed over ``dims``; none (a norm layer's input [b, features], no token or pixel dimension) leaves it
+    as it is — ``sum(())`` would sum over every dimension, the samples' too."""
+    return t.sum(dims) if dims else t
 
 
 def ghost_norm_pays(tokens: int, weight_numel: int) -> bool:
@@ -261,31 +269,69 @@ def ghost_norm_pays(tokens: int, weight_numel: int) -> bool:
     return 2 * tokens * tokens < weight_numel
 
 
+def kernel_for(layer: type[nn.Module]) -> tuple[LayerKernel | None, type[nn.Module] | None]:
+    """(kernel, the class it is registered for) of layers of type ``layer``: its own kernel, else its nearest
+    ancestor's in the table — a user's ``class MyLinear(nn.Linear)`` computes what ``nn.Linear`` computes — but only
+    when no class from ``layer`` up to that ancestor overrides ``forward``: a subclass with a forward of its own may
+    use its parameters otherwise (timm's ``LayerNorm2d`` normalises over channels first), and the ancestor's kernel
+    would then compute wrong per-sample gradients silently. Such a subclass gets (None, ancestor): it needs a kernel
+    of its own. (None, None): no ancestor has a kernel."""
+    classes = layer.__mro__
+    for depth, cls in enumerate(classes):
+        if cls in KERNELS:
+            overridden = any("forward" in vars(c) for c in classes[:depth])
+            return (None if overridden else KERNELS[cls]), cls
+    return None, None
+
+
 def kernel_of(module: nn.Module) -> LayerKernel | None:
-    """The table's kernel for ``module`` (by exact type), None when the engine does not know the layer."""
-    kernel = KERNELS.get(type(module))
+    """The table's kernel for ``module`` (``kernel_for`` its type), None when the engine does not know the layer or
+    the kernel does not support its configuration."""
+    kernel = kernel_for(type(module))[0]
     return kernel if kernel is not None and kernel.supports(module) else None
 
 
-def trainable_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Modules owning trainable parameters, by module path; ConfigError naming any unsupported ones."""
+def refused_label(module: nn.Module) -> str:
+    """How the refusal names a layer without a kernel: its class, what about it is refused where that is known; a
+    parameter owned by a module that also holds other modules (a class token on the model) is a bare one."""
+    name = type(module).__name__
+    kernel, ancestor = kernel_for(type(module))
+    if kernel is not None:
+        return f"{name} (this configuration)"
+    if ancestor is not None:
+        return f"{name} (overrides {ancestor.__name__}.forward)"
+    if next(module.children(), None) is not None and not type(module).__module__.startswith("torch."):
+        return f"Parameter (bare, in {name})"  # a torch layer with children (MultiheadAttention) is named as such
+    return name
+
+
+def trainable_layers(model: nn.Module, field: str = "train.engine", instead: str = "train.engine=func",
+                     ) -> dict[str, nn.Module]:
+    """Modules owning trainable parameters, by module path; ConfigError counting the unsupported ones by class
+    (a model can hold hundreds of parameters of a few layer classes: the message stays one line), naming ``field``
+    and the setting to use ``instead``."""
     layers: dict[str, nn.Module] = {}
-    refused: list[str] = []
+    refused: dict[str, list[str]] = {}
     for path, module in model.named_modules():
         own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
-        prefix = f"{path}." if path else ""
         if kernel_of(module) is None:
-            refused += [prefix + n for n in own]
+            label = refused_label(module)
+            prefix = f"{path}." if path else ""
+            refused.setdefault(label, []).extend([prefix + n for n in own] if label.startswith("Parameter")
+                                                 else [path or "the model"])
             continue
         layers[path] = module
     if refused:
+        counted = ", ".join(f"{label} ×{len(where)} at {where[0]}{', …' if len(where) > 1 else ''}"
+                            for label, where in refused.items())
         registered = [t.__name__ for t in KERNELS if not t.__module__.startswith("torch.")]  # beyond the built-ins
         more = f"; registered: {', '.join(registered)}" if registered else ""
         raise ConfigError(
-            f"train.engine: the lean engine cannot compute per-sample norms of {refused} "
-            f"(supported: {BUILT_IN}{more}); use train.engine=func for this model")
+            f"{field}: the lean engine has no per-sample kernel for {counted} (it knows {BUILT_IN}{more}, and "
+            f"their subclasses that keep forward); register one with dpeval.engine.lean.register_kernel "
+            f"(docs/architecture.md), or use {instead} for this model")
     return layers
 
 
@@ -421,7 +467,7 @@ class LeanEngine:
         Keeps in ``k`` what the weighted sums will need: instantiated per-sample gradients (small layers,
         biases, weights whose per-sample gradient is the smaller object) or the activation and output
         gradient; the rest is dropped here."""
-        kernel = KERNELS[type(module)]
+        kernel = self._kernel(module)
         out: dict[str, torch.Tensor] = {}
         k.per_sample = {n: g for n, g in kernel.small_grads(module, k.a, k.ds).items() if n in trainable}
         if kernel.weight_layer and "weight" in trainable:
@@ -498,7 +544,13 @@ class LeanEngine:
         if attr in k.per_sample:
             return torch.einsum("b,b...->...", c, k.per_sample[attr])
         ds = k.ds * c.view(-1, *([1] * (k.ds.dim() - 1)))  # only weights of weight layers get here
-        return KERNELS[type(module)].weight_sum(module, k.a, ds)
+        return self._kernel(module).weight_sum(module, k.a, ds)
+
+    @staticmethod
+    def _kernel(module: nn.Module) -> LayerKernel:
+        kernel = kernel_of(module)
+        assert kernel is not None, module  # trainable_layers refused the model otherwise
+        return kernel
 
 
 def _statistic(g: torch.Tensor, name: str, plan: LeanPlan, probes: torch.Tensor | None) -> torch.Tensor:

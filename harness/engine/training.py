@@ -77,6 +77,7 @@ class TrainResult:
     bytes_sparse: float = 0.0      # mean bytes per released gradient, sparse encoding
     bytes_dense: float = 0.0       # bytes per released gradient, dense float32
     engine: str = "func"           # the per-sample engine used (train.engine resolved)
+    engine_reason: str = ""        # why (engine_choice's one line)
     front_s: float = 0.0           # of train_s: the fixed front of the train and test images, computed once
     front_cpu_s: float = 0.0       # its CPU time (this process)
     train_accuracy: float = math.nan  # the final model's on the training split (not part of train_s)
@@ -300,7 +301,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     training from its epoch (and step) exactly as the uninterrupted loop would have."""
     model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
     engine, why = engine_choice(cfg.engine, model, defense, device, cfg.physical_batch_size, cfg.precision)
-    result = TrainResult(engine=engine)
+    result = TrainResult(engine=engine, engine_reason=why)
     log.info("per-sample engine: %s (train.engine=%s, train.precision=%s: %s)", engine, cfg.engine,
              cfg.precision, why)
     feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision)
