@@ -86,6 +86,21 @@ COLUMNS = ["cell", "model", "init", "models", "epsilon", "accounted_mu", "epsilo
            "anchor_reading_mu", "loss_separation", "train_s", "threads"]
 
 
+def table(rows: list[dict]) -> str:
+    """The cells as a Markdown table for docs/audit.md."""
+    lines = ["| cell | model | θ₀ | K | ε | μ (accounted) | ε_LB held out (95 %) | test | μ̂ [interval] "
+             "| loss separation | anchor's reading ε (μ) | train s (threads) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["model"], r["init"], float(r["epsilon"]))):
+        lines.append(f"| `{r['cell']}` | {r['model']} | {r['init']} | {r['models']} | {float(r['epsilon']):.2f} | "
+                     f"{float(r['accounted_mu']):.2f} | **{float(r['epsilon_lower_bound']):.2f}** | "
+                     f"{r['statistic']}/{r['estimator']} | {float(r['mu_hat']):.2f} [{float(r['mu_hat_lo']):.2f}, "
+                     f"{float(r['mu_hat_hi']):.2f}] | {float(r['loss_separation']):.2f} | "
+                     f"{float(r['anchor_reading_epsilon']):.2f} ({float(r['anchor_reading_mu']):.2f}) | "
+                     f"{r['train_s']} ({r['threads']}) |")
+    return "\n".join(lines)
+
+
 def export(results: Path) -> None:
     from dpeval.core.files import save_figure
     from dpeval.core.one_run_bounds import gdp_mu
@@ -111,6 +126,9 @@ def export(results: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {out} ({len(rows)} cells)")
+    from dpeval.doc_markers import write_into
+
+    write_into(ROOT / "docs/audit.md", "model-audit-anchor", table(rows))
     import matplotlib
 
     matplotlib.use("Agg")
