@@ -299,6 +299,16 @@ def mu_of_rates(fpr: float, fnr: float) -> float:
     return max(value, 0.0) if not math.isnan(value) else 0.0
 
 
+def mu_bounds(scores: np.ndarray, labels: np.ndarray, thresholds: np.ndarray, alpha: float) -> np.ndarray:
+    """At each threshold (score ≥ threshold = "in"), Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi) with the upper ends of two-sided
+    (1 − α) Clopper–Pearson intervals; −∞ where both rates sit at an end (no evidence)."""
+    hits = scores[None, :] >= thresholds[:, None]
+    fp, fn = (hits & ~labels).sum(axis=1), (~hits & labels).sum(axis=1)
+    fpr_hi, fnr_hi = _cp_upper(fp, int((~labels).sum()), alpha), _cp_upper(fn, int(labels.sum()), alpha)
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(special.ndtri(1 - fpr_hi) - special.ndtri(fnr_hi), nan=-np.inf)
+
+
 def gdp_split_test(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: float) -> dict[str, Any]:
     """The GDP estimator: the threshold maximising μ_LB on the first half of the models (rows), judged on the
     second half: μ_LB = Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi) with two-sided (1 − α) Clopper–Pearson ends (so both hold
@@ -307,11 +317,7 @@ def gdp_split_test(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: 
     half = len(scores) // 2
     cs, cl = scores[:half], labels[:half]
     candidates = np.unique(np.quantile(cs, np.linspace(0, 1, MAX_THRESHOLDS)))
-    hits = cs[None, :] >= candidates[:, None]
-    fp, fn = (hits & ~cl).sum(axis=1), (~hits & cl).sum(axis=1)
-    fpr_hi, fnr_hi = _cp_upper(fp, int((~cl).sum()), alpha), _cp_upper(fn, int(cl.sum()), alpha)
-    with np.errstate(invalid="ignore"):
-        mus = np.nan_to_num(special.ndtri(1 - fpr_hi) - special.ndtri(fnr_hi), nan=-np.inf)
+    mus = mu_bounds(cs, cl, candidates, alpha)
     threshold = float(candidates[int(np.argmax(mus))])
     tp, pos, fpos, neg = rates_at(scores[half:], labels[half:], threshold)
     tpr_ci, fpr_ci = clopper_pearson(tp, pos, alpha), clopper_pearson(fpos, neg, alpha)
@@ -333,11 +339,7 @@ def anchor_reading(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: 
     audit's verdict never uses it."""
     scores, labels = np.asarray(scores, dtype=float).ravel(), np.asarray(labels, dtype=bool).ravel()
     thresholds = np.unique(scores)
-    hits = scores[None, :] >= thresholds[:, None]
-    fp, fn = (hits & ~labels).sum(axis=1), (~hits & labels).sum(axis=1)
-    fpr_hi, fnr_hi = _cp_upper(fp, int((~labels).sum()), 2 * alpha), _cp_upper(fn, int(labels.sum()), 2 * alpha)
-    with np.errstate(invalid="ignore"):
-        mus = np.nan_to_num(special.ndtri(1 - fpr_hi) - special.ndtri(fnr_hi), nan=-np.inf)
+    mus = mu_bounds(scores, labels, thresholds, 2 * alpha)
     mu = max(float(mus.max()), 0.0)
     return {"epsilon": gdp_epsilon(mu, delta), "mu": mu, "threshold": float(thresholds[int(np.argmax(mus))])}
 
@@ -518,7 +520,9 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         kept = ShadowStore(options.keep, settings_key(spec, options, defense_cls))
     with tqdm(total=k, desc=f"final-model audit of {spec.defense_name}", unit="model",
               disable=not options.progress, leave=False) as bar:
-        defense_of = lambda i, m, s: prep.make_defense(scopes[i], m, s)  # noqa: E731
+        def defense_of(i: int, model: nn.Module, steps_per_epoch: int) -> Any:
+            return prep.make_defense(scopes[i], model, steps_per_epoch)
+
         if training == "together":
             states = train_shadows(build, x, y, pools, defense_of, cfg, scopes, prep.device,
                                    progress=options.progress, store=_Finished(bar, kept), group=group,
