@@ -39,6 +39,7 @@ from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.runtime import in_known_torch_state, known_torch_state
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
+from dpeval.engine.training import evaluating
 from dpeval.results import RunResult
 
 Settings = Mapping[str, Any] | RunSpec
@@ -215,7 +216,7 @@ def checked_factory(factory: ModelFactory, name: str) -> ModelFactory:
         if not isinstance(net, nn.Module):
             raise ConfigError(f"model: {call} must return a torch.nn.Module, returned {type(net).__name__}")
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            with torch.no_grad(), torch.random.fork_rng(devices=[]), evaluating(net):
                 logits = net(torch.zeros(2, *in_shape))
         except Exception as exc:
             raise ConfigError(f"model: the network {call} built fails on 2 inputs of shape {tuple(in_shape)} "
@@ -642,8 +643,9 @@ def per_sample_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     """Each example's gradient norm ‖∇θ CE(model(x_i), y_i)‖ over the model's trainable parameters, float32 [B]:
     the numbers DP-SGD clips, as dpeval's per-sample engines compute them — ``func`` from materialised per-sample
     gradients (torch.func), ``lean`` by book-keeping during one backward pass (the layers it has kernels for;
-    otherwise a ConfigError counting the layer classes it lacks). The model is evaluated in eval mode, as training
-    runs it (its modes are given back), on its own device; ``model`` as ``score_membership`` takes it (no BatchNorm,
+    otherwise a ConfigError counting the layer classes it lacks). The model is evaluated in eval mode (dropout off,
+    so both engines compute one function; training itself runs in ``train.module_mode``) with its modes given back,
+    on its own device; ``model`` as ``score_membership`` takes it (no BatchNorm,
     float32 trainable parameters)."""
     from dpeval.core.per_sample import PerSampleGradients
     from dpeval.defenses.lean_plan import LeanPlan

@@ -301,7 +301,7 @@ def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], de
     hides the shadow models' progress bar; ``train_shadow``: the researcher's own shadow training function."""
     spec, task = prep.spec, prep.task
     oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
-                           int(spec.train.physical_batch_size), spec.train.precision)
+                           int(spec.train.physical_batch_size), spec.train.precision, spec.train.module_mode)
     return AttackerView(
         architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
         shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),

@@ -123,7 +123,9 @@ class PerSampleGradients:
             logits = functional_call(head, (params, buffers), (x.unsqueeze(0),))
             return F.cross_entropy(logits, y.unsqueeze(0))
 
-        self._per_sample = vmap(grad_and_value(loss_one), in_dims=(None, None, 0, 0))
+        # randomness="different": in train mode each example draws its own dropout mask (from torch's global
+        # generator), as in a batched forward pass; in eval mode nothing is drawn
+        self._per_sample = vmap(grad_and_value(loss_one), in_dims=(None, None, 0, 0), randomness="different")
         self.loss_sum: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:

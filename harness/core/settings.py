@@ -171,6 +171,11 @@ class TrainConfig(Params):
                                    "float32, so the clip bound and the accounting are exact; evaluation, GEP's "
                                    "public anchors and the attacker's own passes stay float32",
                            choices=("fp32", "bf16"), added=True)
+    module_mode: str = param("train", "the module mode the victim and shadow models train in: `train` (dropout and "
+                                      "drop-path act, a fresh mask per example and step, drawn from the run's "
+                                      "`global` stream); `eval` (every such layer off, for models that must train "
+                                      "in eval mode); evaluation always runs in eval mode",
+                             choices=("train", "eval"), added=True)
     checkpoint_every: int = param(0, "besides the checkpoint at every epoch's end, one every N optimizer steps "
                                      "within an epoch (for long epochs; resume goes on from it bit-identically); "
                                      "0 = at epoch ends only; not part of the run key", low=0, keyed=False)

@@ -42,6 +42,8 @@ STREAMS: dict[str, str] = {
     "canaries": "audit canary directions and in/out assignment",
     "threshold": "the random half on which a membership threshold is chosen",
     "order": "a membership game's shuffle of the unlabelled candidates it hands an attack",
+    "dropout": "the dropout masks of a victim's release observed by a gradient attack (torch's global generator, "
+               "forked for the release; training's own masks come from the global stream)",
     "global": "Python's, NumPy's and torch's global generators (anything not given a stream)",
 }
 

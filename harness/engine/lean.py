@@ -39,7 +39,7 @@ on the input features (an Embedding of token ids or of positions) is joined to b
 "anchor" scalar to its output, so its output-gradient hook still fires; the values are unchanged. A model with any other
 trainable parameter (its layer classes counted in the message) or a layer used twice in one forward is refused —
 nothing is ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
-(training runs the model in eval mode; the registry has no batch norm).
+(BatchNorm is refused; dropout in train mode draws its mask per element, so per example).
 """
 
 from __future__ import annotations

@@ -68,11 +68,20 @@ class ReleaseOracle:
     epochs: int
     physical_batch_size: int
     precision: str = "fp32"                    # train.precision: the release is computed as training computed it
+    module_mode: str = "eval"                  # train.module_mode: likewise (a victim model's own dropout)
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, at: str,
                  streams: Streams) -> tuple[SharedGradient, dict[str, Any]]:
         defense = self.defense_at(model, at, streams)
-        shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
+        # The victim computes in its training mode: with dropout, each example draws a fresh mask, from the
+        # release's own stream (reproducible); the attacker is not told the masks (docs/api.md, "Dropout").
+        was = model.training
+        model.train(self.module_mode == "train")
+        try:
+            with streams.torch_global("dropout"):
+                shared = observe_release(defense, model, x, y, self.physical_batch_size, self.precision)
+        finally:
+            model.train(was)
         return shared.require_finite(defense_name(defense)), self.report(at, shared)
 
     def defense_at(self, model: nn.Module, at: str, streams: Streams) -> Defense:

@@ -19,6 +19,9 @@ size, epochs, optimizer, schedule and sampling.
   ``per_sample=False``: ``none``, RS without clipping) gets each model's plain gradient sum over its real rows
   (``accumulate_lean``), one vmap over models of one backward pass, instead of per-sample gradients it would
   only add up: the same sum, up to float rounding, at a fraction of the cost.
+  The models train in the victim's module mode (``train.module_mode``): in train mode each model and example
+  draws its own dropout mask from torch's global generator, so with dropout a shadow's masks (not its other
+  draws) depend on the models trained beside it.
 - **Progress** (``store``, a ``ShadowProgress`` such as ``dpeval.checkpoint.ShadowStore``): the shadows
   are trained in groups of ``group`` (all at once by default); each finished shadow is saved as its group
   ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
@@ -161,8 +164,11 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
     def loss_sum(p, b, xs, ys, real):  # the summed loss of a model's real rows (padding weighs 0)
         return (F.cross_entropy(functional_call(base, (p, b), (xs,)), ys, reduction="none") * real).sum()
 
-    per_model = vmap(vmap(grad(loss_one), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
-    sum_per_model = vmap(grad(loss_sum), in_dims=(0, 0, 0, 0, 0))
+    # the victim's module mode; in train mode every (model, example) draws its own dropout mask
+    base.train(cfg.module_mode == "train")
+    per_model = vmap(vmap(grad(loss_one), in_dims=(None, None, 0, 0), randomness="different"),
+                     in_dims=(0, 0, 0, 0), randomness="different")
+    sum_per_model = vmap(grad(loss_sum), in_dims=(0, 0, 0, 0, 0), randomness="different")
 
     samplers = [BatchSampler(len(pool), cfg.batch_size, cfg.sampling, scopes[i].generator("sampler"))
                 if make_sampler is None else make_sampler(i, len(pool), scopes[i].generator("sampler"))

@@ -18,7 +18,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,16 +84,55 @@ class TrainResult:
     train_accuracy: float = math.nan  # the final model's on the training split (not part of train_s)
 
 
-def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense,
-                       precision: str = "fp32") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+class SilentParameters:
+    """Watches for a parameter whose gradient is identically zero for every example of a step although it was not
+    on the first step — what a layer that caches a function of its parameters outside autograd looks like (timm's
+    LeViT caches its attention biases in eval mode) — and says so once per parameter, in one line. A parameter
+    that never gets a gradient (a frozen branch) is not reported; one that only some batches reach (an
+    embedding row) can be, which the line says."""
+
+    def __init__(self) -> None:
+        self.first: set[str] | None = None  # the parameters the first step's gradient reached
+        self.reached: set[str] = set()
+        self.reported: set[str] = set()
+        self.fed = False  # whether the step being watched held an example
+
+    def see(self, grads: dict[str, torch.Tensor]) -> None:
+        """Note the parameters a micro-batch's gradients (per-sample, or the engine's weighted sums) reach."""
+        self.fed = True
+        for name, grad in grads.items():
+            if name not in self.reached and bool(grad.any()):
+                self.reached.add(name)
+
+    def end_step(self, step: int) -> None:
+        """Close a step (``step``: its number from 1); a step that held no example (Poisson sampling) is skipped."""
+        if not self.fed:
+            return
+        self.fed = False
+        if self.first is None:
+            self.first = set(self.reached)
+        silent = sorted(self.first - self.reached - self.reported)
+        if silent:
+            self.reported.update(silent)
+            log.warning("step %d: no example's gradient reaches %s, although the first step's did (a layer that "
+                        "caches a function of its parameters outside autograd, or a parameter only some batches "
+                        "use): check the model trains as intended", step, ", ".join(silent))
+        self.reached = set()
+
+
+def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense, precision: str = "fp32",
+                       watch: SilentParameters | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``feed(features, y)``: add one micro-batch, given as the model's ``front_features``, to the defense's
     running sum with the chosen engine; returns the micro-batch's summed training loss, as the engine's
-    forward pass computed it (no extra pass). ``precision``: ``train.precision`` (``func`` only)."""
+    forward pass computed it (no extra pass). ``precision``: ``train.precision`` (``func`` only); ``watch`` sees
+    each micro-batch's gradients."""
     if engine == "lean":
         engine = LeanEngine(model, features=True)
 
         def feed_lean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             batch = engine(x, y, defense.lean_plan())
+            if watch is not None:
+                watch.see(batch.sums)
             defense.accumulate_lean(batch)
             return batch.loss_sum
 
@@ -100,7 +140,10 @@ def clipped_sum_feeder(engine: str, model: nn.Module, defense: Defense,
     psg = PerSampleGradients(model, features=True, precision=precision)
 
     def feed_func(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        defense.clip_and_accumulate(psg(x, y))
+        grads = psg(x, y)
+        if watch is not None:
+            watch.see(grads)
+        defense.clip_and_accumulate(grads)
         return psg.loss_sum
 
     return feed_func
@@ -130,16 +173,33 @@ def accuracy(model: nn.Module, split: Split, device: torch.device, batch: int = 
     return fraction_correct(model, split.x, split.y, device, batch)
 
 
+@contextmanager
+def evaluating(module: Any) -> Iterator[None]:
+    """Run a block with ``module`` (when it is an ``nn.Module``) in eval mode, then give every submodule its mode
+    back (a model may mix modes on purpose)."""
+    if not isinstance(module, nn.Module):
+        yield
+        return
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 @torch.no_grad()
 def fraction_correct(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                      device: torch.device, batch: int = 1024) -> float:
-    """Top-1 accuracy of ``forward`` on (x, y), NaN for no example."""
+    """Top-1 accuracy of ``forward`` on (x, y), in eval mode, NaN for no example."""
     if len(y) == 0:
         return math.nan
     correct = 0
-    for start in range(0, len(y), batch):
-        logits = forward(x[start:start + batch].to(device))
-        correct += int((logits.argmax(dim=1) == y[start:start + batch].to(device)).sum())
+    with evaluating(forward):
+        for start in range(0, len(y), batch):
+            logits = forward(x[start:start + batch].to(device))
+            correct += int((logits.argmax(dim=1) == y[start:start + batch].to(device)).sum())
     return correct / len(y)
 
 
@@ -299,12 +359,15 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     with ``cfg.checkpoint_every`` = N > 0, also after every N-th step within an epoch (not its last), with
     ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
     training from its epoch (and step) exactly as the uninterrupted loop would have."""
-    model.to(device).eval()  # no dropout / batch norm in the registry; eval keeps any such layer sample-wise
+    # Train mode: dropout and drop-path act, each example with its own mask (the engines compute every example on its
+    # own, and BatchNorm, which would mix them, is refused before training); evaluation switches to eval mode.
+    model.to(device).train(cfg.module_mode == "train")
     engine, why = engine_choice(cfg.engine, model, defense, device, cfg.physical_batch_size, cfg.precision)
     result = TrainResult(engine=engine, engine_reason=why)
     log.info("per-sample engine: %s (train.engine=%s, train.precision=%s: %s)", engine, cfg.engine,
              cfg.precision, why)
-    feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision)
+    watch = SilentParameters()
+    feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision, watch)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
     schedule = make_schedule(optimizer, cfg, total_steps)
@@ -340,6 +403,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
                 loss_sum += feed(xb, yb)
                 seen += len(yb)
+            watch.end_step(result.steps + 1)
             if before_release is not None:
                 before_release(result.steps, epoch, defense)
             shared = defense.release(sampler.batch_size)
@@ -371,6 +435,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         if on_epoch_end is not None:
             on_epoch_end(loop, epoch + 1)
     bar.close()
+    model.eval()  # the trained model leaves in eval mode: whatever comes next evaluates or attacks it
     result.train_s += time.perf_counter() - start  # after a resume: the earlier processes' part, restored, and this
     # from the front features already computed, in the chunks ``accuracy`` would take: the same number, without a
     # second pass of the fixed front (H-CNN's scattering) over the training split

@@ -1,0 +1,170 @@
+"""Victims and shadow models train in train mode (``train.module_mode``): dropout acts, each example with its own
+mask, on both engines, reproducibly; evaluation runs in eval mode; ``eval`` turns it off; a parameter that stops
+getting any gradient after the first step is reported once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import dpeval
+from dpeval.core.per_sample import PerSampleGradients
+from dpeval.defenses.lean_plan import LeanPlan
+from dpeval.engine.lean import LeanEngine
+from dpeval.engine.training import SilentParameters
+
+SETTINGS = {"data": {"name": "digits", "max_train": 120}, "defense": "dpsgd",
+            "train": {"epochs": 2, "batch_size": 40}}
+MODES: list[bool] = []  # CountingDropout's mode at every call, in order
+
+
+class CountingDropout(nn.Dropout):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        MODES.append(self.training)
+        return super().forward(x)
+
+
+def dropout_mlp(in_shape, num_classes):
+    c, h, w = in_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 32), nn.ReLU(), CountingDropout(0.5),
+                         nn.Linear(32, num_classes))
+
+
+def same_example(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    task = dpeval.load_data(data__name="digits")
+    return task.train.x[:1].repeat(n, 1, 1, 1), task.train.y[:1].repeat(n)
+
+
+def func_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    grads = PerSampleGradients(model)(x, y)
+    return torch.stack([g.flatten(1).pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+
+
+def lean_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    found: list[torch.Tensor] = []
+
+    def keep(group, squares, probes):
+        found.append(squares)
+        return torch.ones_like(squares)
+
+    names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    LeanEngine(model)(x, y, LeanPlan((names,), keep, sums=False))
+    return found[0].sqrt()
+
+
+@pytest.mark.parametrize("norms", [func_norms, lean_norms], ids=["func", "lean"])
+def test_each_example_draws_its_own_dropout_mask_on_both_engines(norms):
+    """Twelve copies of one example: in train mode their gradients differ (a mask each), and the same global seed
+    draws the same masks; in eval mode they are all one gradient."""
+    torch.manual_seed(0)
+    model = dropout_mlp((1, 8, 8), 10)
+    x, y = same_example()
+    model.train()
+    torch.manual_seed(1)
+    first = norms(model, x, y)
+    torch.manual_seed(1)
+    assert torch.equal(norms(model, x, y), first)
+    assert len(set(first.tolist())) > 6  # per-example masks, not one mask shared by the batch
+    model.eval()
+    evaluated = norms(model, x, y)
+    assert torch.allclose(evaluated, evaluated[0].expand_as(evaluated))
+
+
+@pytest.mark.parametrize("engine", ["func", "lean"])
+def test_a_dropout_model_trains_in_train_mode_evaluates_in_eval_mode_reproducibly(engine):
+    MODES.clear()
+    first = dpeval.run(dpeval.configure(SETTINGS, train__engine=engine), model=dropout_mlp)
+    assert first.extra["train.engine_used"] == engine
+    trained = MODES.copy()
+    assert True in trained and False in trained  # training passes with dropout, evaluation without
+    assert trained[-1] is False  # the accuracy of the final model: eval mode
+    again = dpeval.run(dpeval.configure(SETTINGS, train__engine=engine), model=dropout_mlp)
+    assert again.utility.test_accuracy == first.utility.test_accuracy
+    assert again.utility.train_loss_by_epoch == first.utility.train_loss_by_epoch
+    MODES.clear()
+    off = dpeval.run(dpeval.configure(SETTINGS, train__engine=engine, train__module_mode="eval"),
+                     model=dropout_mlp)
+    assert True not in MODES  # `eval`: dropout never acts
+    assert off.utility.train_loss_by_epoch != first.utility.train_loss_by_epoch
+
+
+def test_shadow_models_with_dropout_train_together():
+    """LiRA's shadow models are trained together (vmap over models of vmap over examples): with dropout in train
+    mode each model and example draws its own mask instead of vmap's randomness error."""
+    MODES.clear()
+    result = dpeval.run({**SETTINGS, "attacks": ["lira"], "attack": {"shadows": 4}}, model=dropout_mlp)
+    lira = result.attacks["lira"]
+    assert result.status == "done" and lira.error is None and 0 <= lira.metrics["auc"] <= 1
+    assert MODES.count(True) > 2  # the victim's and the shadows' training passes
+
+
+class CachesItsBias(nn.Module):
+    """Uses its bias through autograd on the first call only, as a layer caching it outside autograd would."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += torch.is_grad_enabled()  # training passes only (not the shape check or evaluation)
+        return x + (self.bias if self.calls == 1 else self.bias.detach())
+
+
+def caching_mlp(in_shape, num_classes):
+    c, h, w = in_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes), CachesItsBias(num_classes))
+
+
+def silent_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "no example's gradient reaches" in r.getMessage()]
+
+
+def test_a_parameter_that_stops_getting_gradients_is_reported_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="dpeval"):
+        dpeval.run(dpeval.configure(SETTINGS, train__engine="func"), model=caching_mlp)
+    (line,) = silent_warnings(caplog)
+    assert line.startswith("step 2:") and "2.bias" in line and "1.weight" not in line
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dpeval"):  # the positive control: a model that trains as written
+        dpeval.run(dpeval.configure(SETTINGS, train__engine="func"), model=dropout_mlp)
+    assert silent_warnings(caplog) == []
+
+
+def test_the_watch_skips_empty_steps_and_never_reports_what_the_first_step_did_not_reach():
+    watch = SilentParameters()
+    watch.see({"a": torch.ones(2), "b": torch.zeros(2)})
+    watch.end_step(1)
+    watch.end_step(2)  # a Poisson step without examples: nothing seen, nothing said
+    watch.see({"a": torch.ones(2), "b": torch.zeros(2)})
+    watch.end_step(3)
+    assert watch.reported == set()
+    watch.see({"a": torch.zeros(2), "b": torch.ones(2)})
+    watch.end_step(4)
+    assert watch.reported == {"a"}
+
+
+def test_a_gradient_attacks_victim_release_draws_its_masks_from_the_releases_stream():
+    """The victim side of a gradient attack computes its release in the training mode, its masks drawn from the
+    release's own stream: the same stream replays it exactly, another draws other masks; ``eval`` draws none."""
+    from dpeval.core.streams import Streams
+    from dpeval.engine.release import ReleaseOracle
+    from dpeval.runner import prepare
+
+    torch.manual_seed(0)
+    model = dropout_mlp((1, 8, 8), 10)
+    prep = prepare(dpeval.configure({**SETTINGS, "defense": "none"}), given=(model, lambda: dropout_mlp((1, 8, 8), 10)))
+    x, y = same_example(8)
+
+    def release(mode: str, seed: int) -> torch.Tensor:
+        oracle = ReleaseOracle(prep.make_defense, {}, 2, 256, "fp32", mode)
+        shared, _ = oracle(model.eval(), x, y, "init", Streams(seed))
+        return torch.cat([g.flatten() for g in shared.grads.values()])
+
+    assert torch.equal(release("train", 1), release("train", 1))
+    assert not torch.equal(release("train", 1), release("train", 2))
+    assert torch.equal(release("eval", 1), release("eval", 2))
+    assert not model.training  # the attacker's copy is given back in eval mode
