@@ -92,7 +92,6 @@ Evidence = TypeVar("Evidence")  # the family's evidence type: what its threat mo
 class Attack(ABC, Generic[Evidence]):
     name: ClassVar[str] = ""               # set by ATTACKS.register
     Params: ClassVar[type] = NoAttackParams
-    description: ClassVar[str] = ""
     headline: ClassVar[str] = ""           # the metric that ranks configurations under this attack
     higher_leaks: ClassVar[bool] = True    # whether a higher headline value means more leakage
     headline_label: ClassVar[str] = ""     # e.g. "IG PSNR (dB)"; "" = the metric's key

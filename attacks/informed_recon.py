@@ -38,11 +38,12 @@ def linear_scores(s: Signals) -> np.ndarray:
 @ATTACKS.register("informed-recon", "informed adversary names the target among n candidates from every release; "
                                     "success vs the run's DP bound")
 class InformedReconstruction(InformedReconstructionAttack):
+    """The adversary DP-SGD's guarantee is stated against: it knows every other example, every model state and every
+    release, and names the target among n candidates; its success beside the bound 1 − f(1/n) of the run's accounted
+    mechanism."""
+
     headline, higher_leaks, headline_label = "success", True, "informed reconstruction success"
     baseline = "chance"
-    description = ("The adversary DP-SGD's guarantee is stated against: it knows every other example, every model "
-                   "state and every release, and names the target among n candidates; its success beside the bound "
-                   "1 − f(1/n) of the run's accounted mechanism.")
 
     def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
         return {"likelihood": likelihood_scores(evidence), "linear": linear_scores(evidence)}

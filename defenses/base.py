@@ -41,7 +41,6 @@ Besides the stages a defense declares (defaults in :class:`Defense`):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -197,10 +196,6 @@ class Defense(ABC):
 
     def accounted_noise_multiplier(self) -> float:
         return self.noise_multiplier
-
-    def param_dict(self) -> dict[str, Any]:
-        """Parameters as reported under ``defense.<param>`` in results."""
-        return dataclasses.asdict(self.params)
 
     def bind(self, model: torch.nn.Module, task: Any) -> None:
         """Called once after construction with the model being trained and the task. Defenses whose
