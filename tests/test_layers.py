@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from dpeval import boundary
-from dpeval.boundary import registers_attack
 
 ROOT = Path(__file__).resolve().parents[1]
 # package -> folder, as pyproject's [tool.setuptools.package-dir] maps them
@@ -206,6 +205,14 @@ def test_docs_links_resolve():
 # (attacks/view.py) and what its family's game hands it; the private pool stays with the game.
 
 FIXTURE_ATTACK = ROOT / "tests" / "fixtures" / "plugin_attack.py"
+
+
+def registers_attack(path: Path) -> bool:
+    """Whether a class of the module is decorated with ``ATTACKS.register(...)``."""
+    return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
+               and isinstance(d.func.value, ast.Name) and d.func.value.id == "ATTACKS"
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+               for d in node.decorator_list)
 
 
 def attack_modules() -> list[Path]:
