@@ -125,6 +125,11 @@ class Attack(ABC, Generic[Evidence]):
         ``PrivacyLedger``: a bound it computes from σ, q, T); called before training."""
         return None  # an optional hook: by default every ledger is accepted
 
+    def title(self) -> str:
+        """The title of the attack's figures (a membership game's ROC curve); a subclass may name its parameters
+        in it. A default, so that a plug-in without one cannot fail after its game's training."""
+        return f"{self.name} attack"
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "play" in vars(cls) and any("play" in vars(base) for base in cls.__mro__[1:]
