@@ -70,7 +70,7 @@ from dpeval.core.splits import Split, Task
 from dpeval.core.states import AttackState, resolve
 from dpeval.core.statistics import clopper_pearson
 from dpeval.core.streams import Streams
-from dpeval.core.verdicts import Verdict
+from dpeval.core.verdicts import BoundCheck, Verdict
 from dpeval.defenses.base import Defense, SharedGradient
 
 ALPHA = 0.05  # level of the verdict (success above chance) and of the bound check (success above the bound)
@@ -248,7 +248,7 @@ class InformedReconstructionAttack(Attack):
             "empirical_mu": rero.gdp_mu_of(metrics["success_ci_low"], n),
             "norm_ratio": float(np.mean([np.mean(g.norm) for g in games]) * sigma) if sigma > 0 else math.nan,
             "p_value": p_chance, "bound_p_value": p_bound,
-            "bound_check": "FAIL" if p_bound <= ALPHA else "PASS",
+            "bound_check": BoundCheck.of(not p_bound <= ALPHA).value,
         })
         decision = Verdict.of(p_chance <= ALPHA)
         record = {"rule": {"alpha": ALPHA, "verdict": decision, "bound_check": metrics["bound_check"]},
