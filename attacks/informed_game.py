@@ -160,7 +160,7 @@ def segments(states: list[AttackState], steps: int, epochs: int) -> list[tuple[s
     return out
 
 
-class InformedReconstructionAttack(Attack):
+class InformedReconstructionAttack(Attack[ResidualSignals]):
     """The family: a subclass implements ``guess(signals) -> {statistic: [n] scores}``; the first statistic
     makes the guess, every statistic is reported with its own success rate."""
 

@@ -154,7 +154,6 @@ class Defense(ABC):
     Params: ClassVar[type] = NoParams
     dp: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
-    description: ClassVar[str] = ""
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
                  streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
