@@ -4,14 +4,17 @@ Two methods split an attack between the game and the attacker:
 
 - ``play(view, task) -> AttackResult`` is the game, implemented once per attack family (``gradient_game``:
   ``ReconstructionAttack``, ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``,
-  ``VictimMembershipAttack``). It holds the ``task`` (private pool, held-out split: the truth), chooses the
-  targets, builds the evidence its threat model grants, calls the hook and scores what the hook returns
-  against the truth. A subclass of a family may not override it (``__init_subclass__`` refuses the class).
+  ``VictimMembershipAttack``; ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task``
+  (private pool, held-out split: the truth), chooses the targets, builds the evidence its threat model grants,
+  calls the hook and scores what the hook returns against the truth. A subclass of a family may not override
+  it (``__init_subclass__`` refuses the class).
 - ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
   frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
   (``Releases``: the ``AttackerView`` of ``attacks/view.py`` plus the releases; ``ReleaseSignals``,
-  ``Signals``, ``VictimOutputs``: the membership signals the game computed once, without who is a member).
-  It returns guesses (a ``Reconstruction``) or ``Scores``, never metrics against the truth.
+  ``Signals``, ``VictimOutputs``: the membership signals the game computed once, without who is a member;
+  ``ResidualSignals``: the informed game's residual releases against each candidate, without the secret).
+  It returns guesses (a ``Reconstruction``, the informed family's scores per statistic) or ``Scores``, never
+  metrics against the truth.
 
 An attack class registered with ``ATTACKS.register`` subclasses a family and implements ``guess``; it never
 reads the task (``tests/test_layers.py``, ``dpeval check-attack``). Metrics are reported under
@@ -26,7 +29,8 @@ Each attack class declares:
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it;
 - ``check_task(params, task)`` / ``check_model(params, model, shape)``: refuse data or a model the attack
-  cannot work on, before training.
+  cannot work on, before training;
+- ``title()``: its name on its figures (default ``"<name> attack"``).
 
 Every attack should report a verdict, ``AttackResult.verdict`` (``dpeval.core.verdicts.Verdict``: ``leaks``
 or ``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level

@@ -34,7 +34,10 @@ Besides the stages a defense declares (defaults in :class:`Defense`):
   anchors), so that every model trained with it needs its own instance;
 - ``state_dict`` / ``load_state_dict``: the public state an attacker sees at a given moment (masks,
   anchors, statistics); attacks replay a training step by loading it;
-- ``clipping``: the per-sample transform when it is plain group-wise clipping (lets the lean engine run);
+- ``bind``: called once after construction with the model and the task (``needs_model`` defenses keep them);
+- ``clipping``: the per-sample transform when it is plain group-wise clipping (the audit spreads its canaries
+  over the groups);
+- ``lean_plan`` / ``accumulate_lean``: what the lean engine computes for it during backprop, and the sums back;
 - ``audit_design``: how ``dpeval audit`` places canaries in its release and scores them;
 - ``SharedGradient.rate``: the sparsification / freeze rate of a release, for defenses that have one.
 """
