@@ -4,14 +4,17 @@ Two methods split an attack between the game and the attacker:
 
 - ``play(view, task) -> AttackResult`` is the game, implemented once per attack family (``gradient_game``:
   ``ReconstructionAttack``, ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``,
-  ``VictimMembershipAttack``). It holds the ``task`` (private pool, held-out split: the truth), chooses the
-  targets, builds the evidence its threat model grants, calls the hook and scores what the hook returns
-  against the truth. A subclass of a family may not override it (``__init_subclass__`` refuses the class).
+  ``VictimMembershipAttack``; ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task``
+  (private pool, held-out split: the truth), chooses the targets, builds the evidence its threat model grants,
+  calls the hook and scores what the hook returns against the truth. A subclass of a family may not override
+  it (``__init_subclass__`` refuses the class).
 - ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
   frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
   (``Releases``: the ``AttackerView`` of ``attacks/view.py`` plus the releases; ``ReleaseSignals``,
-  ``Signals``, ``VictimOutputs``: the membership signals the game computed once, without who is a member).
-  It returns guesses (a ``Reconstruction``) or ``Scores``, never metrics against the truth.
+  ``Signals``, ``VictimOutputs``: the membership signals the game computed once, without who is a member;
+  ``ResidualSignals``: the informed game's residual releases against each candidate, without the secret).
+  It returns guesses (a ``Reconstruction``, the informed family's scores per statistic) or ``Scores``, never
+  metrics against the truth.
 
 An attack class registered with ``ATTACKS.register`` subclasses a family and implements ``guess``; it never
 reads the task (``tests/test_layers.py``, ``dpeval check-attack``). Metrics are reported under
@@ -26,7 +29,8 @@ Each attack class declares:
   the attack reports (a data-free guess, e.g. ``baseline_psnr``) or a constant chance level (AUC 0.5);
 - ``wanted_states``: model states beyond ``init`` and ``final`` that training must snapshot for it;
 - ``check_task(params, task)`` / ``check_model(params, model, shape)``: refuse data or a model the attack
-  cannot work on, before training.
+  cannot work on, before training;
+- ``title()``: its name on its figures (default ``"<name> attack"``).
 
 Every attack should report a verdict, ``AttackResult.verdict`` (``dpeval.core.verdicts.Verdict``: ``leaks``
 or ``no-leak-detected``), decided by a documented statistical rule against its baseline or chance level
@@ -92,7 +96,6 @@ Evidence = TypeVar("Evidence")  # the family's evidence type: what its threat mo
 class Attack(ABC, Generic[Evidence]):
     name: ClassVar[str] = ""               # set by ATTACKS.register
     Params: ClassVar[type] = NoAttackParams
-    description: ClassVar[str] = ""
     headline: ClassVar[str] = ""           # the metric that ranks configurations under this attack
     higher_leaks: ClassVar[bool] = True    # whether a higher headline value means more leakage
     headline_label: ClassVar[str] = ""     # e.g. "IG PSNR (dB)"; "" = the metric's key
@@ -125,6 +128,11 @@ class Attack(ABC, Generic[Evidence]):
         """Raise ConfigError when the attack cannot be scored against the run's planned privacy ledger (a
         ``PrivacyLedger``: a bound it computes from σ, q, T); called before training."""
         return None  # an optional hook: by default every ledger is accepted
+
+    def title(self) -> str:
+        """The title of the attack's figures (a membership game's ROC curve); a subclass may name its parameters
+        in it. A default, so that a plug-in without one cannot fail after its game's training."""
+        return f"{self.name} attack"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -75,10 +75,11 @@ def cosine_scores(g: torch.Tensor, release: torch.Tensor, common: torch.Tensor |
 @ATTACKS.register("grad-mia", "gradient membership inference: does a candidate's gradient explain the release "
                               "(NNLS fit)")
 class GradientMIA(GradientMembershipAttack):
+    """Membership inference on released gradients: does a candidate's own gradient explain the shared (clipped,
+    noised, sparsified) batch gradient?"""
+
     Params = GradMiaParams
     headline, higher_leaks, headline_label = "auc", True, "gradient-MIA AUC"
-    description = ("Membership inference on released gradients: does a candidate's own gradient explain the "
-                   "shared (clipped, noised, sparsified) batch gradient?")
 
     def guess(self, evidence: ReleaseSignals) -> Scores:
         if self.params.statistic == "nnls":

@@ -1,7 +1,7 @@
 """``informed-recon``: the informed, prior-aware reconstruction attack (Hayes, Mahloujifar & Balle, NeurIPS 2023)
 beside the bound the run's mechanism puts on it.
 
-The game (``attacks/informed_common.py``) replays the run's T steps for a target drawn from n candidates and hands
+The game (``attacks/informed_game.py``) replays the run's T steps for a target drawn from n candidates and hands
 this module, per game, the inner products of every whitened residual release o_t with every candidate's whitened
 contribution c_i (and the norms). Two statistics, both pure functions of those signals:
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpeval.attacks.informed_common import InformedReconstructionAttack, Signals
+from dpeval.attacks.informed_game import InformedReconstructionAttack, ResidualSignals
 from dpeval.attacks.registry import ATTACKS
 
 
-def likelihood_scores(s: Signals) -> np.ndarray:
+def likelihood_scores(s: ResidualSignals) -> np.ndarray:
     """[n] log-likelihood ratios of the candidates over the T steps (module docstring)."""
     if s.noiseless:
         to_candidate = s.obs2[:, None] - 2 * s.inner + s.norms2
@@ -30,7 +30,7 @@ def likelihood_scores(s: Signals) -> np.ndarray:
     return np.logaddexp(empty, np.log(s.sample_rate) + s.inner - s.norms2 / 2).sum(axis=0)
 
 
-def linear_scores(s: Signals) -> np.ndarray:
+def linear_scores(s: ResidualSignals) -> np.ndarray:
     """[n] Σ_t ⟨o_t, c_i⟩."""
     return s.inner.sum(axis=0)
 
@@ -38,11 +38,12 @@ def linear_scores(s: Signals) -> np.ndarray:
 @ATTACKS.register("informed-recon", "informed adversary names the target among n candidates from every release; "
                                     "success vs the run's DP bound")
 class InformedReconstruction(InformedReconstructionAttack):
+    """The adversary DP-SGD's guarantee is stated against: it knows every other example, every model state and every
+    release, and names the target among n candidates; its success beside the bound 1 − f(1/n) of the run's accounted
+    mechanism."""
+
     headline, higher_leaks, headline_label = "success", True, "informed reconstruction success"
     baseline = "chance"
-    description = ("The adversary DP-SGD's guarantee is stated against: it knows every other example, every model "
-                   "state and every release, and names the target among n candidates; its success beside the bound "
-                   "1 − f(1/n) of the run's accounted mechanism.")
 
-    def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
+    def guess(self, evidence: ResidualSignals) -> dict[str, np.ndarray]:
         return {"likelihood": likelihood_scores(evidence), "linear": linear_scores(evidence)}

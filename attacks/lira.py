@@ -69,10 +69,11 @@ def lira_scores(signals: Signals, params: LiraParams) -> np.ndarray:
 
 @ATTACKS.register("lira", "LiRA: likelihood ratio of the target's confidence under IN/OUT shadow models")
 class LiRA(ShadowAttack):
+    """Likelihood-ratio membership inference (Carlini et al. 2022) with shadow models trained by the same defense;
+    online/offline, global/per-example variance."""
+
     Params = LiraParams
     headline, higher_leaks, headline_label = "auc", True, "LiRA AUC"
-    description = ("Likelihood-ratio membership inference (Carlini et al. 2022) with shadow models trained "
-                   "by the same defense; online/offline, global/per-example variance.")
 
     def guess(self, evidence: Signals) -> Scores:
         return Scores(lira_scores(evidence, self.params))

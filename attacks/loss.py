@@ -24,8 +24,9 @@ def losses(outputs: VictimOutputs) -> np.ndarray:
 
 @ATTACKS.register("loss", "LOSS: threshold on the victim's per-example loss (Yeom et al.), no shadows")
 class LossAttack(VictimMembershipAttack):
+    """Membership by low loss on the trained victim (Yeom et al. 2018)."""
+
     headline, higher_leaks, headline_label = "auc", True, "LOSS AUC"
-    description = "Membership by low loss on the trained victim (Yeom et al. 2018)."
     yeom_rule = True
 
     def guess(self, evidence: VictimOutputs) -> Scores:

@@ -331,11 +331,8 @@ def out_dir(view: AttackerView) -> Path:
 
 class ShadowAttack(Attack[Signals]):
     """A membership attack scoring a target against shadow references: subclasses give ``guess(Signals) ->
-    Scores`` (a pure function of the signals the game read once off the models) and ``title()``; the game,
-    pool, metrics and ROC artefacts are common."""
-
-    def title(self) -> str:
-        raise NotImplementedError
+    Scores`` (a pure function of the signals the game read once off the models), and may give ``title()``; the
+    game, pool, metrics and ROC artefacts are common."""
 
     @classmethod
     def check_task(cls, params: ShadowParams, task: Any) -> None:
@@ -412,9 +409,6 @@ class VictimMembershipAttack(Attack[VictimOutputs]):
         if len(task.test) == 0:
             raise ConfigError(f"data.test_fraction: the {cls.name} attack needs held-out examples (non-members); "
                               "set data.test_fraction > 0")
-
-    def title(self) -> str:
-        return f"{self.name} attack"
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
         self.check_task(self.params, task)

@@ -94,10 +94,11 @@ def rmia_scores(signals: Signals, params: RmiaParams, a: float | None = None) ->
 
 @ATTACKS.register("rmia", "RMIA: pairwise likelihood ratios against population samples, shadow references")
 class RMIA(ShadowAttack):
+    """Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by the same defense and
+    the game's population as z."""
+
     Params = RmiaParams
     headline, higher_leaks, headline_label = "auc", True, "RMIA AUC"
-    description = ("Robust membership inference (Zarifzadeh et al. 2024) with shadow references trained by "
-                   "the same defense and the game's population as z.")
 
     def guess(self, evidence: Signals) -> Scores:
         """Offline with ``attack.offline_a`` null, ``a`` is fitted on the references and reported as

@@ -15,6 +15,8 @@ the model-steps (the per-model set-up included).
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import time
@@ -34,13 +36,26 @@ def their_step(model, x, y, optimizer, clip_and_accum_grads, sigma: float) -> No
     optimizer.step()
 
 
+def import_theirs(theirs: Path, name: str) -> None:
+    """Their top-level package ``name`` imported from their checkout, registered under its own name so that their
+    imports of it resolve (their checkout is not put on ``sys.path``: nothing else is looked up there)."""
+    spec = importlib.machinery.PathFinder.find_spec(name, [str(theirs)])
+    if spec is None:
+        raise SystemExit(f"no package {name!r} in {theirs}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if spec.loader is not None:  # None for a folder without __init__.py (a namespace package): nothing to run
+        spec.loader.exec_module(module)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("theirs", type=Path)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    sys.path.insert(0, str(args.theirs))
+    import_theirs(args.theirs, "models")
+    import_theirs(args.theirs, "utils")
     from models import Models  # theirs
     from utils.dpsgd import clip_and_accum_grads  # theirs
 

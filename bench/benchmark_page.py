@@ -38,6 +38,7 @@ from pathlib import Path
 from scipy import stats
 
 from dpeval.core.files import save_figure
+from dpeval.core.verdicts import BoundCheck
 from dpeval.doc_markers import write_into
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,9 +203,9 @@ def informed_section(rows: list[dict]) -> str:
         for r in rs:
             success, bound = num(r[INFORMED + "success"]), num(r[INFORMED + "bound"])
             within = (f", above it within sampling error (p = {num(r[INFORMED + 'bound_p_value']):.2g})"
-                      if success > bound and r.get(INFORMED + "bound_check") == "PASS" else "")
+                      if success > bound and r.get(INFORMED + "bound_check") == BoundCheck.PASS else "")
             parts.append(f"ε = {epsilon(r):.3g}: {success:.2f} of a bound {bound:.2f} ({success / bound:.0%}{within})")
-        held = all(r.get(INFORMED + "bound_check") == "PASS" for r in rs)
+        held = all(r.get(INFORMED + "bound_check") == BoundCheck.PASS for r in rs)
         above = sum(num(r[INFORMED + "success_ci_low"]) > num(r[INFORMED + "chance"]) for r in rs)
         readings.append(f"- **{name}**: {'; '.join(parts)}; success above chance (0.1) in {above} of {len(rs)} "
                         f"row(s); the bound {'held in every row' if held else 'FAILED in a row: a bug to chase'}.")
@@ -568,14 +569,14 @@ def summary(all_cells: dict[tuple[str, float], Cell], informed: list[dict] | Non
                  f"{sum(1 for x in ig if x)} of {sum(1 for x in ig if x is not None)} private rows"
                  + ("" if none_ig is None else f" (on the undefended release: {'yes' if none_ig else 'no'})") + ".")
     if informed:
-        held = sum(1 for r in informed if r.get(INFORMED + "bound_check") == "PASS")
+        held = sum(1 for r in informed if r.get(INFORMED + "bound_check") == BoundCheck.PASS)
         shares = [num(r[INFORMED + "success"]) / num(r[INFORMED + "bound"]) for r in informed]
         lines.append(f"- **Informed reconstruction** (the adversary knows every training image but the target, "
                      f"which it names among 10): its bound 1 − f(1/n) held on {held} of {len(informed)} private "
                      f"rows; success {min(shares):.0%}–{max(shares):.0%} of the bound.")
     audited = [c.audit for c in all_cells.values() if c.audit is not None]
     if audited:
-        passed = sum(1 for a in audited if a["audit.verdict"] == "PASS")
+        passed = sum(1 for a in audited if a["audit.verdict"] == BoundCheck.PASS)
         lines.append(f"- **Audits**: {passed} of {len(audited)} one-run audits PASS (ε lower bound ≤ accounted ε)."
                      + audit_reach(audited))
     ratios = {c.name: r for c, r in ((c, cost_ratio(c, b)) for c, b in pairs) if math.isfinite(r)}

@@ -26,14 +26,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 
+import dp_step  # the step functions, shared with the timing benchmark (a script's own folder is on its path)
 import torch
 from torch.profiler import ProfilerActivity, profile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dp_step  # noqa: E402 - the step functions, shared with the timing benchmark
 
 METADATA = {"aten::" + n for n in (
     "view", "reshape", "_reshape_alias", "_unsafe_view", "as_strided", "t", "transpose", "permute", "expand",

@@ -70,7 +70,7 @@ class CanaryDesign:
     def isotropic(self, defense: Defense, shared: SharedGradient) -> torch.Tensor:
         """The release as one flat vector whose noise is i.i.d. N(0, 1) on every coordinate the mechanism noises
         (zero where nothing is released), public shifts and scales undone: the space in which the informed
-        reconstruction attack (``attacks/informed_common.py``) scores candidates by a Gaussian likelihood ratio.
+        reconstruction attack (``attacks/informed_game.py``) scores candidates by a Gaussian likelihood ratio.
         The default is ``noise_units``; a release made of parts with different noise (GEP's embedding and
         residual) stacks each part over its own std."""
         return self.noise_units(defense, shared)

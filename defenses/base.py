@@ -34,14 +34,16 @@ Besides the stages a defense declares (defaults in :class:`Defense`):
   anchors), so that every model trained with it needs its own instance;
 - ``state_dict`` / ``load_state_dict``: the public state an attacker sees at a given moment (masks,
   anchors, statistics); attacks replay a training step by loading it;
-- ``clipping``: the per-sample transform when it is plain group-wise clipping (lets the lean engine run);
+- ``bind``: called once after construction with the model and the task (``needs_model`` defenses keep them);
+- ``clipping``: the per-sample transform when it is plain group-wise clipping (the audit spreads its canaries
+  over the groups);
+- ``lean_plan`` / ``accumulate_lean``: what the lean engine computes for it during backprop, and the sums back;
 - ``audit_design``: how ``dpeval audit`` places canaries in its release and scores them;
 - ``SharedGradient.rate``: the sparsification / freeze rate of a release, for defenses that have one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -155,7 +157,6 @@ class Defense(ABC):
     Params: ClassVar[type] = NoParams
     dp: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
-    description: ClassVar[str] = ""
 
     def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
                  streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
@@ -197,10 +198,6 @@ class Defense(ABC):
 
     def accounted_noise_multiplier(self) -> float:
         return self.noise_multiplier
-
-    def param_dict(self) -> dict[str, Any]:
-        """Parameters as reported under ``defense.<param>`` in results."""
-        return dataclasses.asdict(self.params)
 
     def bind(self, model: torch.nn.Module, task: Any) -> None:
         """Called once after construction with the model being trained and the task. Defenses whose

@@ -35,14 +35,6 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def registers_attack(path: Path) -> bool:
-    """Whether a class of the module is decorated with ``ATTACKS.register(...)``."""
-    return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
-               and isinstance(d.func.value, ast.Name) and d.func.value.id == "ATTACKS"
-               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
-               for d in node.decorator_list)
-
-
 def boundary_violations(path: Path) -> list[str]:
     """What the module at ``path`` does past the attacker's boundary, one line each (empty: nothing)."""
     tree = ast.parse(path.read_text(), filename=str(path))

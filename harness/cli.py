@@ -24,6 +24,7 @@ import click
 from dpeval import __version__
 from dpeval.console import DpevalGroup, emit, handle_errors, one_line, writing
 from dpeval.core.errors import ConfigError, RunFailure, brief, printable
+from dpeval.core.verdicts import BoundCheck
 from dpeval.run_summary import format_delta, format_run
 
 DEFAULT_RESULTS = "./dpeval-results"
@@ -158,7 +159,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
         text += "\n  reference       this run − the reference run:\n" + "\n".join(
             line for r in references for line in format_deltas(metrics, r))
     emit(metrics, as_json, text, f"; run {metrics['run_id']} is recorded in {results}")
-    over = [k.split(".")[1] for k, v in metrics.items() if k.endswith(".bound_check") and v == "FAIL"]
+    over = [k.split(".")[1] for k, v in metrics.items() if k.endswith(".bound_check") and v == BoundCheck.FAIL]
     if over:  # as `dpeval audit` fails: the release leaks more than the accounted mechanism allows
         click.echo(f"FAIL: {', '.join(over)} succeeded significantly more often than the bound of the run's "
                    f"accounted mechanism allows (run {metrics['run_id']} is recorded in {results})", err=True)

@@ -566,23 +566,3 @@ def log_hint(run_dir: Path) -> str:
 
 def json_line(data: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in data.items())
-
-
-def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Task]:
-    """An attacker's view (and the task its games keep) for ``attack.at: init`` without training (tests, quick
-    experiments; reconstruction attacks need ``at: init`` or ``final`` here: no epoch is recorded).
-
-    Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
-    ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
-    taken exactly as training would snapshot it (after ``begin_epoch(0)``).
-    """
-    prep = prepare(spec)
-    prep.model.to(prep.device).eval()
-    init = copy.deepcopy(prep.model.state_dict())
-    defense = prep.make_defense(prep.streams.scope("victim"))
-    defense.begin_epoch(0, spec.train.epochs)
-    state = copy.deepcopy(defense.state_dict())
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    view = attacker_view(prep, {"init": init, "final": init}, {"init": state, "final": state}, out)
-    return view, prep.task

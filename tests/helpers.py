@@ -1,12 +1,18 @@
 """Helpers shared by several test files."""
 
+import copy
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
+from dpeval.attacks.view import AttackerView
 from dpeval.config import build_spec, set_dotted
 from dpeval.core.datasets import packaged
 from dpeval.core.datasets.torchvision_sets import SYSTEM_FOLDERS
 from dpeval.core.spec import RunSpec
+from dpeval.core.splits import Task
 from dpeval.defenses.base import Defense
 from tests.conftest import REAL_DATA_HOME
 
@@ -35,6 +41,33 @@ def spec_for(defense: str, **sets) -> RunSpec:
     for key, value in sets.items():
         set_dotted(raw, key.replace("__", "."), value)
     return build_spec(raw)
+
+
+def num_params(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of scalar parameters (only those with requires_grad when ``trainable_only``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Task]:
+    """An attacker's view (and the task its games keep) for ``attack.at: init`` without training (reconstruction
+    attacks need ``at: init`` or ``final`` here: no epoch is recorded).
+
+    Same model initialisation, defense and attack streams as ``dpeval run`` with this spec; the
+    ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
+    taken exactly as training would snapshot it (after ``begin_epoch(0)``).
+    """
+    from dpeval.runner import attacker_view, prepare  # here: most users of this file need no runner
+
+    prep = prepare(spec)
+    prep.model.to(prep.device).eval()
+    init = copy.deepcopy(prep.model.state_dict())
+    defense = prep.make_defense(prep.streams.scope("victim"))
+    defense.begin_epoch(0, spec.train.epochs)
+    state = copy.deepcopy(defense.state_dict())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    view = attacker_view(prep, {"init": init, "final": init}, {"init": state, "final": state}, out)
+    return view, prep.task
 
 
 def noiseless(cls: type[Defense]) -> type[Defense]:

@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from dpeval import boundary
-from dpeval.boundary import registers_attack
 
 ROOT = Path(__file__).resolve().parents[1]
 # package -> folder, as pyproject's [tool.setuptools.package-dir] maps them
@@ -189,6 +188,27 @@ def test_no_file_cites_what_the_repository_does_not_contain():
     assert not cited, cited
 
 
+def test_the_architecture_lists_every_module():
+    """docs/architecture.md has a section per layer, headed with its folder: every module of the folder (its
+    ``__init__`` aside) is a row (`` `name.py` ``), every sub-package that is no layer of its own a row
+    (`` `name/` ``) naming each of its modules (`` `module` ``)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    sections = dict(re.findall(r"^### dpeval[.\w]* \(([\w/]+/)\)\n(.*?)(?=^#)", doc, flags=re.S | re.M))
+    assert set(sections) == {"harness/core/", "defenses/", "harness/engine/", "attacks/", "harness/"}, set(sections)
+    missing = []
+    for folder, text in sections.items():
+        rows = text.splitlines()
+        missing += [f"{folder}{m.name}" for m in sorted((ROOT / folder).glob("*.py"))
+                    if m.name != "__init__.py" and f"`{m.name}`" not in text]
+        for package in sorted(p.parent for p in (ROOT / folder).glob("*/__init__.py")):
+            if f"{folder}{package.name}/" in sections:
+                continue  # a layer of its own, with its own section
+            row = next((r for r in rows if r.startswith(f"| `{package.name}/`")), "")
+            missing += [f"{folder}{package.name}/{m.name}" for m in sorted(package.glob("*.py"))
+                        if not row or (m.stem != "__init__" and f"`{m.stem}`" not in row)]
+    assert not missing, "modules docs/architecture.md does not list: " + ", ".join(missing)
+
+
 def test_docs_links_resolve():
     """Every relative link in the docs and the README points at a file of the repository."""
     broken = []
@@ -206,6 +226,14 @@ def test_docs_links_resolve():
 # (attacks/view.py) and what its family's game hands it; the private pool stays with the game.
 
 FIXTURE_ATTACK = ROOT / "tests" / "fixtures" / "plugin_attack.py"
+
+
+def registers_attack(path: Path) -> bool:
+    """Whether a class of the module is decorated with ``ATTACKS.register(...)``."""
+    return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
+               and isinstance(d.func.value, ast.Name) and d.func.value.id == "ATTACKS"
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+               for d in node.decorator_list)
 
 
 def attack_modules() -> list[Path]:

@@ -55,6 +55,7 @@ from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.statistics import separation, split_bound
 from dpeval.core.streams import Streams, seed_globals
+from dpeval.core.verdicts import BoundCheck
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense
@@ -326,7 +327,7 @@ def _run_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None) -
         "audit.epsilon_lower_bound": best.epsilon_lower_bound,
         "audit.statistic": best.name,
         "audit.passed": passed,
-        "audit.verdict": "PASS" if passed else "FAIL",
+        "audit.verdict": BoundCheck.of(passed).value,
         "audit.trials": min(t.trials_per_neighbour for t in tests),
         "audit.canaries": options.canaries,
         "audit.canary_norm": CANARY_NORM,

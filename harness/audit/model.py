@@ -57,6 +57,7 @@ from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
 from dpeval.core.statistics import MAX_THRESHOLDS, clopper_pearson, rates_at, separation, split_bound
 from dpeval.core.streams import Streams, seed_globals
+from dpeval.core.verdicts import BoundCheck
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.engine.training import BatchSampler
 
@@ -549,7 +550,7 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         "audit.mu_hat_ci": list(gdp_best["mu_ci"]),
         "audit.mu_statistic": gdp_best["statistic"],
         "audit.passed": passed,
-        "audit.verdict": "PASS" if passed else "FAIL",
+        "audit.verdict": BoundCheck.of(passed).value,
         "audit.confidence": 1 - ALPHA,
         "audit.models": k,
         "audit.models_with_target": int(labels.sum()),

@@ -60,6 +60,7 @@ from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import resolve_device, single_cpu_thread
 from dpeval.core.spec import RunSpec
 from dpeval.core.streams import seed_globals
+from dpeval.core.verdicts import BoundCheck
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, SharedGradient
 from dpeval.engine.training import accuracy, train
@@ -323,7 +324,7 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
         "audit.guesses_out": counting.k_out,
         "audit.correct": counting.correct,
         "audit.passed": passed,
-        "audit.verdict": "PASS" if passed else "FAIL",
+        "audit.verdict": BoundCheck.of(passed).value,
         "audit.canaries": options.canaries,
         "audit.canaries_included": int(pool.included.sum()),
         "audit.canary_kind": options.kind,

@@ -4,6 +4,10 @@ A run's verdict is ``Verdict.LEAKS`` or ``Verdict.NO_LEAK``: a ``str`` enum whos
 text (``leaks``, ``no-leak-detected``), so JSON and SQLite hold what they always held. A leaderboard row of
 seeds grouped together holds their common verdict, or ``Mixed`` (``mixed (k/n leak)``) when they disagree.
 ``Verdict.parse`` reads either back (None: no verdict); both kinds answer ``leaks``.
+
+A check of a claimed bound has the other kind of verdict, ``BoundCheck`` (``PASS`` / ``FAIL``): an audit's
+``audit.verdict`` (its ε lower bound within the accounted ε) and the informed game's ``bound_check`` (its success
+within the mechanism's bound). Stored as its text too.
 """
 
 from __future__ import annotations
@@ -51,6 +55,19 @@ class Verdict(StrEnum):
 
 
 _BY_TEXT = {v.value: v for v in Verdict}
+
+
+class BoundCheck(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+
+    @property
+    def passed(self) -> bool:
+        return self is BoundCheck.PASS
+
+    @classmethod
+    def of(cls, passed: bool) -> BoundCheck:
+        return cls.PASS if passed else cls.FAIL
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ EXPOSED_SHOWN = 8              # images per configuration in the grid
 
 
 @dataclasses.dataclass
-class Game:
+class ScoredGame:
     """One run's membership game with per-example scores: its records most exposed first."""
 
     row: dict[str, Any]
@@ -43,10 +43,10 @@ class Game:
 
 
 def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
-                 damaged: list[str]) -> dict[str, list[Game]]:
+                 damaged: list[str]) -> dict[str, list[ScoredGame]]:
     """Attack → the runs whose game saved per-example scores (``artefacts.<attack>.scores``, a CSV), each read into
     exposures; a file that cannot be read adds a line to ``damaged``."""
-    games: dict[str, list[Game]] = defaultdict(list)
+    games: dict[str, list[ScoredGame]] = defaultdict(list)
     for row in rows:
         for key, value in sorted(row["metrics"].items()):
             owner = AttackKey.parse(key, "artefacts")
@@ -61,20 +61,20 @@ def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
                 damaged.append(damaged_line(row, key, path, exc))
                 continue
             record = lb.flat_row(row)
-            games[owner.attack].append(Game(row, record, point_label(record, swept), found))
+            games[owner.attack].append(ScoredGame(row, record, point_label(record, swept), found))
     return games
 
 
-def _reference(game: Game, games: list[Game]) -> Game | None:
+def _reference(game: ScoredGame, games: list[ScoredGame]) -> ScoredGame | None:
     """The non-private run of the same data and seed: whose most exposed records a defense is judged on."""
     return next((g for g in games if not private(g.record) and g.record.get("dataset") == game.record.get("dataset")
                  and g.record.get("seed") == game.record.get("seed") and g is not game), None)
 
 
-def exposure_rows(games: list[Game]) -> list[list[str]]:
+def exposure_rows(games: list[ScoredGame]) -> list[list[str]]:
     """One row per configuration: seeds, members, records named at each FPR (mean over seeds), and of the
     non-private model's top k, how many the configuration still names at 1 % FPR and their median FPR."""
-    by_label: dict[str, list[Game]] = defaultdict(list)
+    by_label: dict[str, list[ScoredGame]] = defaultdict(list)
     for g in games:
         by_label[g.label].append(g)
     out = []
@@ -94,11 +94,11 @@ def exposure_rows(games: list[Game]) -> list[list[str]]:
 TrainingImages = Callable[[dict[str, Any]], tuple[dict[int, np.ndarray] | None, str]]
 
 
-def exposure_grid(attack: str, games: list[Game], out_dir: Path, stem: str,
+def exposure_grid(attack: str, games: list[ScoredGame], out_dir: Path, stem: str,
                   training_images: TrainingImages | None) -> tuple[Figures, list[str]]:
     """Per configuration (its lowest seed's run), the most exposed training images, each titled with its source
     index and the FPR at which the attack names it; notes for what cannot be shown."""
-    first: dict[str, Game] = {}
+    first: dict[str, ScoredGame] = {}
     for g in sorted(games, key=lambda g: str(g.record.get("seed"))):
         first.setdefault(g.label, g)
     title = f"Most exposed training records ({attack})"

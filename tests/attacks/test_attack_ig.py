@@ -14,7 +14,7 @@ from dpeval.core.errors import ConfigError
 from dpeval.core.params import from_dict
 from dpeval.core.verdicts import Verdict
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.runner import untrained_view
+from tests.helpers import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):

@@ -20,7 +20,7 @@ from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
 from dpeval.core.verdicts import Verdict
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.runner import untrained_view
+from tests.helpers import untrained_view
 
 
 def context(tmp_path, defense="none", epsilon=None, model=None, **attack):

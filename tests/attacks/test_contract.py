@@ -65,6 +65,20 @@ def test_an_attack_cannot_replace_its_familys_game():
                 return task
 
 
+def test_an_attack_without_a_title_has_the_default_one():
+    """``title()`` is read only after a game's models are trained: a shadow attack that gives none has the
+    default, not an error then."""
+    from dpeval.attacks.membership_game import ShadowAttack
+
+    class Untitled(ShadowAttack):
+        name = "untitled"
+
+        def guess(self, evidence):
+            return evidence
+
+    assert Untitled(None).title() == "untitled attack"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_headline_facts_read_from_the_source_are_the_imported_classs(name):
     """The leaderboard reads a built-in attack's headline facts from its source (no torch import): they must be

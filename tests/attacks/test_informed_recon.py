@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpeval.attacks.informed_common import Game, InformedParams, draw_pool, draw_sampling, segments, whitener
+from dpeval.attacks.informed_game import InformedParams, TargetGame, draw_pool, draw_sampling, segments, whitener
 from dpeval.attacks.informed_recon import likelihood_scores, linear_scores
 from dpeval.config import build_spec
 from dpeval.core import rero
@@ -38,20 +38,20 @@ DP_NAMES = [n for n in DEFENSES.names() if DEFENSES.get(n).dp]
 
 
 def test_likelihood_and_linear_scores_on_known_signals():
-    from dpeval.attacks.informed_common import Signals
+    from dpeval.attacks.informed_game import ResidualSignals
 
     inner = np.array([[2.0, 0.0], [0.0, 0.1]])
     norms2 = np.ones((2, 2))
-    s = Signals(inner, norms2, np.array([4.0, 1.0]), 0.5, False)
+    s = ResidualSignals(inner, norms2, np.array([4.0, 1.0]), 0.5, False)
     expected = [sum(math.log(0.5 + 0.5 * math.exp(inner[t, i] - 0.5)) for t in range(2)) for i in range(2)]
     assert likelihood_scores(s) == pytest.approx(expected)
     assert linear_scores(s) == pytest.approx([2.0, 0.1])
     # q = 1: every step holds the target, the plain Gaussian likelihood ratio
-    full = Signals(inner, norms2, np.array([4.0, 1.0]), 1.0, False)
+    full = ResidualSignals(inner, norms2, np.array([4.0, 1.0]), 1.0, False)
     assert likelihood_scores(full) == pytest.approx((inner - 0.5).sum(axis=0))
     # no noise: the candidate whose contribution reproduces the sampled step exactly wins
-    exact = Signals(np.array([[1.0, 0.2], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 1.0]]), np.array([1.0, 0.0]),
-                    0.1, True)
+    exact = ResidualSignals(np.array([[1.0, 0.2], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 1.0]]),
+                            np.array([1.0, 0.0]), 0.1, True)
     assert int(np.argmax(likelihood_scores(exact))) == 0
 
 
@@ -74,7 +74,7 @@ def test_sampling_rates_and_pools():
     pool = draw_pool(task.test, 10, rng)
     assert len(set(pool.tolist())) == 10 and len(set(task.test.y[pool].tolist())) == 10  # one per class
     with pytest.raises(ConfigError, match="attack.candidates"):
-        from dpeval.attacks.informed_common import check_pool
+        from dpeval.attacks.informed_game import check_pool
         check_pool(InformedParams(candidates=len(task.test) + 1), task.test)
 
 
@@ -103,7 +103,7 @@ def test_whitened_release_has_unit_noise_and_bounded_contributions(name):
     assert len(noised) > 1000
     assert float(noised.std()) == pytest.approx(1.0, abs=0.05)
     sensitivity = 1.0 / prep.privacy.accounted_noise_multiplier
-    from dpeval.attacks.informed_common import contributions
+    from dpeval.attacks.informed_game import contributions
     contrib, noiseless = contributions(release, whiten, grads, Streams(2).scope("victim"))
     assert not noiseless
     norms = contrib.norm(dim=1)
@@ -146,7 +146,7 @@ def test_gradient_canaries_reach_the_bayes_optimal_success():
         grads = torch.zeros(n, d)
         grads[torch.arange(n), torch.from_numpy(rng.choice(d, n, replace=False))] = 1e6  # clipped to C: full norm
         secret, held = int(rng.integers(n)), rng.random(steps) < q
-        game = Game(steps, n)
+        game = TargetGame(steps, n)
         game.replay(release, whiten, {"w": grads}, secret, range(steps), held, streams.scope("game", g))
         signals = game.signals(q)
         wins["likelihood"] += int(np.argmax(likelihood_scores(signals)) == secret)

@@ -17,7 +17,7 @@ from dpeval.attacks.rgap import RGAP
 from dpeval.cli import main
 from dpeval.config import build_spec
 from dpeval.core.errors import ConfigError
-from dpeval.core.models import Normalize, build_model, num_params
+from dpeval.core.models import Normalize, build_model
 from dpeval.core.per_sample import PerSampleGradients, fixed_front, front_features
 from dpeval.core.runtime import single_cpu_thread
 from dpeval.core.scatternet import Scattering, coefficients_per_channel
@@ -28,6 +28,7 @@ from dpeval.defenses.groupwise import resolve_groups
 from dpeval.engine.lean import LeanEngine
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.runner import perform, prepare
+from tests.helpers import num_params
 
 
 def hcnn(shape: tuple[int, int, int] = (3, 32, 32), name: str = "hcnn") -> nn.Sequential:

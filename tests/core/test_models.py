@@ -14,10 +14,11 @@ from torch.func import functional_call, grad, vmap
 from dpeval.config import build_spec
 from dpeval.core.datasets import load_task, torchvision_sets
 from dpeval.core.errors import ConfigError
-from dpeval.core.models import Normalize, build_model, num_params
+from dpeval.core.models import Normalize, build_model
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.registry import DATASETS, MODELS, default_model
 from dpeval.core.settings import DataConfig
+from tests.helpers import num_params
 from tests.torchvision_files import make_cifar10, make_mnist_like, make_svhn, skip_md5
 
 ALL = MODELS.names()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dpeval.core.verdicts import Mixed, Verdict
+from dpeval.core.verdicts import BoundCheck, Mixed, Verdict
 
 
 def test_values_are_the_stored_text():
@@ -13,6 +13,16 @@ def test_values_are_the_stored_text():
     assert json.dumps({"v": Verdict.LEAKS}) == '{"v": "leaks"}'
     assert Verdict.LEAKS.leaks and not Verdict.NO_LEAK.leaks
     assert Verdict.of(True) is Verdict.LEAKS and Verdict.of(False) is Verdict.NO_LEAK
+
+
+def test_a_bound_checks_values_are_the_stored_text_and_no_run_verdict():
+    """``audit.verdict`` and ``bound_check`` store PASS / FAIL, as they always did; neither reads as a leak verdict."""
+    assert [v.value for v in BoundCheck] == ["PASS", "FAIL"]
+    assert BoundCheck.of(True) is BoundCheck.PASS and BoundCheck.of(False) is BoundCheck.FAIL
+    assert BoundCheck.PASS.passed and not BoundCheck.FAIL.passed
+    assert type(BoundCheck.of(True).value) is str and json.dumps({"v": BoundCheck.FAIL}) == '{"v": "FAIL"}'
+    with pytest.raises(ValueError):
+        Verdict.parse("PASS")
 
 
 def test_parse_reads_back_a_run_a_group_or_no_verdict():

@@ -105,9 +105,3 @@ def build_model(
     if accepted:
         return nn.Sequential(*front, factory(shape, num_classes, settings=settings, vocab=vocab))
     return nn.Sequential(*front, factory(shape, num_classes))
-
-
-def num_params(model: nn.Module, trainable_only: bool = True) -> int:
-    """Number of scalar parameters (only those with requires_grad when ``trainable_only``)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-

@@ -70,7 +70,7 @@ from dpeval.core.splits import Split, Task
 from dpeval.core.states import AttackState, resolve
 from dpeval.core.statistics import clopper_pearson
 from dpeval.core.streams import Streams
-from dpeval.core.verdicts import Verdict
+from dpeval.core.verdicts import BoundCheck, Verdict
 from dpeval.defenses.base import Defense, SharedGradient
 
 ALPHA = 0.05  # level of the verdict (success above chance) and of the bound check (success above the bound)
@@ -96,7 +96,7 @@ class InformedParams(AttackParams):
 
 
 @dataclass(frozen=True)
-class Signals:
+class ResidualSignals:
     """What the hook sees of one game: the whitened residual releases against every candidate's contribution."""
 
     inner: np.ndarray       # [T, n]: ⟨o_t, c_{i,t}⟩
@@ -160,7 +160,7 @@ def segments(states: list[AttackState], steps: int, epochs: int) -> list[tuple[s
     return out
 
 
-class InformedReconstructionAttack(Attack):
+class InformedReconstructionAttack(Attack[ResidualSignals]):
     """The family: a subclass implements ``guess(signals) -> {statistic: [n] scores}``; the first statistic
     makes the guess, every statistic is reported with its own success rate."""
 
@@ -185,7 +185,7 @@ class InformedReconstructionAttack(Attack):
                               f"{privacy.steps} steps) is too small for its bound 1 − f(1/n): the privacy loss would "
                               f"need {points:.2g} grid points (at most {rero.MAX_GRID:.0e}); use a larger σ or ε")
 
-    def guess(self, evidence: Signals) -> dict[str, np.ndarray]:
+    def guess(self, evidence: ResidualSignals) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def play(self, view: AttackerView, task: Task) -> AttackResult:
@@ -205,7 +205,7 @@ class InformedReconstructionAttack(Attack):
         held = np.stack([draw_sampling(view.spec.train.sampling, q, batch, steps, epochs, sampler)
                          for _ in range(p.targets)])
         plan = segments(resolve(p.states, epochs), steps, epochs)
-        games = [Game(steps, p.candidates) for _ in range(p.targets)]
+        games = [TargetGame(steps, p.candidates) for _ in range(p.targets)]
         for state, span in plan:
             model = view.model_at(state)
             whiten = whitener(view.make_defense(own.scope("design"), bound_to=model))
@@ -225,7 +225,7 @@ class InformedReconstructionAttack(Attack):
         return self._report(view, guesses, secrets, held, games, pools, plan)
 
     def _report(self, view: AttackerView, guesses: dict[int, dict[str, int]], secrets: np.ndarray, held: np.ndarray,
-                games: list[Game], pools: list[np.ndarray], plan: list[tuple[str, range]]) -> AttackResult:
+                games: list[TargetGame], pools: list[np.ndarray], plan: list[tuple[str, range]]) -> AttackResult:
         p, ledger = self.params, view.privacy
         stats_names = list(guesses[0])
         correct = {k: np.array([guesses[j][k] == secrets[j] for j in range(p.targets)]) for k in stats_names}
@@ -248,7 +248,7 @@ class InformedReconstructionAttack(Attack):
             "empirical_mu": rero.gdp_mu_of(metrics["success_ci_low"], n),
             "norm_ratio": float(np.mean([np.mean(g.norm) for g in games]) * sigma) if sigma > 0 else math.nan,
             "p_value": p_chance, "bound_p_value": p_bound,
-            "bound_check": "FAIL" if p_bound <= ALPHA else "PASS",
+            "bound_check": BoundCheck.of(not p_bound <= ALPHA).value,
         })
         decision = Verdict.of(p_chance <= ALPHA)
         record = {"rule": {"alpha": ALPHA, "verdict": decision, "bound_check": metrics["bound_check"]},
@@ -265,7 +265,7 @@ Release = Callable[[dict[str, torch.Tensor], Streams], SharedGradient]  # (per-s
 Whiten = Callable[[SharedGradient], torch.Tensor]                         # release -> unit-noise flat vector
 
 
-class Game:
+class TargetGame:
     """One target's game: its signals, step by step, as the states are replayed."""
 
     def __init__(self, steps: int, n: int) -> None:
@@ -293,8 +293,8 @@ class Game:
             self.obs2[t] = float(o @ o)
             self.noiseless |= shared.noise_std == 0
 
-    def signals(self, sample_rate: float) -> Signals:
-        return Signals(self.inner, self.norms2, self.obs2, sample_rate, self.noiseless)
+    def signals(self, sample_rate: float) -> ResidualSignals:
+        return ResidualSignals(self.inner, self.norms2, self.obs2, sample_rate, self.noiseless)
 
 
 def whitener(defense: Defense) -> Whiten:
