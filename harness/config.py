@@ -15,6 +15,7 @@ excluded: where a run executes does not change what it is, nor whether a value w
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import stat
 import sys
@@ -23,11 +24,14 @@ from typing import Any
 
 import yaml
 
-from dpeval.core.dataset_defaults import fill_defaults
+from dpeval.core.dataset_defaults import fill_defaults, skipped
 from dpeval.core.errors import ConfigError, brief, printable
 from dpeval.core.params import coerce, field_names, from_dict
 from dpeval.core.settings import DEFAULT_EPSILON
 from dpeval.core.spec import RunSpec
+
+log = logging.getLogger("dpeval")
+_SAID: set[str] = set()  # the data-set recipe notes said in this process
 
 # ---------------------------------------------------------------------------------------------------
 # Loading and merging raw config data
@@ -213,6 +217,10 @@ def build_spec(raw: dict[str, Any]) -> RunSpec:
             raise ConfigError(f"{key}: unknown setting; valid top-level keys: {', '.join(top)}")
     if isinstance(raw.get("defense"), str):
         raw["defense"] = {"name": raw["defense"]}
+    note = skipped(raw, default_model)
+    if note is not None and note not in _SAID:  # once per process: sweeps and resumes build a spec many times
+        _SAID.add(note)
+        log.warning(note)
     applied = fill_defaults(raw, default_model)
 
     defense_raw = raw.pop("defense", None) or {}

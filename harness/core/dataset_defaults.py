@@ -9,8 +9,13 @@ fills only the keys the run does not set (YAML, a flag or ``--set`` always wins)
   defaults, which a recipe tuned for a different network could make diverge);
 - the run's defense has an entry in the recipe (its clip bounds: each defense's clipping parameter means another
   thing); the non-private ``none`` has none, since the recipe's large steps are safe only under clipping;
-- the full training set is used (``data.max_train`` not set): the batch and epochs are sized for it;
 - the run trains (no ``model.weights``: the settings then describe how the given weights were trained).
+
+With ``data.max_train`` set, only the recipe's part that does not depend on the training set's size applies (the
+pixel range and the defense's clip bounds, ``SIZE_FREE``): its batch, optimizer, step size and epochs are sized for
+the whole set, and on fewer examples the generic training defaults do better. Measured on MNIST with 3,000 training
+images at ε = 3 (seed 0, 20 epochs): DP-SGD 89.5 % with the size-free part, 85.8 % with none of the recipe, 45.8 %
+with all of it at B scaled to keep q = B/N; AdaCliP 83.1 %, 73.4 %, 40.9 %. ``skipped`` says so in one line.
 
 What applied is recorded in the run's ``defaults`` (``key=value`` strings; not part of the run key).
 """
@@ -67,26 +72,51 @@ def _value(raw: dict[str, Any], key: str, default: Any = None) -> Any:
     return node
 
 
+# The settings of a recipe that do not depend on the training set's size (with them, the defense's clip bounds).
+SIZE_FREE = ("data.normalize",)
+
+
 def recipe_for(raw: dict[str, Any], default_model: Callable[[str], str]) -> Recipe | None:
-    """The recipe that applies to the nested raw settings ``raw`` (its defense a mapping); ``default_model(name)``
-    is the model a run on data set ``name`` builds when ``model.name`` is not set."""
+    """The recipe that applies (whole, or its size-free part with ``data.max_train``) to the nested raw settings
+    ``raw`` (its defense a mapping); ``default_model(name)`` is the model a run on data set ``name`` builds when
+    ``model.name`` is not set."""
     dataset = _value(raw, "data.name", "digits")
     recipe = RECIPES.get(dataset) if isinstance(dataset, str) else None
     if recipe is None or (_value(raw, "model.name") or default_model(dataset)) != recipe.model:
         return None
-    if _value(raw, "data.max_train", 0) or _value(raw, "model.weights") is not None:
+    if _value(raw, "model.weights") is not None:
         return None
     return recipe if _value(raw, "defense.name", "dpsgd") in recipe.defenses else None
 
 
+def _subset(raw: dict[str, Any]) -> bool:
+    return bool(_value(raw, "data.max_train", 0))
+
+
+def skipped(raw: dict[str, Any], default_model: Callable[[str], str]) -> str | None:
+    """One line naming the recipe settings a run on a subset of the training set does not take (None: nothing
+    was left out); call it before ``fill_defaults``, which sets keys of ``raw``."""
+    recipe = recipe_for(raw, default_model)
+    if recipe is None or not _subset(raw):
+        return None
+    left = [f"{k}={v}" for k, v in recipe.settings.items() if k not in SIZE_FREE and _value(raw, k) is None]
+    if not left:
+        return None
+    return (f"data.max_train is set: {_value(raw, 'data.name')}'s recipe is sized for its whole training set, so "
+            f"this run takes only its pixel range and clip bounds and the generic training defaults, not "
+            f"{', '.join(left)} (docs/configuration.md, \"Data-set defaults\")")
+
+
 def fill_defaults(raw: dict[str, Any], default_model: Callable[[str], str]) -> list[str]:
     """Set, in the nested ``raw`` settings (changed in place), each key of the applicable recipe that ``raw`` does
-    not set; returns them as ``key=value`` strings (empty when no recipe applies)."""
+    not set (with ``data.max_train``, only its size-free part); returns them as ``key=value`` strings (empty when no
+    recipe applies)."""
     recipe = recipe_for(raw, default_model)
     if recipe is None:
         return []
     own = recipe.defenses[_value(raw, "defense.name", "dpsgd")]
-    wanted = {**recipe.settings, **{f"defense.{k}": v for k, v in own.items()}}
+    settings = ({k: v for k, v in recipe.settings.items() if k in SIZE_FREE} if _subset(raw) else recipe.settings)
+    wanted = {**settings, **{f"defense.{k}": v for k, v in own.items()}}
     applied = []
     for key, value in wanted.items():
         *parents, leaf = key.split(".")

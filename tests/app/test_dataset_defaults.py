@@ -44,7 +44,6 @@ def test_a_key_the_run_sets_always_wins(section, given, field):
 @pytest.mark.parametrize("extra", [
     {"model": {"name": "mlp"}},                                 # another model than the recipe's
     {"defense": {"name": "none"}},                              # non-private: no clipping to keep lr 4 safe
-    {"data": {"name": "mnist", "max_train": 1000}},             # not the full training set
     {"model": {"weights": "/nonexistent/weights.pt"}},          # nothing trained here
     {"data": {"name": "digits"}},                               # no recipe
 ])
@@ -80,3 +79,22 @@ def test_the_printed_summary_names_the_defaults_that_applied():
     assert "defaults" not in format_run({**m, "defaults": "none"})
     text = format_run({**m, "defaults": "train.lr=4.0, train.epochs=20"})
     assert "mnist's recipe for what the run did not set: train.lr=4.0, train.epochs=20" in text
+
+
+def test_a_subset_takes_the_size_free_part_and_says_in_one_line_what_it_leaves(caplog):
+    """With ``data.max_train`` the recipe's batch, optimizer, step size and epochs (sized for the whole set) are left
+    for the generic defaults; its pixel range and the defense's clip bound still apply."""
+    from dpeval import config
+
+    raw = {**MNIST, "data": {"name": "mnist", "max_train": 3000}, "defense": {"name": "adaclip"},
+           "train": {"epochs": 3}}
+    config._SAID.clear()
+    with caplog.at_level("WARNING", logger="dpeval"):
+        spec = build_spec(raw)
+        build_spec(raw)  # said once per process
+    assert spec.data.normalize == "none" and spec.defense.h2 == 1.2e-6
+    assert (spec.train.optimizer, spec.train.lr, spec.train.batch_size, spec.train.epochs) == ("adam", 0.01, 128, 3)
+    assert spec.defaults == ["data.normalize=none", "defense.h2=1.2e-06"]
+    (line,) = [r.getMessage() for r in caplog.records if "max_train" in r.getMessage()]
+    assert "train.lr=4.0" in line and "train.batch_size=2048" in line and "train.epochs" not in line  # given
+    assert "\n" not in line
