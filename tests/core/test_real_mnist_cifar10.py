@@ -59,7 +59,7 @@ def test_an_adaclip_run_on_mnist_needs_no_data_flag(real_data_home, tmp_path) ->
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)
     assert row["dataset"] == "mnist" and row["defense"] == "adaclip"
-    assert row["utility.test_accuracy"] > 0.25  # chance: 0.1; 23 steps at ε = 3 reach about 0.43
+    assert row["utility.test_accuracy"] > 0.25  # chance: 0.1; 23 steps at ε = 3 reach about 0.38 (seed 0)
 
 
 @needs_cifar10
