@@ -4,8 +4,8 @@ package: a name is matched against a model's classes when the engine meets them,
 Each entry was read against that package's forward (timm 1.0, torchvision 0.2x) and is checked against torch.func
 in ``tests/engine/test_lean_zoo.py``:
 
-- leaf layers that multiply or shift by their parameters (``LayerScale``, ``LayerScale2d``, MetaFormer's ``Scale``,
-  ResMLP's ``Affine``): ``FuncKernel`` (a vmapped elementwise op: cheap);
+- leaf layers that multiply or shift by their parameters (``LayerScale``, ``LayerScale2d``, MetaFormer's ``Scale``
+  and ``StarReLU``, ResMLP's ``Affine``): ``FuncKernel`` (a vmapped elementwise op: cheap);
 - timm's ``LayerNorm``, ``GroupNorm``, ``GroupNorm1`` (torch's, with an optional fast path): torch's kernels;
   its ``LayerNorm2d`` (a LayerNorm over the channels of [b, C, H, W]): a closed form; ``GroupNormAct`` (a group
   norm, then its activation): ``FuncKernel``;
@@ -39,7 +39,8 @@ for _name in ("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1"):
 install("timm.layers.norm.LayerNorm", LayerNormKernel())
 
 for _name in ("timm.layers.layer_scale.LayerScale", "timm.layers.layer_scale.LayerScale2d",
-              "timm.models.metaformer.Scale", "timm.models.mlp_mixer.Affine", "timm.models.convnext.ConvNeXtBlock",
+              "timm.models.metaformer.Scale", "timm.models.metaformer.StarReLU", "timm.models.mlp_mixer.Affine",
+              "timm.models.convnext.ConvNeXtBlock",
               "timm.models.mlp_mixer.ResBlock", "timm.models.levit.Attention",
               "timm.models.levit.AttentionDownsample", "timm.layers.norm_act.GroupNormAct"):
     install(_name, FuncKernel())
