@@ -377,4 +377,13 @@ class FuncKernel(LayerKernel):
             return pullback(ds_i.unsqueeze(0))[0]
 
         rows = [t for t, flag in zip(leaves, batched) if flag]
-        return vmap(one, in_dims=(None, 0, *[0] * len(rows)))(own, ds, *rows)
+        try:
+            return vmap(one, in_dims=(None, 0, *[0] * len(rows)))(own, ds, *rows)
+        except RuntimeError as exc:
+            if "random" not in str(exc):
+                raise
+            # vmap refuses random ops: a recomputed dropout would not draw the forward's mask
+            raise RunFailure(f"train.engine: the lean engine recomputes {type(module).__name__}'s forward "
+                             "(FuncKernel), which draws random numbers (dropout or stochastic depth in training "
+                             "mode) and so would not match the pass it differentiates; use train.engine=func") \
+                from None

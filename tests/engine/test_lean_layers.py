@@ -300,3 +300,15 @@ def test_an_input_modified_in_place_is_refused():
     names = tuple(n for n, _ in model.named_parameters())
     with pytest.raises(RunFailure, match="modified in place"):
         LeanEngine(model)(torch.randn(3, 4), torch.zeros(3, dtype=torch.long), LeanPlan((names,), factors))
+
+
+def test_a_func_kernel_module_drawing_random_numbers_is_refused():
+    class Noisy(LayerScale):
+        def forward(self, x):
+            return nn.functional.dropout(x, 0.5, self.training) * self.gamma
+
+    install(Noisy, FuncKernel())
+    model = nn.Sequential(nn.Linear(4, 4), Noisy(4)).train()
+    names = tuple(n for n, _ in model.named_parameters())
+    with pytest.raises(RunFailure, match="draws random numbers"):
+        LeanEngine(model)(torch.randn(3, 4), torch.zeros(3, dtype=torch.long), LeanPlan((names,), factors))
