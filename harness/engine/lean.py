@@ -26,42 +26,75 @@ Parameters are passed to the forward pass detached, so autograd computes no para
 scattering transform, a parameter-free norm: ``dpeval.core.per_sample.fixed_front``) runs without autograd;
 its output requires grad and drives backprop, which so stops at the first trainable layer's input.
 
-Supported layers are the entries of the kernel table ``KERNELS`` (one ``LayerKernel`` per layer type) and their
-subclasses that keep the parent's ``forward`` (``kernel_for``). A layer type joins it with
-``@register_kernel(LayerType)`` on a ``LayerKernel`` subclass, from this module or from outside the package (a model
+Supported layers are the entries of the kernel table (``lean_kernels.py``: one ``LayerKernel`` per layer type) and
+their subclasses that keep the parent's ``forward`` (``kernel_for``). A layer type joins it with
+``@register_kernel(LayerType)`` on a ``LayerKernel`` subclass, from this package or from outside it (a model
 plug-in registers its own layers where it defines them; docs/architecture.md, "Per-sample kernels for your own
-layers"). Built in: Linear over any number T of tokens (input [b, *, d]: the attention
-projections and MLPs of a transformer), Conv2d (any stride / padding / dilation, groups = 1, zero padding),
-Embedding (plain lookups: no padding_idx, max_norm, scale_grad_by_freq or sparse gradients; its per-sample
-gradient is the scatter-add of the output-gradient rows into the looked-up rows), GroupNorm and LayerNorm
-(affine parameters; per-sample gradients instantiated, they are small). A layer whose output does not depend
-on the input features (an Embedding of token ids or of positions) is joined to backprop by adding a zero
-"anchor" scalar to its output, so its output-gradient hook still fires; the values are unchanged. A model with any other
-trainable parameter (its layer classes counted in the message) or a layer used twice in one forward is refused —
-nothing is ever dropped silently. Like the torch.func path, it assumes samples do not interact in the forward pass
-(BatchNorm is refused; dropout in train mode draws its mask per element, so per example).
+layers"). Built in: Linear over any number T of tokens (input [b, *, d]: the attention projections and MLPs of a
+transformer), ``nn.MultiheadAttention`` (self-attention; its input projection a Linear over tokens, ``out_proj``
+the Linear it is), Conv2d (any stride / padding / dilation / groups: depthwise and grouped, zero padding),
+Embedding (plain lookups: no padding_idx, max_norm, scale_grad_by_freq or sparse gradients), GroupNorm and
+LayerNorm; and, by dotted class name (``lean_known.py``), the layer scales, channels-first norms, ConvNeXt / ResMLP
+blocks with bare layer-scale parameters, LeViT's and torchvision Swin's attention, through ``FuncKernel``
+(torch.func over that one module's forward: exact for any sample-wise use of its parameters, at the cost of
+recomputing it).
+
+Bare parameters (a class token, a position embedding on a module that holds other modules) are taken two ways: a
+module class may declare them as broadcasting over the samples (``register_broadcast``: a leading dimension of 1
+that every use broadcasts against the batch, as ``x + pos_embed`` and ``cls_token.expand(b, -1, -1)`` do); the
+forward then gets a copy expanded to [b, …] (a leaf of its own), whose gradient autograd computes without summing
+over the samples: it *is* the per-sample gradient, at no extra pass. We chose a declaration over inferring the use
+(an autograd hook on every op touching the parameter) because a use that reduces over or indexes the leading
+dimension would be silently mis-clipped by the expansion; declared owners are the torchvision / timm models whose
+forward we read. Any other bare parameter — multiplied, indexed by a buffer — needs a kernel on its owner
+(``FuncKernel``).
+
+A model with any other trainable parameter (its layer classes counted in one line) is refused, and so, when it
+runs, is a layer used twice in one forward, a layer whose input's first dimension is not the micro-batch (a norm
+over samples folded into tokens), and a kept input modified in place before backprop reaches its layer — nothing
+is ever dropped or mis-clipped silently. Like the torch.func path, it assumes samples do not interact in the
+forward pass (no batch norm in training mode); dropout in train mode draws its mask per element, so per example,
+and a layer recomputed through ``FuncKernel`` must draw nothing.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.per_sample import fixed_front
 from dpeval.defenses.base import Defense
 from dpeval.defenses.clipping import row_squares
 from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
+from dpeval.engine import lean_known  # noqa: F401 - registers the torchvision / timm layers by name
+from dpeval.engine.lean_kernels import (  # noqa: F401 - the kernel table's public names, re-exported
+    BROADCAST,
+    KERNELS,
+    NAMED_KERNELS,
+    Conv2dKernel,
+    FuncKernel,
+    LayerKernel,
+    LinearKernel,
+    MultiheadAttentionKernel,
+    broadcast_of,
+    ghost_norm_pays,
+    install,
+    kernel_for,
+    kernel_of,
+    register_broadcast,
+    register_kernel,
+)
 
 WORKSPACE_BUDGET = 1 << 21  # CPU: elements (8 MiB in float32) of transient workspace per chunk of samples
 CUDA_WORKSPACE_SHARE = 1 / 64  # a CUDA device: the share of its memory one chunk's workspace may take
+LISTED_CLASSES = 4  # the refusal names this many layer classes, then counts the rest (one line, whatever the model)
 
 
 @functools.cache
@@ -81,216 +114,6 @@ def workspace_budget(device: torch.device) -> int:
     return WORKSPACE_BUDGET
 
 
-class LayerKernel:
-    """What the engine knows about one type of layer (one entry of ``KERNELS``, FastDP's layer table).
-
-    A *weight layer* (Linear, Conv2d) is a per-sample product s_i = a_i·Wᵀ over T tokens: its weight's
-    statistics come by ghost norm or instantiation, its weighted sum from one weight-gradient product; its
-    bias is always instantiated. A *small layer* (GroupNorm, LayerNorm) instantiates every per-sample
-    gradient (they are small)."""
-
-    weight_layer = True
-
-    def supports(self, module: nn.Module) -> bool:
-        return True
-
-    def small_grads(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-sample gradients always instantiated: {attr: [b, *shape]} (a weight layer's bias)."""
-        return {"bias": self.tokens(module, a, ds)[1].sum(1)}
-
-    def tokens(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer as a per-sample product over T tokens: a [b, T, d], ds [b, T, p]."""
-        raise NotImplementedError
-
-    def weight_grads(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-        """Per-sample weight gradients [b, *weight.shape] (of a chunk of samples)."""
-        a, ds = self.tokens(module, a, ds)
-        return ds.transpose(1, 2) @ a
-
-    def weight_sum(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-        """Σ_i ∂L_i/∂W for output gradients ``ds`` already weighted by the samples' factors."""
-        return ds.reshape(-1, ds.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
-
-    def workspace(self, module: nn.Module, a: torch.Tensor) -> int:
-        """Elements of transient workspace per sample (beyond the kept tensors), 0 if none."""
-        return 0
-
-    def token_count(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> int:
-        """T: the tokens (or output pixels) of one sample, for the ghost-norm rule."""
-        return self.tokens(module, a[:1], ds[:1])[0].shape[1]
-
-    def grams(self, module: nn.Module, a: torch.Tensor, ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-sample T×T Gram matrices (of the inputs and of the output gradients) whose inner product is
-        ‖∂L_i/∂W‖² (the ghost norm)."""
-        a, ds = self.tokens(module, a, ds)  # [c, T, d], [c, T, p]
-        return a @ a.transpose(1, 2), ds @ ds.transpose(1, 2)
-
-
-K = TypeVar("K", bound=LayerKernel)
-KERNELS: dict[type[nn.Module], LayerKernel] = {}
-BUILT_IN = "Linear, Conv2d with groups=1 and zero padding, Embedding without padding_idx / max_norm / " \
-           "scale_grad_by_freq / sparse, GroupNorm, LayerNorm"
-
-
-def register_kernel(layer: type[nn.Module]) -> Callable[[type[K]], type[K]]:
-    """Class decorator: the lean engine computes the per-sample statistics and sums of layers of type ``layer``
-    (and of its subclasses that keep its ``forward``: ``kernel_for``) with an instance of the decorated
-    ``LayerKernel`` subclass. A weight layer (``weight_layer = True``)
-    implements ``tokens`` (and, where it pays, ``weight_grads`` / ``weight_sum`` / ``grams``); a small layer
-    (``weight_layer = False``) implements ``small_grads``; ``supports`` may refuse some configurations of the
-    type. A type registered twice is refused (ValueError): a kernel is never replaced silently."""
-    if not (isinstance(layer, type) and issubclass(layer, nn.Module)):
-        raise TypeError(f"register_kernel: expects an nn.Module subclass, got {layer!r}")
-
-    def register(kernel: type[K]) -> type[K]:
-        if not (isinstance(kernel, type) and issubclass(kernel, LayerKernel)):
-            raise TypeError(f"register_kernel({layer.__name__}): decorates a LayerKernel subclass, got {kernel!r}")
-        if layer in KERNELS:
-            raise ValueError(f"register_kernel: {layer.__module__}.{layer.__qualname__} already has a kernel "
-                             f"({type(KERNELS[layer]).__name__})")
-        KERNELS[layer] = kernel()
-        return kernel
-
-    return register
-
-
-@register_kernel(nn.Linear)
-class LinearKernel(LayerKernel):
-    def token_count(self, module, a, ds):
-        return a[0].numel() // a.shape[-1]
-
-    def tokens(self, module, a, ds):
-        b = a.shape[0]
-        return a.reshape(b, -1, a.shape[-1]), ds.reshape(b, -1, ds.shape[-1])
-
-
-@register_kernel(nn.Conv2d)
-class Conv2dKernel(LayerKernel):
-    def supports(self, module):
-        return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
-
-    def small_grads(self, module, a, ds):
-        return {"bias": ds.flatten(2).sum(2)}
-
-    def tokens(self, module, a, ds):
-        b = a.shape[0]
-        cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, T]
-        return cols.transpose(1, 2), ds.reshape(b, ds.shape[1], -1).transpose(1, 2)
-
-    def weight_grads(self, module, a, ds):
-        if a.is_cuda:  # cuDNN's grouped convolution is slow with a group per sample; one batched product is not
-            return self.weight_grads_by_matmul(module, a, ds)
-        return self.weight_grads_by_grouped_conv(module, a, ds)
-
-    def weight_grads_by_matmul(self, module, a, ds):
-        """g_i = ds_i^T · unfold(a_i): [p, T] × [T, d], one batched matrix product over the chunk."""
-        cols, d = self.tokens(module, a, ds)  # [b, T, d], [b, T, p]
-        return torch.bmm(d.transpose(1, 2), cols).view(a.shape[0], *module.weight.shape)
-
-    def weight_grads_by_grouped_conv(self, module, a, ds):
-        """b samples as one convolution with b groups (no unfold needed; mkldnn's fast path on the CPU)."""
-        b, w = a.shape[0], module.weight
-        g = torch.nn.grad.conv2d_weight(a.reshape(1, -1, *a.shape[2:]), (b * w.shape[0], *w.shape[1:]),
-                                        ds.reshape(1, -1, *ds.shape[2:]), module.stride, module.padding,
-                                        module.dilation, b)
-        return g.view(b, *w.shape)
-
-    def weight_sum(self, module, a, ds):
-        return torch.nn.grad.conv2d_weight(a, module.weight.shape, ds, module.stride, module.padding,
-                                           module.dilation, module.groups)
-
-    def token_count(self, module, a, ds):
-        return ds[0, 0].numel()  # output pixels, without unfolding a sample
-
-    def workspace(self, module, a):
-        kh, kw = module.kernel_size
-        return a[0].numel() * kh * kw  # the unfolded input
-
-
-@register_kernel(nn.Embedding)
-class EmbeddingKernel(LayerKernel):
-    """A lookup s_i[t] = W[idx_i[t]]: the weight layer of one-hot inputs, without forming them. Its per-sample
-    gradient scatter-adds ds_i's rows into the looked-up rows; the ghost norm's input Gram matrix is
-    [idx_i[t] == idx_i[t']] (exact: rows of repeated tokens add up)."""
-
-    def supports(self, module):
-        return (module.padding_idx is None and module.max_norm is None and not module.scale_grad_by_freq
-                and not module.sparse)
-
-    def small_grads(self, module, a, ds):
-        return {}  # no bias
-
-    def token_count(self, module, a, ds):
-        return a[0].numel()
-
-    def grams(self, module, a, ds):
-        idx, ds = a.reshape(a.shape[0], -1), ds.reshape(a.shape[0], -1, ds.shape[-1])
-        return (idx[:, :, None] == idx[:, None, :]).to(ds.dtype), ds @ ds.transpose(1, 2)
-
-    def weight_grads(self, module, a, ds):
-        b, d = a.shape[0], ds.shape[-1]
-        idx, ds = a.reshape(b, -1, 1).expand(-1, -1, d), ds.reshape(b, -1, d)
-        return ds.new_zeros(b, *module.weight.shape).scatter_add_(1, idx, ds)
-
-    def weight_sum(self, module, a, ds):
-        d = ds.shape[-1]
-        return ds.new_zeros(module.weight.shape).index_add_(0, a.reshape(-1), ds.reshape(-1, d))
-
-
-@register_kernel(nn.GroupNorm)
-class GroupNormKernel(LayerKernel):
-    weight_layer = False
-
-    def small_grads(self, module, a, ds):
-        x_hat = F.group_norm(a, module.num_groups, eps=module.eps)
-        dims = tuple(range(2, a.dim()))  # [b, C, *spatial] -> [b, C]
-        return {"weight": _sum_over(x_hat * ds, dims), "bias": _sum_over(ds, dims)}
-
-
-@register_kernel(nn.LayerNorm)
-class LayerNormKernel(LayerKernel):
-    weight_layer = False
-
-    def small_grads(self, module, a, ds):
-        x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
-        dims = tuple(range(1, a.dim() - len(module.normalized_shape)))  # [b, *, *normalized] -> [b, *normalized]
-        return {"weight": _sum_over(x_hat * ds, dims), "bias": _sum_over(ds, dims)}
-
-
-def _sum_over(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """``t`` summed over ``dims``; none (a norm layer's input [b, features], no token or pixel dimension) leaves it
-    as it is — ``sum(())`` would sum over every dimension, the samples' too."""
-    return t.sum(dims) if dims else t
-
-
-def ghost_norm_pays(tokens: int, weight_numel: int) -> bool:
-    """FastDP's rule for a weight layer's per-sample norm: the ghost norm (two T×T Gram matrices per sample)
-    when 2T² < p·d (the weight's size), else instantiate the per-sample gradient [p, d]."""
-    return 2 * tokens * tokens < weight_numel
-
-
-def kernel_for(layer: type[nn.Module]) -> tuple[LayerKernel | None, type[nn.Module] | None]:
-    """(kernel, the class it is registered for) of layers of type ``layer``: its own kernel, else its nearest
-    ancestor's in the table — a user's ``class MyLinear(nn.Linear)`` computes what ``nn.Linear`` computes — but only
-    when no class from ``layer`` up to that ancestor overrides ``forward``: a subclass with a forward of its own may
-    use its parameters otherwise (timm's ``LayerNorm2d`` normalises over channels first), and the ancestor's kernel
-    would then compute wrong per-sample gradients silently. Such a subclass gets (None, ancestor): it needs a kernel
-    of its own. (None, None): no ancestor has a kernel."""
-    classes = layer.__mro__
-    for depth, cls in enumerate(classes):
-        if cls in KERNELS:
-            overridden = any("forward" in vars(c) for c in classes[:depth])
-            return (None if overridden else KERNELS[cls]), cls
-    return None, None
-
-
-def kernel_of(module: nn.Module) -> LayerKernel | None:
-    """The table's kernel for ``module`` (``kernel_for`` its type), None when the engine does not know the layer or
-    the kernel does not support its configuration."""
-    kernel = kernel_for(type(module))[0]
-    return kernel if kernel is not None and kernel.supports(module) else None
-
-
 def refused_label(module: nn.Module) -> str:
     """How the refusal names a layer without a kernel: its class, what about it is refused where that is known; a
     parameter owned by a module that also holds other modules (a class token on the model) is a bare one."""
@@ -300,49 +123,74 @@ def refused_label(module: nn.Module) -> str:
         return f"{name} (this configuration)"
     if ancestor is not None:
         return f"{name} (overrides {ancestor.__name__}.forward)"
-    if next(module.children(), None) is not None and not type(module).__module__.startswith("torch."):
-        return f"Parameter (bare, in {name})"  # a torch layer with children (MultiheadAttention) is named as such
+    holds_layers = any(True for c in module.children() for _ in c.parameters())
+    if holds_layers and not type(module).__module__.startswith("torch."):
+        return f"Parameter (bare, in {name})"
     return name
+
+
+def lean_parts(model: nn.Module, field: str = "train.engine", instead: str = "train.engine=func",
+               ) -> tuple[dict[str, nn.Module], dict[str, tuple[str, str]]]:
+    """(layers, bare): modules owning trainable parameters that have a kernel, by module path (a ``subtree`` kernel
+    takes its children's parameters too), and the parameters declared to broadcast over the samples
+    (``register_broadcast``: full name -> (owner path, attribute)). ConfigError counting whatever else holds a
+    trainable parameter by class, in one line naming ``field`` and the setting to use ``instead``."""
+    layers: dict[str, nn.Module] = {}
+    bare: dict[str, tuple[str, str]] = {}
+    refused: dict[str, list[str]] = {}
+    covered: list[str] = []  # paths of subtree kernels: their children are theirs
+    for path, module in model.named_modules():
+        if any(path.startswith(c + ".") for c in covered):
+            continue
+        kernel = kernel_of(module)
+        subtree = kernel is not None and kernel.subtree
+        own = [n for n, p in module.named_parameters(recurse=subtree) if p.requires_grad]
+        if not own:
+            continue
+        prefix = f"{path}." if path else ""
+        if kernel is not None:
+            layers[path] = module
+            if subtree:
+                covered.append(path)
+            continue
+        broadcast = broadcast_of(module)
+        for n in [n for n in own if n in broadcast and getattr(module, n).shape[:1] == (1,)]:
+            bare[prefix + n] = (path, n)
+            own.remove(n)
+        if own:
+            label = refused_label(module)
+            refused.setdefault(label, []).extend([prefix + n for n in own] if label.startswith("Parameter")
+                                                 else [path or "the model"])
+    if refused:
+        listed = list(refused.items())[:LISTED_CLASSES]
+        counted = ", ".join(f"{label} ×{len(where)} at {where[0]}{', …' if len(where) > 1 else ''}"
+                            for label, where in listed)
+        more = f" and {len(refused) - len(listed)} more layer classes" if len(refused) > len(listed) else ""
+        raise ConfigError(f"{field}: the lean engine has no per-sample kernel for {counted}{more}; register one "
+                          f"(dpeval.engine.lean.register_kernel, docs/architecture.md) or use {instead} for this model")
+    return layers, bare
 
 
 def trainable_layers(model: nn.Module, field: str = "train.engine", instead: str = "train.engine=func",
                      ) -> dict[str, nn.Module]:
-    """Modules owning trainable parameters, by module path; ConfigError counting the unsupported ones by class
-    (a model can hold hundreds of parameters of a few layer classes: the message stays one line), naming ``field``
-    and the setting to use ``instead``."""
-    layers: dict[str, nn.Module] = {}
-    refused: dict[str, list[str]] = {}
-    for path, module in model.named_modules():
-        own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-        if not own:
-            continue
-        if kernel_of(module) is None:
-            label = refused_label(module)
-            prefix = f"{path}." if path else ""
-            refused.setdefault(label, []).extend([prefix + n for n in own] if label.startswith("Parameter")
-                                                 else [path or "the model"])
-            continue
-        layers[path] = module
-    if refused:
-        counted = ", ".join(f"{label} ×{len(where)} at {where[0]}{', …' if len(where) > 1 else ''}"
-                            for label, where in refused.items())
-        registered = [t.__name__ for t in KERNELS if not t.__module__.startswith("torch.")]  # beyond the built-ins
-        more = f"; registered: {', '.join(registered)}" if registered else ""
-        raise ConfigError(
-            f"{field}: the lean engine has no per-sample kernel for {counted} (it knows {BUILT_IN}{more}, and "
-            f"their subclasses that keep forward); register one with dpeval.engine.lean.register_kernel "
-            f"(docs/architecture.md), or use {instead} for this model")
-    return layers
+    """The modules with kernels that own the model's trainable parameters, by path (``lean_parts``, which refuses a
+    model it cannot take)."""
+    return lean_parts(model, field, instead)[0]
 
 
 @dataclass
 class _Kept:
     """What one layer holds between its backward hook and the close of its group(s)."""
 
-    a: torch.Tensor | None = None                                       # input activation
+    a: object = None                                                    # input activation (or all the inputs)
     ds: torch.Tensor | None = None                                      # per-sample output gradient
     per_sample: dict[str, torch.Tensor] = field(default_factory=dict)   # instantiated per-sample grads
     open_groups: int = 0
+    versions: tuple[int, ...] = ()                                      # of the kept inputs: in-place edits refused
+
+
+def _versions(a: object) -> tuple[int, ...]:
+    return tuple(t._version for t in tree_leaves(a) if isinstance(t, torch.Tensor))
 
 
 class LeanEngine:
@@ -355,15 +203,18 @@ class LeanEngine:
     def __init__(self, model: nn.Module, features: bool = False) -> None:
         """``features=True``: callers pass ``front_features`` of their inputs, not raw inputs."""
         self.model = model
-        self.layers = trainable_layers(model)
-        owner = {}
+        self.layers, self.bare = lean_parts(model)
+        owner = {}  # full name -> (key of what holds it: a layer's path, or a bare parameter's own name; attribute)
         for path, module in self.layers.items():
             prefix = f"{path}." if path else ""
-            for n, p in module.named_parameters(recurse=False):
+            for n, p in module.named_parameters(recurse=self._kernel(module).subtree):
                 if p.requires_grad:
                     owner[prefix + n] = (path, n)
-        self.owner = owner  # full name -> (layer path, attribute)
-        self.trainable = {path: {a for p, a in owner.values() if p == path} for path in self.layers}
+        for name, (_, attr) in self.bare.items():
+            owner[name] = (name, attr)
+        self.owner = owner
+        keys = [*self.layers, *self.bare]
+        self.trainable = {key: {a for k, a in owner.values() if k == key} for key in keys}
         self.peak_held = 0  # most layers holding backprop data at once (a memory proxy, for tests)
         self.split = fixed_front(model).applied() if features else fixed_front(model)
 
@@ -374,7 +225,7 @@ class LeanEngine:
             return self._plain_sum(x, y, plan)
         b = x.shape[0]
         group_of = {n: m for m, g in enumerate(plan.groups) for n in g}
-        layer_groups = {path: {group_of[n] for n, (p, _) in self.owner.items() if p == path} for path in self.layers}
+        key_groups = {key: {group_of[n] for n, (k, _) in self.owner.items() if k == key} for key in self.trainable}
         kept: dict[str, _Kept] = {}
         # each group's per-parameter statistics, summed in float64 once when it closes (two operators, not one per
         # parameter; GEP's residual ‖g‖² − ‖θ‖² must not lose digits)
@@ -384,6 +235,7 @@ class LeanEngine:
         pending = [len(g) for g in plan.groups]  # parameters not yet seen in backprop
         sums: dict[str, torch.Tensor] = {}
         held: set[str] = set()  # layers seen in backprop whose groups are still open
+        quiet = [False]  # the forward is over: forwards run later are a kernel's recomputation (FuncKernel)
 
         def close(group: int) -> None:
             parts = stats[group]  # float32, and float64 where a statistic needed it (stack promotes them exactly)
@@ -391,54 +243,101 @@ class LeanEngine:
             total = parts[0].double() if len(parts) == 1 else torch.stack(parts).sum(0, dtype=torch.float64)
             c = factors[group] = plan.factors(group, total, probes).to(x.dtype)
             for name in plan.groups[group] if plan.sums else ():
-                path, attr = self.owner[name]
-                sums[name] = self._weighted_sum(self.layers[path], kept[path], attr, c)
-            for path in {self.owner[n][0] for n in plan.groups[group]}:
-                kept[path].open_groups -= 1
-                if kept[path].open_groups == 0:
-                    del kept[path]  # free the activation / output gradient / per-sample gradients
-                    held.discard(path)
+                key, attr = self.owner[name]
+                sums[name] = self._weighted_sum(self.layers.get(key), kept[key], attr, c)
+            for key in {self.owner[n][0] for n in plan.groups[group]}:
+                kept[key].open_groups -= 1
+                if kept[key].open_groups == 0:
+                    del kept[key]  # free the activation / output gradient / per-sample gradients
+                    held.discard(key)
 
-        def on_backward(path: str, module: nn.Module, ds: torch.Tensor) -> None:
-            k = kept[path]
-            k.ds = ds.detach()
-            held.add(path)
+        def record(key: str, prefix: str, found: dict[str, torch.Tensor]) -> None:
+            held.add(key)
             self.peak_held = max(self.peak_held, len(held))
-            prefix = f"{path}." if path else ""
-            for attr, sq in self._statistics(module, k, self.trainable[path], prefix, plan, probes).items():
+            for attr, sq in found.items():
                 group = group_of[prefix + attr]
                 stats[group].append(sq)
                 pending[group] -= 1
                 if pending[group] == 0:
                     close(group)
 
+        def on_backward(path: str, module: nn.Module, ds: torch.Tensor) -> None:
+            k = kept[path]
+            if _versions(k.a) != k.versions:
+                raise RunFailure(f"train.engine: the input of layer {path!r} was modified in place after the layer "
+                                 "ran; the lean engine needs it as the layer saw it (use train.engine=func)")
+            k.ds = ds.detach()
+            prefix = f"{path}." if path else ""
+            record(path, prefix, self._statistics(module, k, self.trainable[path], prefix, plan, probes))
+
+        def on_bare(name: str, g: torch.Tensor) -> None:
+            attr = self.owner[name][1]
+            g = g.unsqueeze(1)  # [b, *shape[1:]] -> [b, 1, *shape[1:]]: each sample's gradient of the parameter
+            kept[name] = _Kept(per_sample={attr: g}, open_groups=len(key_groups[name]))
+            record(name, name.removesuffix(attr), {attr: _statistic(g, name, plan, probes)})
+
         # joins outputs that do not depend on the features (lookups of token ids or positions) to backprop
         anchor = torch.zeros((), device=x.device, requires_grad=True)
 
-        def forward_hook(path: str):
-            def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-                if path in kept:
-                    raise RunFailure(f"train.engine: layer {path!r} runs more than once per forward pass; "
-                                     "the lean engine needs each layer once (use train.engine=func)")
-                kept[path] = _Kept(a=inputs[0].detach(), open_groups=len(layer_groups[path]))
-                if not output.requires_grad:
-                    output = output + anchor
-                output.register_hook(lambda g: on_backward(path, module, g))
-                return output
+        def observe(path: str, module: nn.Module, a: object, s: torch.Tensor) -> torch.Tensor:
+            if path in kept:
+                raise RunFailure(f"train.engine: layer {path!r} runs more than once per forward pass; "
+                                 "the lean engine needs each layer once (use train.engine=func)")
+            if not any(t.dim() > 0 and t.shape[0] == b for t in tree_leaves(a) if isinstance(t, torch.Tensor)) \
+                    or s.dim() == 0 or s.shape[0] != b:
+                raise RunFailure(f"train.engine: layer {path!r} ({type(module).__name__}) does not see the "
+                                 f"{b} samples on its first dimension (a batch folded into another one); the lean "
+                                 "engine needs them there (use train.engine=func)")
+            kept[path] = _Kept(a=a, open_groups=len(key_groups[path]), versions=_versions(a))
+            if not s.requires_grad:
+                s = s + anchor
+            s.register_hook(lambda g: on_backward(path, module, g))
+            return s
+
+        def forward_hook(path: str, whole: bool):
+            def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> torch.Tensor | None:
+                if quiet[0]:
+                    return None
+                if not isinstance(output, torch.Tensor):
+                    raise RunFailure(f"train.engine: layer {path!r} ({type(module).__name__}) returns "
+                                     f"{type(output).__name__}, not a tensor; its kernel cannot take it "
+                                     "(use train.engine=func)")
+                detach = functools.partial(tree_map, lambda t: t.detach() if isinstance(t, torch.Tensor) else t)
+                return observe(path, module, (detach(args), detach(kwargs)) if whole else args[0].detach(), output)
             return hook
 
-        handles = [m.register_forward_hook(forward_hook(p)) for p, m in self.layers.items()]
+        handles, patched = [], []
+        for path, module in self.layers.items():
+            kernel = self._kernel(module)
+            if kernel.forward is not None:  # the kernel runs the layer and names the product it differentiates
+                emit = functools.partial(lambda p, m, a, s: observe(p, m, a.detach(), s), path, module)
+                module.forward = functools.partial(kernel.forward, module, emit)
+                patched.append(module)
+            else:
+                handles.append(module.register_forward_hook(forward_hook(path, kernel.whole_inputs),
+                                                            with_kwargs=True))
         try:
             head = self.split.head
             params = {n: p.detach() for n, p in head.named_parameters()}
             buffers = dict(head.named_buffers())
+            roots = [anchor]
+            for head_name, model_name in self.split.names.items():
+                if model_name in self.bare:  # a leaf of its own, one row per sample: its gradient is per sample
+                    p = params[head_name]
+                    params[head_name] = p.expand(b, *p.shape[1:]).requires_grad_(True)
+                    params[head_name].register_hook(functools.partial(on_bare, model_name))
+                    roots.append(params[head_name])
             with torch.no_grad():
                 features = self.split.front(x.detach())
             features = features.detach()  # never the caller's tensor
-            roots = [anchor]
             if features.is_floating_point():
                 roots.append(features.requires_grad_(True))
-            logits = functional_call(head, (params, buffers), (features,))
+            try:
+                logits = functional_call(head, (params, buffers), (features,))
+            finally:
+                for module in patched:
+                    del module.forward
+            quiet[0] = True
             loss = F.cross_entropy(logits, y, reduction="sum")
             torch.autograd.grad(loss, roots, allow_unused=True)
         finally:
@@ -446,7 +345,8 @@ class LeanEngine:
                 h.remove()
         if any(pending):
             unseen = [n for m, g in enumerate(plan.groups) if pending[m] for n in g]
-            raise RunFailure(f"train.engine: no gradient reached {unseen} (is the layer unused?)")
+            raise RunFailure(f"train.engine: no gradient reached {unseen} (is the layer unused, or are its "
+                             "weights used without calling it?)")
         return LeanBatch({n: sums[n] for n in plan.names if n in sums}, factors, probes, b, loss.detach())
 
     def _plain_sum(self, x: torch.Tensor, y: torch.Tensor, plan: LeanPlan) -> LeanBatch:
@@ -470,12 +370,13 @@ class LeanEngine:
         kernel = self._kernel(module)
         out: dict[str, torch.Tensor] = {}
         k.per_sample = {n: g for n, g in kernel.small_grads(module, k.a, k.ds).items() if n in trainable}
-        if kernel.weight_layer and "weight" in trainable:
-            name = prefix + "weight"
+        weight = kernel.weight_attr
+        if kernel.weight_layer and weight in trainable:
+            name = prefix + weight
             if plan.transformed(name):
-                out["weight"] = self._transformed_weight(kernel, module, k, name, plan, probes)
+                out[weight] = self._transformed_weight(kernel, module, k, name, plan, probes)
             else:
-                out["weight"] = self._weight_square_norms(kernel, module, k)
+                out[weight] = self._weight_square_norms(kernel, module, k)
         for attr, g in k.per_sample.items():
             if attr not in out:
                 out[attr] = _statistic(g, prefix + attr, plan, probes)
@@ -488,7 +389,7 @@ class LeanEngine:
         """The statistic of a weight under a shift, scale or probes: from the instantiated per-sample
         gradient, chunk by chunk (kept when smaller than what it replaces) — except a one-token Linear without
         probes, whose statistic has a closed form (``_one_token_linear``)."""
-        w = module.weight
+        w = kernel.weight(module)
         if isinstance(kernel, LinearKernel) and k.a[0].numel() == w.shape[1] and name not in plan.probes:
             return _one_token_linear(k.a, k.ds, plan.shift.get(name), plan.scale.get(name))
         b = k.a.shape[0]
@@ -501,7 +402,7 @@ class LeanEngine:
             if keep:
                 parts.append(g)
         if keep:
-            k.per_sample["weight"] = _join(parts)
+            k.per_sample[kernel.weight_attr] = _join(parts)
         return _join(stats)
 
     def _weight_square_norms(self, kernel: LayerKernel, module: nn.Module, k: _Kept) -> torch.Tensor:
@@ -510,13 +411,13 @@ class LeanEngine:
         The rule is FastDP's (``ghost_norm_pays``): ghost norm when the two T×T Gram matrices are smaller than
         the per-sample gradient (2T² < p·d; T tokens or output pixels, d inputs, p outputs), else
         instantiate."""
-        b, w = k.a.shape[0], module.weight
+        b, w = k.a.shape[0], kernel.weight(module)
         step = self._chunk(kernel, module, k.a)
         t = kernel.token_count(module, k.a, k.ds)
         if t == 1 and isinstance(kernel, LinearKernel):  # one token: ‖a_i ds_iᵀ‖ = ‖a_i‖·‖ds_i‖
             a, ds = kernel.tokens(module, k.a, k.ds)
             return row_squares(a) * row_squares(ds)
-        if ghost_norm_pays(t, w.numel()):  # ghost norm ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks of samples
+        if kernel.ghost_norm(module) and ghost_norm_pays(t, w.numel()):  # ⟨a_i a_iᵀ, ds_i ds_iᵀ⟩, in chunks
             squares = []
             for lo in range(0, b, step):
                 ga, gs = kernel.grams(module, k.a[lo:lo + step], k.ds[lo:lo + step])  # [c, T, T] each
@@ -526,7 +427,7 @@ class LeanEngine:
         g = _join([kernel.weight_grads(module, k.a[lo:lo + step], k.ds[lo:lo + step])
                    for lo in range(0, b, step)])
         if w.numel() <= k.a[0].numel() + k.ds[0].numel():
-            k.per_sample["weight"] = g  # smaller than what it replaces: keep it for the sum
+            k.per_sample[kernel.weight_attr] = g  # smaller than what it replaces: keep it for the sum
         return row_squares(g)
 
     @staticmethod
@@ -539,7 +440,7 @@ class LeanEngine:
             per_sample = max(per_sample, weight.numel())
         return max(1, workspace_budget(a.device) // per_sample) if per_sample else a.shape[0]
 
-    def _weighted_sum(self, module: nn.Module, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
+    def _weighted_sum(self, module: nn.Module | None, k: _Kept, attr: str, c: torch.Tensor) -> torch.Tensor:
         """Σ_i c_i·g_i for parameter ``attr`` of ``module`` from what the layer kept."""
         if attr in k.per_sample:
             return torch.einsum("b,b...->...", c, k.per_sample[attr])

@@ -154,7 +154,7 @@ def test_an_outside_layer_registers_its_kernel_with_the_lean_engine(installed, t
             "    lean.trainable_layers(model)\n"
             "    print('accepted without its kernel')\n"
             "except ConfigError as exc:\n"
-            "    assert 'Scale ×1 at 1 ' in str(exc), exc\n"
+            "    assert 'Scale ×1 at 1;' in str(exc), exc\n"
             "lean.KERNELS[type(model[1])] = kernel\n"
             "try:\n"
             "    lean.register_kernel(type(model[1]))(type(kernel))\n"

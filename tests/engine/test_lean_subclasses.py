@@ -99,7 +99,7 @@ def channels_first(in_shape, num_classes):
 def test_a_subclass_overriding_forward_is_refused_and_auto_uses_func():
     model = channels_first((1, 8, 8), 10)
     assert kernel_of(model[1]) is None
-    with pytest.raises(ConfigError, match=r"LayerNorm2d \(overrides LayerNorm\.forward\) ×1 at 1 "):
+    with pytest.raises(ConfigError, match=r"LayerNorm2d \(overrides LayerNorm\.forward\) ×1 at 1;"):
         trainable_layers(model)
     settings = {"data": {"name": "digits", "max_train": 100}, "defense": "dpsgd", "train": {"epochs": 1,
                                                                                           "batch_size": 25}}
@@ -111,28 +111,38 @@ def test_a_subclass_overriding_forward_is_refused_and_auto_uses_func():
     assert "LayerNorm2d" in (result.folder / "log.txt").read_text()  # the API run's log says why too
 
 
-class Attention(nn.Module):
-    """Two attention layers and a learned token on the model itself: nothing the lean engine has a kernel for."""
+class Unsupported(nn.Module):
+    """100 trainable parameters: 32 blocks, each a Linear (supported) and a PReLU (no kernel), and two learned
+    parameters on the model itself (bare parameters nothing declares)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.token = nn.Parameter(torch.zeros(1, 1, 8))
-        self.blocks = nn.ModuleList([nn.MultiheadAttention(8, 2, batch_first=True) for _ in range(2)])
+        self.token = nn.Parameter(torch.zeros(1, 8))
+        self.scale = nn.Parameter(torch.ones(8))
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.PReLU(8)) for _ in range(32)])
         self.head = nn.Linear(8, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.reshape(len(x), 8, 8) + self.token
-        for block in self.blocks:
-            h = block(h, h, h, need_weights=False)[0]
-        return self.head(h.mean(1))
+        return self.head(self.blocks(x[:, :8] + self.token) * self.scale)
 
 
 def test_the_refusal_counts_layer_classes_in_one_line():
     with pytest.raises(ConfigError) as err:
-        trainable_layers(Attention())
+        trainable_layers(Unsupported())
     message = str(err.value)
-    assert "\n" not in message and "in_proj_weight" not in message
-    assert "MultiheadAttention ×2 at blocks.0, …" in message and "Parameter (bare, in Attention) ×1 at token" in message
+    assert "\n" not in message and len(message) <= 300 and "blocks.1" not in message
+    assert sum(p.numel() > 0 for p in Unsupported().parameters()) == 100
+    assert "PReLU ×32 at blocks.0.1, …" in message and "Parameter (bare, in Unsupported) ×2 at token, …" in message
+    assert "Linear" not in message
     assert "register_kernel" in message and message.endswith("use train.engine=func for this model")
-    with pytest.raises(ConfigError, match=r'^engine: .*MultiheadAttention ×2.*use engine="func"'):
-        dpeval.per_sample_norms(Attention(), torch.rand(3, 64), torch.tensor([0, 1, 2]), engine="lean")
+    with pytest.raises(ConfigError, match=r'^engine: .*PReLU ×32.*use engine="func"'):
+        dpeval.per_sample_norms(Unsupported(), torch.rand(3, 64), torch.tensor([0, 1, 2]), engine="lean")
+
+
+def test_the_refusal_lists_a_few_layer_classes_and_counts_the_rest():
+    layers = [nn.BatchNorm1d(4), nn.InstanceNorm1d(4, affine=True), nn.PReLU(), nn.Bilinear(4, 4, 4), nn.RMSNorm(4)]
+    with pytest.raises(ConfigError) as err:
+        trainable_layers(nn.Sequential(*layers))
+    message = str(err.value)
+    assert "Bilinear ×1 at 3;" not in message and "Bilinear ×1 at 3 and 1 more layer classes;" in message
+    assert "RMSNorm" not in message and len(message) <= 300
