@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from dpeval.core.errors import RunFailure
+
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -134,7 +136,14 @@ class PerSampleGradients:
         buffers = {n: b.detach() for n, b in head.named_buffers()}
         features = self.split.front(x)  # float32, as training computes it (front_features, outside autocast)
         with compute_precision(self.precision, x.device):
-            grads, losses = self._per_sample(params, buffers, features, y)
+            try:
+                grads, losses = self._per_sample(params, buffers, features, y)
+            except RuntimeError as exc:
+                if "randomness" not in str(exc):
+                    raise
+                raise RunFailure("train.engine=func: a layer of the model draws random numbers in train mode in a way "
+                                 "torch.func cannot draw per example (in place, on a tensor of its own: torchvision's "
+                                 "StochasticDepth); use train.engine=lean, or train.module_mode=eval") from None
         self.loss_sum = losses.detach().sum()
         # in the parameters' dtype whatever the precision: autocast casts a copy of each parameter to bfloat16
         # inside an op, and the gradient flowing back through that cast is cast back to the parameter's dtype

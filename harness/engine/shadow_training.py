@@ -19,9 +19,9 @@ size, epochs, optimizer, schedule and sampling.
   ``per_sample=False``: ``none``, RS without clipping) gets each model's plain gradient sum over its real rows
   (``accumulate_lean``), one vmap over models of one backward pass, instead of per-sample gradients it would
   only add up: the same sum, up to float rounding, at a fraction of the cost.
-  The models train in the victim's module mode (``train.module_mode``): in train mode each model and example
-  draws its own dropout mask from torch's global generator, so with dropout a shadow's masks (not its other
-  draws) depend on the models trained beside it.
+  The models train in the victim's module mode (``train.module_mode``). A model that draws random numbers in
+  train mode (dropout, drop-path: ``draws_random``) is trained by the sequential path instead, since nested vmaps
+  cannot draw every layer's masks per model and example (attention dropout fails there).
 - **Progress** (``store``, a ``ShadowProgress`` such as ``dpeval.checkpoint.ShadowStore``): the shadows
   are trained in groups of ``group`` (all at once by default); each finished shadow is saved as its group
   ends, and a later call with the same store loads the saved ones and trains only the rest. Each shadow
@@ -77,6 +77,18 @@ def fresh_models(build: Callable[[], nn.Module], scopes: list[Streams]) -> list[
     return models
 
 
+def draws_random(build: Callable[[], nn.Module], x: torch.Tensor) -> bool:
+    """Whether a training-mode forward pass of a model ``build`` makes draws from torch's generators (dropout,
+    drop-path); neither the caller's generators nor its models are touched."""
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        model = build().to(x.device).train()
+        before = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+        model(x)
+        after = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+    return any(not torch.equal(a, b) for a, b in zip(before, after))
+
+
 def train_shadows_sequential(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
                              pools: list[torch.Tensor], make_defense: MakeDefense,
                              cfg: TrainConfig, scopes: list[Streams], device: torch.device,
@@ -126,6 +138,11 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
     sampler, drawing from ``generator`` (its scope's ``sampler`` stream), instead of the recipe's
     ``BatchSampler(pool_size, cfg.batch_size, cfg.sampling, generator)`` (the final-model audit samples pools of
     two sizes at one rate)."""
+    if cfg.module_mode == "train" and draws_random(build, x[:2].to(device)):
+        # vmap over models of vmap over examples cannot draw some layers' masks per model and example (attention
+        # dropout, in-place draws); the training loop draws them per example on either engine
+        return train_shadows_sequential(build, x, y, pools, make_defense, cfg, scopes, device, progress, store,
+                                        make_sampler)
     states = store.finished(len(pools)) if store is not None else {}
     todo = [i for i in range(len(pools)) if i not in states]
     size = group if group > 0 else max(len(todo), 1)

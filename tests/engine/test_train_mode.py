@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import dpeval
+from dpeval.core.errors import RunFailure
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.engine.lean import LeanEngine
@@ -91,9 +92,9 @@ def test_a_dropout_model_trains_in_train_mode_evaluates_in_eval_mode_reproducibl
     assert off.utility.train_loss_by_epoch != first.utility.train_loss_by_epoch
 
 
-def test_shadow_models_with_dropout_train_together():
-    """LiRA's shadow models are trained together (vmap over models of vmap over examples): with dropout in train
-    mode each model and example draws its own mask instead of vmap's randomness error."""
+def test_shadow_models_with_dropout_train_in_train_mode():
+    """LiRA's shadow models of a model that draws random numbers in train mode are trained one by one through the
+    training loop (nested vmaps cannot draw attention dropout per model and example), each example its own mask."""
     MODES.clear()
     result = dpeval.run({**SETTINGS, "attacks": ["lira"], "attack": {"shadows": 4}}, model=dropout_mlp)
     lira = result.attacks["lira"]
@@ -168,3 +169,62 @@ def test_a_gradient_attacks_victim_release_draws_its_masks_from_the_releases_str
     assert not torch.equal(release("train", 1), release("train", 2))
     assert torch.equal(release("eval", 1), release("eval", 2))
     assert not model.training  # the attacker's copy is given back in eval mode
+
+
+def outside(case: str, **kwargs):
+    """A tiny torchvision network with its own dropout or drop-path switched on, for 3-channel inputs."""
+    from torchvision.models.swin_transformer import SwinTransformer
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    if case == "tv-vit":  # dropout after the embeddings and in the MLPs, and on the attention weights
+        return VisionTransformer(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16,
+                                 num_classes=3, dropout=0.3, attention_dropout=0.3, **kwargs)
+    return SwinTransformer(patch_size=[2, 2], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2],
+                           num_classes=3, stochastic_depth_prob=0.5, **kwargs)  # drop-path per row
+
+
+@pytest.mark.parametrize("norms", [func_norms, lean_norms], ids=["func", "lean"])
+@pytest.mark.parametrize("case", ["tv-vit", "tv-swin"])
+def test_outside_networks_draw_their_dropout_and_drop_path_per_example_on_both_engines(case, norms):
+    """torchvision's ViT (dropout, attention dropout) and Swin (stochastic depth, per row): each example its own
+    mask on both engines; torch.func cannot draw Swin's in-place drop-path per example, which it says in one line."""
+    torch.manual_seed(0)
+    model = outside(case)
+    x, y = torch.rand(1, 3, 8, 8).repeat(12, 1, 1, 1), torch.zeros(12, dtype=torch.long)
+    model.train()
+    if case == "tv-swin" and norms is func_norms:
+        with pytest.raises(RunFailure, match=r"^train.engine=func: .*StochasticDepth.*train.engine=lean"):
+            norms(model, x, y)
+        return
+    assert len(set(norms(model, x, y).tolist())) >= 3  # a mask shared by the batch: one value (Swin: 2 drop-paths)
+    model.eval()
+    evaluated = norms(model, x, y)
+    torch.testing.assert_close(evaluated, evaluated[0].expand_as(evaluated))
+
+
+def vit_for_digits(in_shape, num_classes):
+    return nn.Sequential(nn.Upsample(size=(8, 8)), nn.Conv2d(in_shape[0], 3, 1),
+                         VitHead(num_classes))
+
+
+class VitHead(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        from torchvision.models.vision_transformer import VisionTransformer
+
+        self.vit = VisionTransformer(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16,
+                                     num_classes=num_classes, dropout=0.3, attention_dropout=0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vit(x)
+
+
+def test_an_outside_transformer_with_dropout_trains_and_its_shadows_too():
+    """A torchvision ViT with dropout on the attention weights and in its MLPs, trained privately (the lean engine,
+    chosen by ``auto``) and attacked by LiRA on shadow models trained with their dropout, per model and example
+    (nested vmaps fail on its attention dropout)."""
+    spec = dpeval.configure({**SETTINGS, "data": {"name": "digits", "max_train": 60}, "attacks": ["lira"],
+                             "attack": {"shadows": 4}}, train__epochs=1, train__batch_size=30)
+    result = dpeval.run(spec, model=vit_for_digits)
+    lira = result.attacks["lira"]
+    assert result.extra["train.engine_used"] == "lean" and lira.error is None and 0 <= lira.metrics["auc"] <= 1
