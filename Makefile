@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(DEVSTAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,distributed]'
+	$(BIN)/pip install --quiet -e '.[dev,distributed,zoo]'
 	touch $(STAMP) $@
 
 run: $(STAMP)

@@ -228,3 +228,29 @@ def test_an_outside_transformer_with_dropout_trains_and_its_shadows_too():
     result = dpeval.run(spec, model=vit_for_digits)
     lira = result.attacks["lira"]
     assert result.extra["train.engine_used"] == "lean" and lira.error is None and 0 <= lira.metrics["auc"] <= 1
+
+
+def levit_for_digits(in_shape, num_classes):
+    from tests.engine.test_lean_zoo import batch_norms_to_group_norms
+
+    timm = pytest.importorskip("timm", reason="timm is an optional extra (pip install dpeval[zoo])")
+    levit = timm.create_model("levit_128s", pretrained=False, num_classes=num_classes, img_size=32,
+                              embed_dim=(16, 24, 32), key_dim=4, num_heads=(2, 2, 2), depth=(1, 1, 1))
+    return nn.Sequential(nn.Upsample(size=(32, 32)), nn.Conv2d(in_shape[0], 3, 1), batch_norms_to_group_norms(levit))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_levits_attention_biases_train_in_train_mode_and_are_named_in_eval_mode(mode, caplog):
+    """timm's LeViT caches its attention-bias lookup in eval mode, so from the second pass on its biases get no
+    gradient: trained in train mode they do; trained in eval mode the watch names them."""
+    pytest.importorskip("timm", reason="timm is an optional extra (pip install dpeval[zoo])")
+    spec = dpeval.configure({**SETTINGS, "data": {"name": "digits", "max_train": 60}}, train__epochs=1,
+                            train__batch_size=20, train__module_mode=mode, train__engine="func")
+    with caplog.at_level(logging.WARNING, logger="dpeval"):
+        dpeval.run(spec, model=levit_for_digits)
+    said = silent_warnings(caplog)
+    if mode == "train":
+        assert said == []
+    else:
+        (line,) = said
+        assert "attention_biases" in line
