@@ -4,8 +4,9 @@
 one ``AttackOutcome`` per attack (its metrics, the per-state ones apart, its verdict and artefacts, or the error
 that stopped it). The flat result keys of the store, ``--json`` and the leaderboard CSV
 (``leakage.<attack>.<metric>``, ``leakage.<attack>.<state>.<metric>``, ``artefacts.<attack>.<name>``; docs/results.md)
-are this object's view: ``RunResult.flat()`` builds them and ``RunResult.from_flat()`` reads them back, both
-through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key.
+are this object's view: ``RunResult.flat()`` builds them (the only code that writes a per-state key) and
+``RunResult.from_flat()`` reads them back (the only code that takes one apart), both through
+``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key.
 """
 
 from __future__ import annotations
@@ -34,18 +35,12 @@ class AttackOutcome:
     error: str | None = None
 
     @classmethod
-    def of(cls, name: str, metrics: dict[str, Any], verdict: Verdict | Mixed | None = None,
-           artefacts: dict[str, str] | None = None) -> AttackOutcome:
-        """From what an attack returns (``AttackResult``): per-state metrics (``<state>.<metric>``) set apart."""
-        plain: dict[str, Any] = {}
-        states: dict[str, dict[str, Any]] = {}
-        for metric, value in metrics.items():
-            key = AttackKey(name, metric)
-            if key.state is not None:
-                states.setdefault(key.state, {})[key.state_metric] = value
-            else:
-                plain[metric] = value
-        return cls(name, plain, states, verdict, dict(artefacts or {}))
+    def of(cls, name: str, metrics: dict[str, Any], states: dict[str, dict[str, Any]] | None = None,
+           verdict: Verdict | Mixed | None = None, artefacts: dict[str, str] | None = None) -> AttackOutcome:
+        """From what an attack returns (``AttackResult``: its metrics, per-state metrics, verdict, artefacts),
+        copied so that the attack's own dicts stay its own."""
+        return cls(name, dict(metrics), {state: dict(values) for state, values in (states or {}).items()}, verdict,
+                   dict(artefacts or {}))
 
     @property
     def leaks(self) -> bool | None:
@@ -150,10 +145,17 @@ class RunResult:
                     used.add(key)
         outcomes = {}
         for name in dict.fromkeys([*attacks, *artefacts]):
-            metrics = dict(attacks.get(name, {}))
+            metrics: dict[str, Any] = {}
+            states: dict[str, dict[str, Any]] = {}
+            for metric, value in attacks.get(name, {}).items():  # the one place a per-state key is taken apart
+                key = AttackKey(name, metric)
+                if key.state is not None:
+                    states.setdefault(key.state, {})[key.state_metric] = value
+                else:
+                    metrics[metric] = value
             error = metrics.pop("error", None)
             verdict = Verdict.parse(metrics.pop("verdict", None))
-            outcome = AttackOutcome.of(name, metrics, verdict, artefacts.get(name))
+            outcome = AttackOutcome.of(name, metrics, states, verdict, artefacts.get(name))
             outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
 
         def take(keys: set[str], prefix: str) -> dict[str, Any]:
