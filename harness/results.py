@@ -134,29 +134,10 @@ class RunResult:
     @classmethod
     def from_flat(cls, row: dict[str, Any]) -> RunResult:
         """A stored row (or ``--json`` output) read back."""
-        attacks: dict[str, dict[str, Any]] = {}
-        artefacts: dict[str, dict[str, str]] = {}
+        outcomes = attack_outcomes(row)
         used = {"run_id", "status", "dataset", "model", "defense", "attack", "seed"}
-        for key, value in row.items():
-            for section, into in (("leakage", attacks), ("artefacts", artefacts)):
-                parsed = AttackKey.parse(key, section)
-                if parsed is not None:
-                    into.setdefault(parsed.attack, {})[parsed.metric] = value
-                    used.add(key)
-        outcomes = {}
-        for name in dict.fromkeys([*attacks, *artefacts]):
-            metrics: dict[str, Any] = {}
-            states: dict[str, dict[str, Any]] = {}
-            for metric, value in attacks.get(name, {}).items():  # the one place a per-state key is taken apart
-                key = AttackKey(name, metric)
-                if key.state is not None:
-                    states.setdefault(key.state, {})[key.state_metric] = value
-                else:
-                    metrics[metric] = value
-            error = metrics.pop("error", None)
-            verdict = Verdict.parse(metrics.pop("verdict", None))
-            outcome = AttackOutcome.of(name, metrics, states, verdict, artefacts.get(name))
-            outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
+        used.update(key for key in row if key.startswith(("leakage.", "artefacts.")) and
+                    (AttackKey.parse(key) or AttackKey.parse(key, "artefacts")))
 
         def take(keys: set[str], prefix: str) -> dict[str, Any]:
             used.update(k for k in keys if k in row)
@@ -179,3 +160,30 @@ class RunResult:
             attacks=outcomes,
             extra={k: v for k, v in row.items() if k not in used},
         )
+
+
+def attack_outcomes(row: dict[str, Any]) -> dict[str, AttackOutcome]:
+    """The attacks of a flat row (stored metrics, ``--json`` output), typed: the one reader that takes the
+    ``leakage.<attack>.<state>.<metric>`` keys apart (``RunResult.from_flat`` reads its attacks here)."""
+    attacks: dict[str, dict[str, Any]] = {}
+    artefacts: dict[str, dict[str, str]] = {}
+    for key, value in row.items():
+        for section, into in (("leakage", attacks), ("artefacts", artefacts)):
+            parsed = AttackKey.parse(key, section)
+            if parsed is not None:
+                into.setdefault(parsed.attack, {})[parsed.metric] = value
+    outcomes = {}
+    for name in dict.fromkeys([*attacks, *artefacts]):
+        metrics: dict[str, Any] = {}
+        states: dict[str, dict[str, Any]] = {}
+        for metric, value in attacks.get(name, {}).items():
+            key = AttackKey(name, metric)
+            if key.state is not None:
+                states.setdefault(key.state, {})[key.state_metric] = value
+            else:
+                metrics[metric] = value
+        error = metrics.pop("error", None)
+        verdict = Verdict.parse(metrics.pop("verdict", None))
+        outcome = AttackOutcome.of(name, metrics, states, verdict, artefacts.get(name))
+        outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
+    return outcomes
