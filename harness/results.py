@@ -11,12 +11,13 @@ are this object's view: ``RunResult.flat()`` builds them (the only code that wri
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpeval.core.ledger import PrivacyLedger
-from dpeval.core.result_keys import AttackKey
+from dpeval.core.result_keys import SECTIONS, AttackKey
 from dpeval.core.verdicts import Mixed, Verdict
 
 
@@ -136,8 +137,7 @@ class RunResult:
         """A stored row (or ``--json`` output) read back."""
         outcomes = attack_outcomes(row)
         used = {"run_id", "status", "dataset", "model", "defense", "attack", "seed"}
-        used.update(key for key in row if key.startswith(("leakage.", "artefacts.")) and
-                    (AttackKey.parse(key) or AttackKey.parse(key, "artefacts")))
+        used.update(key for key in row if key.startswith(SECTION_STARTS) and _attack_key(key))
 
         def take(keys: set[str], prefix: str) -> dict[str, Any]:
             used.update(k for k in keys if k in row)
@@ -162,28 +162,45 @@ class RunResult:
         )
 
 
+SECTION_STARTS = tuple(f"{section}." for section in SECTIONS)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _attack_key(key: str) -> tuple[str, str, str | None, str] | None:
+    """(section, attack, recorded state or None, metric or artefact name) of an attack's key, else None; remembered:
+    a store repeats the same few hundred keys in each of thousands of rows."""
+    for section in SECTIONS:
+        parsed = AttackKey.parse(key, section)
+        if parsed is not None:
+            if section == "leakage":
+                return section, parsed.attack, parsed.state, parsed.state_metric
+            return section, parsed.attack, None, parsed.metric
+    return None
+
+
 def attack_outcomes(row: dict[str, Any]) -> dict[str, AttackOutcome]:
     """The attacks of a flat row (stored metrics, ``--json`` output), typed: the one reader that takes the
     ``leakage.<attack>.<state>.<metric>`` keys apart (``RunResult.from_flat`` reads its attacks here)."""
-    attacks: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, dict[str, Any]] = {}
+    states: dict[str, dict[str, dict[str, Any]]] = {}
     artefacts: dict[str, dict[str, str]] = {}
     for key, value in row.items():
-        for section, into in (("leakage", attacks), ("artefacts", artefacts)):
-            parsed = AttackKey.parse(key, section)
-            if parsed is not None:
-                into.setdefault(parsed.attack, {})[parsed.metric] = value
+        parsed = _attack_key(key) if key.startswith(SECTION_STARTS) else None
+        if parsed is None:
+            continue
+        section, attack, state, metric = parsed
+        if section == "artefacts":
+            artefacts.setdefault(attack, {})[metric] = value
+        elif state is not None:
+            metrics.setdefault(attack, {})
+            states.setdefault(attack, {}).setdefault(state, {})[metric] = value
+        else:
+            metrics.setdefault(attack, {})[metric] = value
     outcomes = {}
-    for name in dict.fromkeys([*attacks, *artefacts]):
-        metrics: dict[str, Any] = {}
-        states: dict[str, dict[str, Any]] = {}
-        for metric, value in attacks.get(name, {}).items():
-            key = AttackKey(name, metric)
-            if key.state is not None:
-                states.setdefault(key.state, {})[key.state_metric] = value
-            else:
-                metrics[metric] = value
-        error = metrics.pop("error", None)
-        verdict = Verdict.parse(metrics.pop("verdict", None))
-        outcome = AttackOutcome.of(name, metrics, states, verdict, artefacts.get(name))
+    for name in dict.fromkeys([*metrics, *artefacts]):
+        plain = metrics.get(name, {})
+        error = plain.pop("error", None)
+        verdict = Verdict.parse(plain.pop("verdict", None))
+        outcome = AttackOutcome(name, plain, states.get(name, {}), verdict, artefacts.get(name, {}))
         outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
     return outcomes
