@@ -5,8 +5,9 @@ one ``AttackOutcome`` per attack (its metrics, the per-state ones apart, its ver
 that stopped it). The flat result keys of the store, ``--json`` and the leaderboard CSV
 (``leakage.<attack>.<metric>``, ``leakage.<attack>.<state>.<metric>``, ``artefacts.<attack>.<name>``; docs/results.md)
 are this object's view: ``RunResult.flat()`` builds them (the only code that writes a per-state key) and
-``RunResult.from_flat()`` reads them back (the only code that takes one apart), both through
-``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key.
+``RunResult.from_flat()`` reads them back (its ``attack_outcomes``: the only reader of a run's per-state keys), both
+through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key. The leaderboard's
+seed-grouped records (means, spreads, mixed verdicts: no run's result) stay flat and are read by key.
 """
 
 from __future__ import annotations
