@@ -18,7 +18,8 @@ Two methods split an attack between the game and the attacker:
 
 An attack class registered with ``ATTACKS.register`` subclasses a family and implements ``guess``; it never
 reads the task (``tests/test_layers.py``, ``dpeval check-attack``). Metrics are reported under
-``leakage.<attack>.<metric>``.
+``leakage.<attack>.<metric>``, those measured at one model state (``AttackResult.states``) under
+``leakage.<attack>.<state>.<metric>``.
 
 Each attack class declares:
 
@@ -52,8 +53,9 @@ from torch import nn
 
 from dpeval.attacks.view import AttackerView
 from dpeval.core.params import Params
-from dpeval.core.result_keys import VERDICT
+from dpeval.core.result_keys import VERDICT, per_state
 from dpeval.core.splits import Task
+from dpeval.core.states import AttackState
 from dpeval.core.verdicts import Verdict
 
 
@@ -72,10 +74,17 @@ class AttackResult:
     metrics: dict[str, Any]                # metric name -> value, reported as leakage.<attack>.<metric>
     artefacts: dict[str, str] = field(default_factory=dict)  # name -> path of files written
     verdict: Verdict | None = None         # reported as leakage.<attack>.verdict; None: the attack has no rule
+    # recorded model state -> metric -> value, reported as leakage.<attack>.<state>.<metric>
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if VERDICT in self.metrics:  # one way to report it, typed
             raise ValueError("an attack reports its verdict as AttackResult.verdict, not among its metrics")
+        if dotted := [m for m in self.metrics if per_state(m)]:  # else a stored row would read back differently
+            raise ValueError(f"an attack reports per-state metrics in AttackResult.states, not as {dotted[0]!r}")
+        for state in self.states:
+            if AttackState(state).is_request:  # ValueError for a name that is no model state at all
+                raise ValueError(f"AttackResult.states: {state!r} is a request, not a recorded model state")
         if self.verdict is not None:
             self.verdict = Verdict(self.verdict)  # ValueError unless leaks / no-leak-detected
 

@@ -330,12 +330,9 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     decision, p_value = verdict.decide([o.test for o in outcomes])
     worst = max(outcomes, key=lambda o: o.mean("psnr"))
 
-    metrics: dict[str, Any] = {}
-    for o in outcomes:
-        per_state = {k: v for k, v in _state_metrics(o).items() if k not in ("state", "epoch")}
-        per_state.update(wins=o.test.wins, p_value=o.test.p_value)
-        metrics.update({f"{o.state}.{k}": v for k, v in per_state.items()})
-    metrics.update(_state_metrics(worst))
+    per_state = {o.state: {k: v for k, v in _state_metrics(o).items() if k not in ("state", "epoch")}
+                 | {"wins": o.test.wins, "p_value": o.test.p_value} for o in outcomes}
+    metrics: dict[str, Any] = _state_metrics(worst)
     metrics.update(worst.rec.metrics)
     metrics.update({f"baseline_psnr_{g}": float(v.mean()) for g, v in base.items()})
     metrics["baseline_psnr"] = float(best_guess.mean())
@@ -361,7 +358,7 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
     for o in outcomes:
         artefacts.update(o.rec.artefacts)
-    return AttackResult(metrics=metrics, artefacts=artefacts, verdict=decision)
+    return AttackResult(metrics=metrics, artefacts=artefacts, verdict=decision, states=per_state)
 
 
 def _attack_state(params: ReconstructionParams, view: AttackerView, reconstruct: Reconstruct, state: str,

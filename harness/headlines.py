@@ -2,9 +2,10 @@
 compared with (a data-free baseline or a chance level), the verdict, the worst attacked state.
 
 Everything comes from the attack's declaration (``Attack.headline``, ``higher_leaks``, ``headline_label``,
-``baseline``, ``chance``; a built-in attack's are read from its source, without importing it and torch) and the
-flat result keys, so a plug-in attack needs no edit here; an attack that reports no ``verdict`` yet reads as "no
-verdict". Shared by ``dpeval run``, the sweep's status lines, the leaderboard and the report.
+``baseline``, ``chance``; a built-in attack's are read from its source, without importing it and torch) and a
+run's typed ``AttackOutcome`` or the flat result keys of a leaderboard row, so a plug-in attack needs no edit here;
+an attack that reports no ``verdict`` yet reads as "no verdict". Shared by ``dpeval run``, the sweep's status
+lines, the leaderboard and the report.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import functools
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 from dpeval.core.result_keys import VERDICT, AttackKey, leakage_key
 from dpeval.core.states import in_order
 from dpeval.core.verdicts import Mixed, Verdict
+from dpeval.results import AttackOutcome
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,11 @@ def fmt(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def states_of(record: dict[str, Any], attack: str) -> list[str]:
-    """The model states with per-state keys ``leakage.<attack>.<state>.<metric>``, in training order."""
+def states_of(record: dict[str, Any] | AttackOutcome, attack: str | None = None) -> list[str]:
+    """The attacked model states, in training order: of a typed outcome, or those with per-state keys
+    ``leakage.<attack>.<state>.<metric>`` in a flat record (a seed-grouped leaderboard row)."""
+    if isinstance(record, AttackOutcome):
+        return in_order(record.states)
     keys = [key for c in record if (key := AttackKey.parse(c)) and key.attack == attack]
     return in_order({key.state for key in keys if key.state})
 
@@ -217,11 +222,11 @@ class Headline:
         return f"{self.attack} {fmt(self.value)} {self.verdict or 'no-verdict'}{state}"
 
 
-def decisive(record: dict[str, Any], attack: str, head: Headline) -> tuple[str, float] | None:
+def decisive(record: dict[str, Any] | AttackOutcome, attack: str, head: Headline) -> tuple[str, float] | None:
     """The statistic other than the headline that made the verdict ``leaks``, or None when the headline itself
     supports it. A membership verdict (``attacks/membership_metrics.py``) is ``leaks`` when the ε lower bound is
     above 0 *or* the AUC's interval lies above chance: when the AUC does not, the bound decided."""
-    bound = record.get(leakage_key(attack, "epsilon_lower_bound"))
+    bound = _getter(record, attack)("epsilon_lower_bound")
     if head.verdict is not Verdict.LEAKS or not is_number(bound) or not bound > 0 or head.reference is None:
         return None
     low = head.interval[0] if head.interval is not None else head.value
@@ -230,13 +235,25 @@ def decisive(record: dict[str, Any], attack: str, head: Headline) -> tuple[str, 
     return "ε lower bound", float(bound)
 
 
-def read(record: dict[str, Any], attack: str) -> Headline | None:
-    """The headline of ``attack`` in a flat record (a run's result or a leaderboard row)."""
+def _getter(record: dict[str, Any] | AttackOutcome, attack: str) -> Callable[[str], Any]:
+    """A metric of ``attack`` by its name: from a typed outcome, or from a flat record's key."""
+    if isinstance(record, AttackOutcome):
+        return record.metrics.get
+    return lambda metric: record.get(leakage_key(attack, metric))
+
+
+def read(record: dict[str, Any] | AttackOutcome, attack: str | None = None) -> Headline | None:
+    """The headline of ``attack`` in a flat record (a leaderboard row, seeds grouped or not), or of a run's typed
+    ``AttackOutcome`` (``attack``: its name by default)."""
+    if isinstance(record, AttackOutcome):
+        attack = attack or record.name
+    if attack is None:
+        raise TypeError("read: name the attack whose headline a flat record holds")
     facts = attack_facts(attack)
     if facts is None or not facts.headline:
         return None
-    def get(metric: str) -> Any:
-        return record.get(leakage_key(attack, metric))
+    get = _getter(record, attack)
+    verdict = record.verdict if isinstance(record, AttackOutcome) else Verdict.parse(get(VERDICT))
 
     reference, name = None, ""
     if facts.baseline and is_number(get(facts.baseline)):
@@ -247,7 +264,7 @@ def read(record: dict[str, Any], attack: str) -> Headline | None:
     rate, p_value, state = get("defense_rate"), get("p_value"), get("state")
     low, high = get(f"{facts.headline}_ci_low"), get(f"{facts.headline}_ci_high")
     head = Headline(attack, facts.headline, metric_label(attack), get(facts.headline),
-                    facts.higher_leaks, Verdict.parse(get(VERDICT)), reference, name,
+                    facts.higher_leaks, verdict, reference, name,
                     state if isinstance(state, str) else None, rate if is_number(rate) else None,
                     p_value if is_number(p_value) else None,
                     (low, high) if is_number(low) and is_number(high) else None,

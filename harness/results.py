@@ -4,18 +4,21 @@
 one ``AttackOutcome`` per attack (its metrics, the per-state ones apart, its verdict and artefacts, or the error
 that stopped it). The flat result keys of the store, ``--json`` and the leaderboard CSV
 (``leakage.<attack>.<metric>``, ``leakage.<attack>.<state>.<metric>``, ``artefacts.<attack>.<name>``; docs/results.md)
-are this object's view: ``RunResult.flat()`` builds them and ``RunResult.from_flat()`` reads them back, both
-through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key.
+are this object's view: ``RunResult.flat()`` builds them (the only code that writes a per-state key) and
+``RunResult.from_flat()`` reads them back (its ``attack_outcomes``: the only reader of a run's per-state keys), both
+through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key. The leaderboard's
+seed-grouped records (means, spreads, mixed verdicts: no run's result) stay flat and are read by key.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpeval.core.ledger import PrivacyLedger
-from dpeval.core.result_keys import AttackKey
+from dpeval.core.result_keys import SECTIONS, AttackKey
 from dpeval.core.verdicts import Mixed, Verdict
 
 
@@ -34,18 +37,12 @@ class AttackOutcome:
     error: str | None = None
 
     @classmethod
-    def of(cls, name: str, metrics: dict[str, Any], verdict: Verdict | Mixed | None = None,
-           artefacts: dict[str, str] | None = None) -> AttackOutcome:
-        """From what an attack returns (``AttackResult``): per-state metrics (``<state>.<metric>``) set apart."""
-        plain: dict[str, Any] = {}
-        states: dict[str, dict[str, Any]] = {}
-        for metric, value in metrics.items():
-            key = AttackKey(name, metric)
-            if key.state is not None:
-                states.setdefault(key.state, {})[key.state_metric] = value
-            else:
-                plain[metric] = value
-        return cls(name, plain, states, verdict, dict(artefacts or {}))
+    def of(cls, name: str, metrics: dict[str, Any], states: dict[str, dict[str, Any]] | None = None,
+           verdict: Verdict | Mixed | None = None, artefacts: dict[str, str] | None = None) -> AttackOutcome:
+        """From what an attack returns (``AttackResult``: its metrics, per-state metrics, verdict, artefacts),
+        copied so that the attack's own dicts stay its own."""
+        return cls(name, dict(metrics), {state: dict(values) for state, values in (states or {}).items()}, verdict,
+                   dict(artefacts or {}))
 
     @property
     def leaks(self) -> bool | None:
@@ -139,22 +136,9 @@ class RunResult:
     @classmethod
     def from_flat(cls, row: dict[str, Any]) -> RunResult:
         """A stored row (or ``--json`` output) read back."""
-        attacks: dict[str, dict[str, Any]] = {}
-        artefacts: dict[str, dict[str, str]] = {}
+        outcomes = attack_outcomes(row)
         used = {"run_id", "status", "dataset", "model", "defense", "attack", "seed"}
-        for key, value in row.items():
-            for section, into in (("leakage", attacks), ("artefacts", artefacts)):
-                parsed = AttackKey.parse(key, section)
-                if parsed is not None:
-                    into.setdefault(parsed.attack, {})[parsed.metric] = value
-                    used.add(key)
-        outcomes = {}
-        for name in dict.fromkeys([*attacks, *artefacts]):
-            metrics = dict(attacks.get(name, {}))
-            error = metrics.pop("error", None)
-            verdict = Verdict.parse(metrics.pop("verdict", None))
-            outcome = AttackOutcome.of(name, metrics, verdict, artefacts.get(name))
-            outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
+        used.update(key for key in row if key.startswith(SECTION_STARTS) and _attack_key(key))
 
         def take(keys: set[str], prefix: str) -> dict[str, Any]:
             used.update(k for k in keys if k in row)
@@ -177,3 +161,47 @@ class RunResult:
             attacks=outcomes,
             extra={k: v for k, v in row.items() if k not in used},
         )
+
+
+SECTION_STARTS = tuple(f"{section}." for section in SECTIONS)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _attack_key(key: str) -> tuple[str, str, str | None, str] | None:
+    """(section, attack, recorded state or None, metric or artefact name) of an attack's key, else None; remembered:
+    a store repeats the same few hundred keys in each of thousands of rows."""
+    for section in SECTIONS:
+        parsed = AttackKey.parse(key, section)
+        if parsed is not None:
+            if section == "leakage":
+                return section, parsed.attack, parsed.state, parsed.state_metric
+            return section, parsed.attack, None, parsed.metric
+    return None
+
+
+def attack_outcomes(row: dict[str, Any]) -> dict[str, AttackOutcome]:
+    """The attacks of a flat row (stored metrics, ``--json`` output), typed: the one reader that takes the
+    ``leakage.<attack>.<state>.<metric>`` keys apart (``RunResult.from_flat`` reads its attacks here)."""
+    metrics: dict[str, dict[str, Any]] = {}
+    states: dict[str, dict[str, dict[str, Any]]] = {}
+    artefacts: dict[str, dict[str, str]] = {}
+    for key, value in row.items():
+        parsed = _attack_key(key) if key.startswith(SECTION_STARTS) else None
+        if parsed is None:
+            continue
+        section, attack, state, metric = parsed
+        if section == "artefacts":
+            artefacts.setdefault(attack, {})[metric] = value
+        elif state is not None:
+            metrics.setdefault(attack, {})
+            states.setdefault(attack, {}).setdefault(state, {})[metric] = value
+        else:
+            metrics.setdefault(attack, {})[metric] = value
+    outcomes = {}
+    for name in dict.fromkeys([*metrics, *artefacts]):
+        plain = metrics.get(name, {})
+        error = plain.pop("error", None)
+        verdict = Verdict.parse(plain.pop("verdict", None))
+        outcome = AttackOutcome(name, plain, states.get(name, {}), verdict, artefacts.get(name, {}))
+        outcomes[name] = outcome if error is None else AttackOutcome(name, error=str(error))
+    return outcomes

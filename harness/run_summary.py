@@ -51,36 +51,35 @@ def format_attack(m: dict[str, Any], attack: str, results: str | Path | None) ->
     """One attack: its headline (metric, baseline or chance, verdict, worst state), its picture, the
     per-state table of an attack over several model states, and its other metrics. Configuration
     echoes (``attack.<name>.<param>``) and artefacts stay in the JSON and the store."""
-    from dpeval.core.result_keys import VERDICT, AttackKey
     from dpeval.headlines import fmt, read, smallest_p, states_of
+    from dpeval.results import AttackOutcome, attack_outcomes
 
-    head = read(m, attack)
+    outcome = attack_outcomes(m).get(attack) or AttackOutcome(attack)
+    head = read(outcome)
     lines = [f"  {attack:<15} {head.sentence() if head else 'no headline declared'}"]
     floor = smallest_p(m, attack)
     if floor:
         lines.append(f"  {'':<15} {floor}")
-    pictures = sorted(v for k, v in m.items() if (key := AttackKey.parse(k, "artefacts")) and key.attack == attack
-                      and str(v).endswith(".png"))
+    pictures = sorted(v for v in outcome.artefacts.values() if str(v).endswith(".png"))
     for picture in pictures[:1]:
         lines.append(f"  {'':<15} picture: {Path(results) / picture if results else picture}")
-    mine = {key: v for k, v in m.items() if (key := AttackKey.parse(k)) and key.attack == attack}
-    states = states_of(m, attack)
-    shown = {VERDICT, "state", "p_value", "defense_rate"} | ({head.metric} if head else set())  # metric names
+    mine = outcome.metrics if outcome.error is None else {"error": outcome.error}
+    states = states_of(outcome)
+    shown = {"state", "p_value", "defense_rate"} | ({head.metric} if head else set())  # metric names
     if states:
         metric = head.metric if head else "psnr"
         columns = [c for c in ("defense_rate", metric, "ssim", "wins", "p_value")
-                   if any(AttackKey.at_state(attack, s, c) in mine for s in states)]
+                   if any(c in outcome.states[s] for s in states)]
         names = {"defense_rate": "rate", "wins": "targets beating guess", "p_value": "p (state)"}
         table = [["state", *(names.get(c, c) for c in columns)]]
-        table += [[s, *(fmt(mine.get(AttackKey.at_state(attack, s, c)), 4) for c in columns)] for s in states]
+        table += [[s, *(fmt(outcome.states[s].get(c), 4) for c in columns)] for s in states]
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines += [f"  {'':<15} " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
-        shown |= {key.metric for key in mine if key.state}
         shown |= {*columns, "epoch"}  # the worst state's row says them
-    empty = {key.metric for key, v in mine.items() if v is None or v == ""}
+    empty = {metric for metric, v in mine.items() if v is None or v == ""}
     shown |= empty | {f"{k}_note" for k in empty}  # a null metric and the note saying why
-    rest = [f"{NAMES.get(key.metric, key.metric)} {fmt(v)}" for key, v in sorted(mine.items())
-            if key.metric not in shown and not isinstance(v, (list, dict))]
+    rest = [f"{NAMES.get(metric, metric)} {fmt(v)}" for metric, v in sorted(mine.items())
+            if metric not in shown and not isinstance(v, (list, dict))]
     for start in range(0, len(rest), 4):
         lines.append(f"  {'':<15} " + "   ".join(rest[start:start + 4]))
     return lines

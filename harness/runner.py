@@ -336,7 +336,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
         finally:
             seconds[name] = time.perf_counter() - start
         artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in result.artefacts.items()}
-        outcomes[name] = AttackOutcome.of(name, result.metrics, result.verdict, artefacts)
+        outcomes[name] = AttackOutcome.of(name, result.metrics, result.states, result.verdict, artefacts)
     return outcomes, seconds
 
 

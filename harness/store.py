@@ -19,6 +19,7 @@ that only read (leaderboard, report, show) open the database read-only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from dpeval.core.errors import ConfigError, RunFailure, brief, printable
 from dpeval.core.processes import alive
 from dpeval.core.result_keys import VERDICT, AttackKey
 from dpeval.core.verdicts import Verdict
+from dpeval.results import RunResult
 
 STORE_FILE = "results.sqlite"
 LOCK_FILE = ".sweep.lock"
@@ -539,6 +541,17 @@ class ResultStore:
         order they were recorded in — not by run id, whose part after the time is the run key's hash."""
         query = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY started_at, rowid"
         return [self._decode(r) for r in self._query(query, (status,) if status else (), as_dict=True)]
+
+    def results(self, status: str | None = None) -> list[RunResult]:
+        """The runs of ``rows`` (same order, same ``status`` filter) as typed results: each row's stored metrics
+        read back (``RunResult.from_flat``), its id and status the row's own, ``folder`` its run folder. A damaged
+        row (``rows``' ``damaged``) is left out: its stored record does not read."""
+        return [self.result(row) for row in self.rows(status) if not row.get("damaged")]
+
+    def result(self, row: dict[str, Any]) -> RunResult:
+        """One row of ``rows`` as a typed result (``results``)."""
+        flat = {**row["metrics"], "run_id": row["run_id"], "status": row["status"]}
+        return dataclasses.replace(RunResult.from_flat(flat), folder=self.run_dir(row["run_id"]))
 
     def matching(self, run_id: str) -> list[dict[str, Any]]:
         """The row whose id is ``run_id``, else every row whose id contains it (none for an empty string)."""

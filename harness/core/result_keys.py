@@ -58,16 +58,21 @@ class AttackKey:
     @property
     def state(self) -> str | None:
         """The recorded model state of a per-state metric (``epoch:3`` of ``epoch:3.psnr``), else None."""
-        first, dot, _ = self.metric.partition(".")
-        try:
-            return first if dot and not AttackState(first).is_request else None
-        except ValueError:
-            return None
+        return per_state(self.metric)
 
     @property
     def state_metric(self) -> str:
         """The metric without its state (``psnr`` of ``epoch:3.psnr``); the whole metric when not per-state."""
         return self.metric.partition(".")[2] if self.state else self.metric
+
+
+def per_state(metric: str) -> str | None:
+    """The recorded model state a flat metric name begins with (``epoch:3`` of ``epoch:3.psnr``), else None."""
+    first, dot, _ = metric.partition(".")
+    try:
+        return first if dot and not AttackState(first).is_request else None
+    except ValueError:
+        return None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -2,21 +2,22 @@
 needs, every figure also written beside the HTML as PNG and as vector SVG (``<stem>_<figure>.png|svg``;
 text stays text, so labels can be edited or searched).
 
-Sections: a generated summary (what leaks under which attack, which accuracy differences exceed their
-SEM, the test-set resolution, identical results, recipe differences); the seed-grouped leaderboard (every
-varying setting, accuracy, each attack's headline, verdict and worst state, Pareto marks; settings common
-to every run in one line above it); the standard DP figures — accuracy and leakage vs the requested ε with
-the non-private runs as reference lines, configurations at matched ε, learning curves (test accuracy,
-training loss), communication density over training — each when the runs make it meaningful; utility vs leakage per
-attack (every point labelled with its swept value, filled = leaks / hollow = no leak detected, the
-data-free baseline or chance level as a line, the Pareto front through the marked points only); leakage
-over the training trajectory per attack (per-state headline against the attacked states); accuracy and
-leakage vs each swept numeric setting; ROC curves (log-log) of membership attacks; reconstructions as
-one compact grid per attack (swept value × seed, originals over the worst state's reconstructions); and
-the pictures a run names that cannot be found. A figure that would tell more than ``labels.MAX_DRAWN``
-configurations apart is listed under "Figures not drawn" instead. Everything read from the store is text on
-the page: the page builder (``markup``) is the one place that writes HTML, and escapes it. The page and the
-figures are written only where ``ResultStore.write_outputs`` allows (``page.write_report``).
+Sections: a generated summary (what leaks under which attack, which accuracy differences exceed their SEM, the
+test-set resolution, identical results, recipe differences); the seed-grouped leaderboard (every varying setting,
+accuracy, each attack's headline, verdict and worst state, Pareto marks; settings common to every run in one line
+above it); the standard DP figures — accuracy and leakage vs the requested ε with the non-private runs as reference
+lines, configurations at matched ε, learning curves (test accuracy, training loss), communication density over
+training — each when the runs make it meaningful; utility vs leakage per attack (every point labelled with its
+swept value, filled = leaks / hollow = no leak detected, the data-free baseline or chance level as a line, the
+Pareto front through the marked points only); leakage over the training trajectory per attack (per-state headline
+against the attacked states); accuracy and leakage vs each swept numeric setting; ROC curves (log-log) of
+membership attacks; reconstructions as one compact grid per attack (swept value × seed, originals over the worst
+state's reconstructions); every metric each attack reported, one table per attack (``tables.metric_tables``: read
+from the keys, so an attack's new metric shows without an edit here); and the pictures a run names that cannot be
+found. A figure that would tell more than ``labels.MAX_DRAWN`` configurations apart is listed under "Figures not
+drawn" instead. Everything read from the store is text on the page: the page builder (``markup``) is the one place
+that writes HTML, and escapes it. The page and the figures are written only where ``ResultStore.write_outputs``
+allows (``page.write_report``).
 
 Artefact paths in results are relative to the results folder (``dpeval.runner.artefact_path``), so a
 moved or copied folder still reports its pictures; absolute paths of older runs are read under the

@@ -25,6 +25,7 @@ from dpeval.report.files import (
     save_drawing,
 )
 from dpeval.report.labels import MAX_DRAWN, MAX_PICTURES, Figures, point_label, sort_key, too_many
+from dpeval.results import attack_outcomes
 
 
 def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
@@ -34,20 +35,20 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
     damaged = [] if damaged is None else damaged
     curves: dict[str, list] = defaultdict(list)
     for row in rows:
-        for key, value in row["metrics"].items():
-            owner = AttackKey.parse(key, "artefacts")
-            if owner and owner.metric == "roc":
-                path = resolve_artefact(value, root, row["run_id"])
-                if path is None:
-                    continue
-                try:
-                    fpr, tpr, floor = read_roc(path)
-                except ARTEFACT_ERRORS as exc:
-                    damaged.append(damaged_line(row, key, path, exc))
-                    continue
-                n_out = row["metrics"].get(str(AttackKey(owner.attack, "n_nonmembers")))
-                floor = floor or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
-                curves[owner.attack].append((lb.flat_row(row), fpr, tpr, floor))
+        for attack, outcome in attack_outcomes(row["metrics"]).items():
+            if "roc" not in outcome.artefacts:
+                continue
+            path = resolve_artefact(outcome.artefacts["roc"], root, row["run_id"])
+            if path is None:
+                continue
+            try:
+                fpr, tpr, floor = read_roc(path)
+            except ARTEFACT_ERRORS as exc:
+                damaged.append(damaged_line(row, str(AttackKey(attack, "roc", "artefacts")), path, exc))
+                continue
+            n_out = outcome.metrics.get("n_nonmembers")
+            floor = floor or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
+            curves[attack].append((lb.flat_row(row), fpr, tpr, floor))
     plots = []
     for attack, items in sorted(curves.items()):
         if len(items) > MAX_DRAWN:  # one line per run
@@ -89,19 +90,17 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
     cells: dict[str, dict[tuple, dict]] = defaultdict(dict)
     for row in rows:
         m = row["metrics"]
-        for key, value in m.items():
-            owner = AttackKey.parse(key, "artefacts")
-            if not (owner and owner.metric == "images"):
+        for attack, outcome in attack_outcomes(m).items():
+            if "images" not in outcome.artefacts:
                 continue
-            attack = owner.attack
-            path = resolve_artefact(value, root, row["run_id"])
+            path = resolve_artefact(outcome.artefacts["images"], root, row["run_id"])
             if path is None:
                 continue
             try:
-                flat, recon, psnr, state = read_cell(path, m.get(str(AttackKey(attack, "state"))))
+                flat, recon, psnr, state = read_cell(path, outcome.metrics.get("state"))
                 image = grid_cell(flat, recon)
             except ARTEFACT_ERRORS as exc:
-                damaged.append(damaged_line(row, key, path, exc))
+                damaged.append(damaged_line(row, str(AttackKey(attack, "images", "artefacts")), path, exc))
                 continue
             record = lb.flat_row(row)
             cells[attack][(point_label(record, swept), m.get("seed"))] = {
@@ -148,16 +147,15 @@ def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
     """(pictures of runs not in a grid, one line per artefact that cannot be found)."""
     found, missing = [], []
     for row in rows:
-        artefacts = sorted((k, v) for k, v in row["metrics"].items() if k.startswith("artefacts."))
+        artefacts = sorted((str(AttackKey(attack, name, "artefacts")), attack, value)
+                           for attack, outcome in attack_outcomes(row["metrics"]).items()
+                           for name, value in outcome.artefacts.items())
         record = lb.flat_row(row) if artefacts else {}  # only for a run that has artefacts: a store has thousands
-        for key, value in artefacts:
-            owner = AttackKey.parse(key, "artefacts")
-            if owner is None:
-                continue
+        for key, attack, value in artefacts:
             path = resolve_artefact(value, root, row["run_id"])
             if path is None:
                 missing.append(f"run {row['run_id']} ({point_label(record, swept)}, seed {record.get('seed')}): "
                                f"{key} = {value}")
             elif (str(value).endswith(".png") and "roc" not in key and row["run_id"] not in skip_runs):
-                found.append((f"{owner.attack} — {point_label(record, swept)}, seed {record.get('seed')}", path))
+                found.append((f"{attack} — {point_label(record, swept)}, seed {record.get('seed')}", path))
     return found[:MAX_PICTURES], missing

@@ -22,6 +22,7 @@ from dpeval.headlines import (
 from dpeval.report.files import ARTEFACT_ERRORS, damaged_line, resolve_artefact, save_drawing
 from dpeval.report.labels import MAX_DRAWN, Figures, point_label, private, too_many
 from dpeval.report.markup import bullets, heading, image, paragraph, table_html
+from dpeval.results import attack_outcomes
 
 EXPOSURE_FPRS = (0.001, 0.01)  # the false-positive rates at which records are counted as named
 
@@ -48,9 +49,9 @@ def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
     exposures; a file that cannot be read adds a line to ``damaged``."""
     games: dict[str, list[ScoredGame]] = defaultdict(list)
     for row in rows:
-        for key, value in sorted(row["metrics"].items()):
-            owner = AttackKey.parse(key, "artefacts")
-            if not (owner and owner.metric == "scores" and str(value).endswith(".csv")):
+        for attack, outcome in attack_outcomes(row["metrics"]).items():
+            value = outcome.artefacts.get("scores")
+            if not str(value).endswith(".csv"):
                 continue
             path = resolve_artefact(value, root, row["run_id"])
             if path is None:
@@ -58,10 +59,10 @@ def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
             try:
                 found = exposures(path)
             except ARTEFACT_ERRORS as exc:
-                damaged.append(damaged_line(row, key, path, exc))
+                damaged.append(damaged_line(row, str(AttackKey(attack, "scores", "artefacts")), path, exc))
                 continue
             record = lb.flat_row(row)
-            games[owner.attack].append(ScoredGame(row, record, point_label(record, swept), found))
+            games[attack].append(ScoredGame(row, record, point_label(record, swept), found))
     return games
 
 

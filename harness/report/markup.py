@@ -20,6 +20,7 @@ td { white-space: nowrap; } td.leaks { color: #a00; font-weight: 600; }
 img { max-width: 100%; margin: 0.4em 0; } figure { display: inline-block; margin: 0.5em; vertical-align: top; }
 figcaption { font-size: 0.8em; color: #555; max-width: 420px; }
 p.note { font-size: 0.85em; color: #444; } ul.missing { font-size: 0.8em; color: #a00; }
+div.wide { overflow-x: auto; }
 """
 
 
@@ -54,6 +55,11 @@ def table_html(head: list[tuple[str, str]], rows: list[list[tuple[str, bool]]]) 
     body = "".join("<tr>" + "".join(f"<td{_class('leaks' if leaks else '')}>{_text(text)}</td>" for text, leaks in row)
                    + "</tr>" for row in rows)
     return f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def wide(table: str) -> str:
+    """A table of ``table_html`` that may be wider than the page, scrolled sideways within it."""
+    return f'<div class="wide">{table}</div>'
 
 
 def image(png: bytes, alt: str) -> str:

@@ -21,14 +21,17 @@ from dpeval.report.figures import (
 from dpeval.report.files import earlier_output
 from dpeval.report.labels import spread_note, swept_columns
 from dpeval.report.leaking_records import TrainingImages, exposure_sections
-from dpeval.report.markup import bullets, figure, heading, image, page_html, paragraph
-from dpeval.report.tables import summary_lines, table
+from dpeval.report.markup import bullets, figure, heading, image, page_html, paragraph, wide
+from dpeval.report.tables import metric_tables, summary_lines, table
 from dpeval.store import ResultStore
 
 RULES = ("Verdicts: a reconstruction attack leaks when, at some attacked state, its per-target PSNR "
          "beats the best data-free guess by more than 1 dB on so many targets that a one-sided sign test "
          "rejects at 5% (Bonferroni over the states); a membership attack by its own rule (docs/results.md). "
          "Pareto marks only go to configurations that leak: the others tie at “no leakage detected”.")
+
+METRICS_NOTE = ("Every metric each attack reported, per configuration (mean ± SEM over seeds where they differ); "
+                "the per-state metrics of an attack over several model states are in the leaderboard CSV.")
 
 
 def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str,
@@ -80,6 +83,9 @@ def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Pat
         sections += [heading(title), image(path.read_bytes(), title)]
     exposure, exposure_plots = exposure_sections(done, root, swept, figures, stem, damaged, training_images)
     sections += exposure
+    if tables := metric_tables(records):
+        sections += [heading("Attack metrics"), paragraph(METRICS_NOTE, "note")]
+        sections += [part for attack, html in tables for part in (heading(attack, 3), wide(html))]
     plots += [(p.stem, p) for p in exposure_plots]
     if not_drawn:
         sections += [heading("Figures not drawn"), bullets(not_drawn, "missing")]

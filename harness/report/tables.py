@@ -78,6 +78,35 @@ def table(records: list[dict[str, Any]]) -> tuple[str, str]:
     return ", ".join(common), table_html(columns, body)
 
 
+def metric_tables(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Per attack, (its name, an HTML table of every metric it reported beside each configuration): the
+    ``leakage.<attack>.<metric>`` columns of the records, whatever their names, so that a metric an attack adds is
+    on the page without an edit here (docs/architecture.md, "Adding a metric"). Left out: the verdict and the worst
+    state (the leaderboard's columns), per-state metrics (the CSV's), spreads (shown as ± beside their mean) and a
+    null metric's ``<metric>_note``."""
+    swept = swept_columns(records)
+    keys = {c for r in records for c in r}
+    out = []
+    for attack in lb.attacks_in(records):
+        metrics = sorted({key.metric for c in keys if (key := AttackKey.parse(c)) is not None and key.attack == attack
+                          and not key.state and not key.is_verdict and key.metric != "state"
+                          and not key.metric.endswith((".sem", "_note"))})
+        columns = [str(AttackKey(attack, m)) for m in metrics]
+        shown = [r for r in sorted(records, key=lambda r: sort_key(r, swept)) if any(c in r for c in columns)]
+        if not shown:
+            continue
+        head = [("configuration", "configuration"), ("n", "n"), *zip(columns, metrics)]
+        body = []
+        for r in shown:
+            cells = [point_label(r, swept), cell_text(r.get("n", 1))]
+            for c in columns:
+                sem = r.get(f"{c}.sem")
+                cells.append(cell_text(r.get(c)) + (f" ± {sem:.2g}" if is_number(sem) and sem > 0 else ""))
+            body.append([(text, False) for text in cells])
+        out.append((attack, table_html(head, body)))
+    return out
+
+
 def _value(r: dict[str, Any], metric: str) -> str:
     sem = r.get(f"{metric}.sem")
     return fmt(r[metric], 3) + (f" ± {fmt(sem, 2)}" if is_number(sem) and sem > 0 else "")

@@ -258,8 +258,8 @@ def test_figure_names_made_of_stored_names_stay_beside_the_page(tmp_path):
 XSS = "<script>alert(1)</script>\"onerror=alert(2) x='<img src=x onerror=alert(3)>"
 FILE_XSS = "<svg onload=alert(4)>'\"onerror=alert(5)"  # a file name can hold this
 ATTACK_XSS = "<i onmouseover=alert(6)>a</i>"  # an attack name (no dot) from a stored key
-PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "ul", "li", "b", "table", "thead",
-             "tbody", "tr", "th", "td", "img", "figure", "figcaption"}
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "div", "p", "ul", "li", "b", "table",
+             "thead", "tbody", "tr", "th", "td", "img", "figure", "figcaption"}
 PAGE_ATTRIBUTES = {"lang", "charset", "class", "title", "alt", "src"}
 
 

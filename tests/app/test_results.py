@@ -58,4 +58,8 @@ def test_the_result_a_run_returns_is_the_row_it_stores(tmp_path):
         back = RunResult.from_flat(row)
         assert json.loads(json.dumps(back.flat(), default=str)) == row and back.utility == result.utility
         assert result.folder == store.run_dir(result.run_id)
+        (typed,) = store.results()  # the store's typed accessor: the same run, read back
+        assert json.loads(json.dumps(typed.flat(), default=str)) == row and typed.folder == result.folder
+        assert typed.attacks["loss"].verdict == result.attacks["loss"].verdict is not None
+        assert store.results("failed") == []
     assert "utility.test_accuracy_by_epoch" not in row and row["comm.density"] is None  # the weights run

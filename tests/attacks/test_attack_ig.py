@@ -137,7 +137,7 @@ def test_verdicts_undefended_leaks_and_dpsgd_at_epsilon_one_does_not(tmp_path):
           f"{dp_result.verdict} (PSNR {dp['psnr']:.1f} dB vs best guess {dp['baseline_psnr']:.1f}, "
           f"p {dp['p_value']:.3g})")
     assert plain_result.verdict is Verdict.LEAKS
-    assert plain["init.wins"] == 6 and plain["p_value"] == pytest.approx(1 / 64)
+    assert plain_result.states["init"]["wins"] == 6 and plain["p_value"] == pytest.approx(1 / 64)
     assert dp_result.verdict is Verdict.NO_LEAK and dp["p_value"] > 0.05
     assert dp["noise_std"] > 1.0  # σ·C/B with B = 1
     # measured 5.3 dB vs best data-free guesses 12.1 (public mean image), 8.5 (constant mean), 5.7 (noise)

@@ -167,7 +167,7 @@ def test_verdicts_undefended_leaks_and_dpsgd_at_epsilon_one_does_not(tmp_path):
           f"(PSNR {dp['psnr']:.2f} dB vs best guess {dp['baseline_psnr']:.2f}: noise {dp['baseline_psnr_noise']:.2f}, "
           f"mean image {dp['baseline_psnr_mean']:.2f}, public mean {dp['baseline_psnr_public']:.2f})")
     assert plain_result.verdict is Verdict.LEAKS and plain["psnr"] >= 60.0
-    assert dp_result.verdict is Verdict.NO_LEAK and dp["init.wins"] == 0
+    assert dp_result.verdict is Verdict.NO_LEAK and dp_result.states["init"]["wins"] == 0
     # measured 3.9 dB vs 12.1 (public mean image), 8.5 (constant mean), 6.5 (uniform noise)
     assert dp["psnr"] < dp["baseline_psnr"]
 

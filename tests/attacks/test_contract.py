@@ -148,3 +148,15 @@ def test_a_verdict_is_reported_typed_never_among_the_metrics():
         AttackResult({"auc": 0.5, "verdict": Verdict.LEAKS})
     with pytest.raises(ValueError):
         AttackResult({"auc": 0.5}, verdict="leak")
+
+
+def test_per_state_metrics_are_reported_as_a_mapping_never_as_dotted_names():
+    result = AttackResult({"psnr": 9.0}, states={"epoch:2": {"psnr": 8.0}, "final": {"psnr": 9.0}})
+    assert result.states["epoch:2"] == {"psnr": 8.0}
+    with pytest.raises(ValueError, match="AttackResult.states"):
+        AttackResult({"psnr": 9.0, "final.psnr": 9.0})
+    with pytest.raises(ValueError, match="request"):
+        AttackResult({"psnr": 9.0}, states={"trajectory:3": {"psnr": 9.0}})
+    with pytest.raises(ValueError, match="model state"):
+        AttackResult({"psnr": 9.0}, states={"middle": {"psnr": 9.0}})
+    assert AttackResult({"tpr_at_0.1pct_fpr": 0.0}).metrics  # a dot inside a metric's name is no state
