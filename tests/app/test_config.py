@@ -251,6 +251,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
         == [None] * 7
     assert content["model"].pop("pca")["dims"] == 0 and content["data"].pop("public_source") is None
     assert content["model"].pop("weights") is None and content["train"].pop("precision") == "fp32"
+    assert content["train"].pop("module_mode") == "train"
     assert content["data"].pop("max_test") == 0
     earlier = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
                              .encode()).hexdigest()[:16]
@@ -261,6 +262,7 @@ def test_a_setting_added_later_keeps_stored_run_keys():
     assert spec_from(data__max_test=100).run_key != build_spec({}).run_key
     assert spec_from(train__checkpoint_every=5).run_key == build_spec({}).run_key  # cannot change results
     assert spec_from(train__precision="bf16").run_key != build_spec({}).run_key
+    assert spec_from(train__module_mode="eval").run_key != build_spec({}).run_key
     assert spec_from(model__name="vit", model__depth=3).run_key != spec_from(model__name="vit").run_key
     with pytest.raises(ConfigError, match="data.normalize"):
         spec_from(data__normalize="dataset")
