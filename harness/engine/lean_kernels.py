@@ -348,7 +348,7 @@ class MultiheadAttentionKernel(LinearKernel):
         if not (query is key and key is value) or query.dim() != 3:
             raise RunFailure("train.engine: the lean engine takes nn.MultiheadAttention as batched self-attention "
                              "(query, key and value one [b, T, d] tensor); use train.engine=func for this model")
-        x = query if module.batch_first else query.transpose(0, 1)
+        x = (query if module.batch_first else query.transpose(0, 1)).contiguous()  # see lean._contiguous_input
         b, t, d = x.shape
         h = module.num_heads
         qkv = emit(x, F.linear(x, module.in_proj_weight, module.in_proj_bias))
