@@ -296,8 +296,14 @@ def table(rows: list[dict], header: str) -> str:
                          for k in ("func_norm_err", "lean_norm_err"))
         lines.append(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['auto']} | {fmt(r.get('non-private_s'))} | "
                      f"{ratio(r, 'func')} | {ratio(r, 'lean')} | {ratio(r, 'opacus')} | {mem} | {err} |")
-    notes = [f"- {r['model']}: {p} failed: {r[f'{p}_error']}" for r in rows for p in ("lean", "opacus", "func")
-             if r.get(f"{p}_error")]
+    failures: dict[tuple[str, str], list[str]] = {}  # (path, error) -> models: one note per distinct failure
+    for r in rows:
+        for p in ("lean", "opacus", "func"):
+            if r.get(f"{p}_error"):
+                error = r[f"{p}_error"].replace('[NotImplementedError("', "")  # Opacus wraps its errors in a list
+                cut = error.find("(", 40)  # the module's repr, where the message quotes one
+                failures.setdefault((p, error[:cut if cut > 0 else 160][:160].strip()), []).append(r["model"])
+    notes = [f"- {p} failed on {', '.join(models)}: {error}" for (p, error), models in failures.items()]
     notes += [f"- {r['model']}: auto → func: {r['auto_reason']}" for r in rows if r["auto"] != "lean"]
     return "\n".join(lines + ([""] + notes if notes else []))
 
@@ -332,6 +338,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the peak-memory processes (a model's previous memory columns are kept)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--render", action="store_true", help="measure nothing: the table of the CSV's rows")
     parser.add_argument("--csv", default=str(ROOT / "docs" / "results" / "zoo.csv"))
     parser.add_argument("--doc", help="write the table into this page between <!-- zoo:start/end --> markers")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -352,11 +359,10 @@ def main() -> None:
     steps = 3 if args.quick else args.steps
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     header = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-              f"1 intra-op thread, batch {BATCH}, CPU seconds per step (median of {steps} after {args.warmup} "
-              f"warm-up); "
+              f"1 intra-op thread, batch {BATCH}, CPU seconds per step (the median of the timed steps); "
               f"`python bench/zoo.py{' --quick' if args.quick else ''}`")
     rows = previous_rows(Path(args.csv), names)
-    for name in chosen:
+    for name in chosen if not args.render else ():
         row = child({"model": name, "paths": args.paths, "steps": steps, "warmup": args.warmup}, env)
         row.setdefault("model", name)
         row.setdefault("auto", "-")
