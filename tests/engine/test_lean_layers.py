@@ -78,19 +78,28 @@ def check_every_plan(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None
 
 
 # -- grouped and depthwise convolutions -------------------------------------------------------------------------
-@pytest.mark.parametrize("cin,cout,groups,stride", [(4, 6, 2, 1), (6, 6, 6, 2), (3, 6, 3, 1), (4, 8, 4, 2)],
-                         ids=["grouped", "depthwise", "depthwise-x2", "depthwise-x2-strided"])
-def test_both_grouped_conv_weight_gradient_kernels_equal_autograd_per_sample(cin, cout, groups, stride):
+@pytest.mark.parametrize("cin,cout,groups,stride,kernel_size,size",
+                         [(4, 6, 2, 1, 3, 7), (6, 6, 6, 2, 3, 7), (3, 6, 3, 1, 3, 7), (4, 8, 4, 2, 3, 7),
+                          (4, 4, 4, 1, 5, 2), (3, 6, 3, 2, 5, 3), (4, 4, 4, 1, 3, 1)],
+                         ids=["grouped", "depthwise", "depthwise-x2", "depthwise-x2-strided", "depthwise-5x5-on-2x2",
+                              "depthwise-x2-5x5-on-3x3-strided", "depthwise-3x3-on-1x1"])
+def test_every_grouped_conv_weight_gradient_kernel_equals_autograd_per_sample(cin, cout, groups, stride, kernel_size,
+                                                                              size):
     torch.manual_seed(0)
-    conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, groups=groups).double()
-    a = torch.randn(3, cin, 7, 6, dtype=torch.float64)
+    conv = nn.Conv2d(cin, cout, kernel_size, stride=stride, padding=kernel_size // 2, groups=groups).double()
+    a = torch.randn(3, cin, size, size + 1, dtype=torch.float64)
     ds = torch.randn_like(conv(a))
     expected = torch.stack([torch.autograd.grad((conv(a[i:i + 1]) * ds[i:i + 1]).sum(), conv.weight)[0]
                             for i in range(3)])
     kernel = Conv2dKernel()
-    for method in (kernel.weight_grads_by_matmul, kernel.weight_grads_by_grouped_conv):
+    methods = [kernel.weight_grads_by_matmul, kernel.weight_grads_by_grouped_conv, kernel.weight_grads]
+    if groups == cin:
+        methods.append(kernel.weight_grads_by_taps)
+    for method in methods:
         torch.testing.assert_close(method(conv, a, ds), expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(kernel.weight_sum(conv, a, ds), expected.sum(0), rtol=1e-10, atol=1e-12)
+    skipped = len(kernel.taps(conv, a, ds)) < kernel_size ** 2
+    assert skipped == (size <= 2), "offsets reading only padding: on the two smallest maps"
 
 
 class GroupedConvNet(nn.Module):
