@@ -372,6 +372,11 @@ class MultiheadAttentionKernel(LinearKernel):
         return out, weights.mean(1) if average_attn_weights else weights
 
 
+class LeanCannotRecompute(RunFailure):
+    """A module the lean engine recomputes (``FuncKernel``) draws random numbers: ``train.engine=auto`` then trains
+    with torch.func instead (the training loop's first micro-batch finds it)."""
+
+
 class FuncKernel(LayerKernel):
     """Per-sample gradients of a module's parameters by torch.func: the module's own forward, one sample at a time
     under ``vmap``, pulled back from that sample's output gradient. Exact for any module that treats its samples
@@ -411,7 +416,7 @@ class FuncKernel(LayerKernel):
             if "random" not in str(exc):
                 raise
             # vmap refuses random ops: a recomputed dropout would not draw the forward's mask
-            raise RunFailure(f"train.engine: the lean engine recomputes {type(module).__name__}'s forward "
+            raise LeanCannotRecompute(f"train.engine: the lean engine recomputes {type(module).__name__}'s forward "
                              "(FuncKernel), which draws random numbers (dropout or stochastic depth in training "
                              "mode) and so would not match the pass it differentiates; use train.engine=func") \
                 from None

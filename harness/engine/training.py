@@ -33,6 +33,7 @@ from dpeval.core.settings import TrainConfig
 from dpeval.core.splits import Split
 from dpeval.defenses.base import Defense, SharedGradient
 from dpeval.engine.lean import LeanEngine, engine_choice
+from dpeval.engine.lean_kernels import LeanCannotRecompute
 from dpeval.engine.release import apply_release
 
 log = logging.getLogger("dpeval")
@@ -401,7 +402,15 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
         for index in range(done, len(batches)):
             batch = batches[index].to(device)
             for xb, yb in micro_batches(x_all[batch], y_all[batch], cfg.physical_batch_size):
-                loss_sum += feed(xb, yb)
+                try:
+                    loss_sum += feed(xb, yb)
+                except LeanCannotRecompute as exc:
+                    if cfg.engine != "auto" or result.steps or seen:  # only before anything entered the sum
+                        raise
+                    result.engine, result.engine_reason = "func", f"auto: lean refused when it ran ({exc})"
+                    log.info("per-sample engine: func (%s)", result.engine_reason)
+                    feed = clipped_sum_feeder("func", model, defense, cfg.precision, watch)
+                    loss_sum += feed(xb, yb)
                 seen += len(yb)
             watch.end_step(result.steps + 1)
             if before_release is not None:

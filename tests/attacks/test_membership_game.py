@@ -26,7 +26,7 @@ from dpeval.engine.shadow_training import fresh_models
 from dpeval.engine.training import BatchSampler
 from dpeval.runner import execute, prepare
 from dpeval.store import ResultStore
-from tests.helpers import needs_fashionmnist, noiseless
+from tests.helpers import noiseless
 
 OVERFIT = "configs/digits-mia-overfit.yaml"
 
@@ -263,30 +263,6 @@ def test_overfit_recipe_lira_separates_non_private_not_dp(tmp_path):
     assert dp["leakage.grad-mia.epsilon_lower_bound"] <= dp["leakage.grad-mia.accounted_epsilon"]
     assert (tmp_path / "runs" / dp["run_id"] / "lira" / "roc.json").is_file()
     assert dp["artefacts.lira.roc_png"].endswith("roc.png")
-
-
-FASHION = ("--dataset", "fashionmnist", "--model", "dpcnn-small", "--defense", "none", "--attack", "lira",
-           "--epochs", "40", "--set", "data.max_train=500", "--set", "train.batch_size=32", "--set", "train.lr=0.001",
-           "--set", "attack.shadows=8")
-
-
-@pytest.mark.slow
-@needs_fashionmnist
-def test_online_lira_beats_offline_on_an_overfit_fashionmnist_victim(tmp_path):
-    """Where the LiRA paper measures its online advantage — a victim far from generalising (DP-CNN/S on 500
-    Fashion-MNIST images, 40 epochs: train ≈ 0.99, test ≈ 0.77), every example IN for half of 8 shadows —
-    online LiRA beats offline on one shared pool.
-
-    Measured at seeds 0–3: online AUC 0.769 / 0.788 / 0.787 / 0.779, offline 0.728 / 0.736 / 0.738 / 0.705,
-    online − offline 0.041 / 0.052 / 0.049 / 0.074 (mean 0.054, standard deviation 0.014). The margins: a gain
-    above 0.01 is 3 standard deviations below the mean, AUC ≥ 0.74 online > 4 below its mean (0.781, sd
-    0.009). An online score equal to the offline one, or with IN and OUT swapped, fails."""
-    online = run_json(*FASHION, "--results", str(tmp_path))
-    offline = run_json(*FASHION, "--set", "attack.online=false", "--results", str(tmp_path))
-    assert online["leakage.lira.game_in_fraction"] == 0.5 and online["leakage.lira.n_nonmembers"] == 500
-    assert online["utility.train_accuracy"] - online["utility.test_accuracy"] > 0.1  # the victim overfits
-    assert online["leakage.lira.auc"] >= 0.74 and offline["leakage.lira.auc"] >= 0.6
-    assert online["leakage.lira.auc"] - offline["leakage.lira.auc"] > 0.01
 
 
 def null_pool(k=8, n=3000, seed=0):

@@ -66,9 +66,9 @@ def test_an_adaclip_run_on_mnist_needs_no_data_flag(real_data_home, tmp_path) ->
 @pytest.mark.slow
 def test_an_rs_run_of_the_hcnn_on_cifar10_needs_no_data_flag(real_data_home, tmp_path) -> None:
     proc = dpeval("run", "--dataset", "cifar10", "--model", "hcnn", "--defense", "rs", "--epochs", "1",
-                  "--set", "data.max_train=2000", "--set", "data.max_test=2000", home=real_data_home,
+                  "--set", "data.max_train=1000", "--set", "data.max_test=500", home=real_data_home,
                   results=tmp_path / "r")
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)
     assert row["dataset"] == "cifar10" and row["model"] == "hcnn" and row["utility.test_accuracy"] > 0.15
-    assert row["data.test_size"] == 2000 and row["data.train_size"] == 2000
+    assert row["data.test_size"] == 500 and row["data.train_size"] == 1000

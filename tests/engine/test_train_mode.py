@@ -15,6 +15,7 @@ from dpeval.core.errors import RunFailure
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.engine.lean import LeanEngine
+from dpeval.engine.lean_kernels import LeanCannotRecompute
 from dpeval.engine.training import SilentParameters
 
 SETTINGS = {"data": {"name": "digits", "max_train": 120}, "defense": "dpsgd",
@@ -254,3 +255,53 @@ def test_levits_attention_biases_train_in_train_mode_and_are_named_in_eval_mode(
     else:
         (line,) = said
         assert "attention_biases" in line
+
+
+def zoo_case(case: str) -> tuple[nn.Module, int]:
+    """Tiny zoo networks with their own dropout / drop-path switched on."""
+    from tests.engine.test_lean_zoo import group_norm
+
+    if case == "tv-mobilenet-v3-gn":  # Dropout(0.5) in its classifier
+        from torchvision.models.mobilenetv3 import InvertedResidualConfig, MobileNetV3
+
+        return MobileNetV3([InvertedResidualConfig(8, 3, 16, 8, True, "RE", 2, 1, 1.0)], last_channel=16,
+                           num_classes=3, norm_layer=group_norm, dropout=0.5), 8
+    timm = pytest.importorskip("timm", reason="timm is an optional extra (pip install dpeval[zoo])")
+    if case == "timm-vit":  # dropout after the embeddings, on the attention weights and in the MLPs
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, img_size=8, patch_size=4,
+                                 embed_dim=8, depth=1, num_heads=2, drop_rate=0.3, attn_drop_rate=0.3,
+                                 proj_drop_rate=0.3), 8
+    return timm.create_model("convnext_atto", pretrained=False, num_classes=3, dims=(4, 8, 8, 8),
+                             depths=(1, 1, 1, 1), drop_path_rate=0.5), 32  # timm's DropPath draws in place
+
+
+@pytest.mark.parametrize("norms", [func_norms, lean_norms], ids=["func", "lean"])
+@pytest.mark.parametrize("case", ["tv-mobilenet-v3-gn", "timm-vit", "timm-convnext"])
+def test_zoo_networks_train_with_their_dropout_per_example(case, norms):
+    torch.manual_seed(0)
+    model, size = zoo_case(case)
+    x, y = torch.rand(1, 3, size, size).repeat(12, 1, 1, 1), torch.zeros(12, dtype=torch.long)
+    model.train()
+    if case == "timm-convnext" and norms is lean_norms:  # its blocks are recomputed, drop-path included
+        with pytest.raises(LeanCannotRecompute, match=r"ConvNeXtBlock.*use train.engine=func"):
+            norms(model, x, y)
+        return
+    assert len(set(norms(model, x, y).tolist())) >= 3
+
+
+def convnext_for_digits(in_shape, num_classes):
+    timm = pytest.importorskip("timm", reason="timm is an optional extra (pip install dpeval[zoo])")
+    return nn.Sequential(nn.Upsample(size=(32, 32)), nn.Conv2d(in_shape[0], 3, 1),
+                         timm.create_model("convnext_atto", pretrained=False, num_classes=num_classes,
+                                           dims=(4, 8, 8, 8), depths=(1, 1, 1, 1), drop_path_rate=0.5))
+
+
+def test_auto_trains_with_func_where_lean_would_recompute_a_random_draw():
+    """``auto`` picks lean for ConvNeXt (a kernel for every layer), which refuses when its first step recomputes a
+    block with drop-path: the run goes on with torch.func and says why."""
+    pytest.importorskip("timm", reason="timm is an optional extra (pip install dpeval[zoo])")
+    spec = dpeval.configure({**SETTINGS, "data": {"name": "digits", "max_train": 40}}, train__epochs=1,
+                            train__batch_size=20)
+    result = dpeval.run(spec, model=convnext_for_digits)
+    assert result.extra["train.engine_used"] == "func"
+    assert result.extra["train.engine_reason"].startswith("auto: lean refused when it ran")
