@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import special, stats
+from scipy import special
 from torch import nn
 from tqdm import tqdm
 
@@ -55,7 +55,14 @@ from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.one_run_bounds import gdp_epsilon
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Split, Task
-from dpeval.core.statistics import MAX_THRESHOLDS, clopper_pearson, rates_at, separation, split_bound
+from dpeval.core.statistics import (
+    MAX_THRESHOLDS,
+    clopper_pearson,
+    clopper_pearson_ends,
+    rates_at,
+    separation,
+    split_bound,
+)
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.core.verdicts import BoundCheck
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
@@ -282,17 +289,6 @@ class FixedRateSampler(BatchSampler):
 # the estimators
 
 
-def _cp_upper(successes: np.ndarray, trials: int, alpha: float) -> np.ndarray:
-    """Upper ends of two-sided (1 − α) Clopper–Pearson intervals (as ``clopper_pearson``), vectorised."""
-    k = np.asarray(successes, dtype=float)
-    if trials == 0:
-        return np.ones_like(k)
-    inside = k < trials
-    upper = np.ones_like(k)
-    upper[inside] = stats.beta.ppf(1 - alpha / 2, k[inside] + 1, trials - k[inside])
-    return upper
-
-
 def mu_of_rates(fpr: float, fnr: float) -> float:
     """Φ⁻¹(1 − FPR) − Φ⁻¹(FNR), clipped at 0: the least μ of a Gaussian trade-off curve through (FPR, FNR)."""
     with np.errstate(invalid="ignore"):  # ∞ − ∞ (both rates at an end) is no evidence: 0
@@ -305,7 +301,8 @@ def mu_bounds(scores: np.ndarray, labels: np.ndarray, thresholds: np.ndarray, al
     (1 − α) Clopper–Pearson intervals; −∞ where both rates sit at an end (no evidence)."""
     hits = scores[None, :] >= thresholds[:, None]
     fp, fn = (hits & ~labels).sum(axis=1), (~hits & labels).sum(axis=1)
-    fpr_hi, fnr_hi = _cp_upper(fp, int((~labels).sum()), alpha), _cp_upper(fn, int(labels.sum()), alpha)
+    fpr_hi = clopper_pearson_ends(fp, int((~labels).sum()), alpha)[1]
+    fnr_hi = clopper_pearson_ends(fn, int(labels.sum()), alpha)[1]
     with np.errstate(invalid="ignore"):
         return np.nan_to_num(special.ndtri(1 - fpr_hi) - special.ndtri(fnr_hi), nan=-np.inf)
 

@@ -50,6 +50,38 @@ def bound_at(scores: np.ndarray, labels: np.ndarray, threshold: float, delta: fl
     return epsilon_from_rates(tpr_lo, fpr_hi, delta)
 
 
+def clopper_pearson_ends(successes: np.ndarray, trials: int, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """``clopper_pearson`` for every count in ``successes`` (of the same ``trials``) at once: (lower ends, upper
+    ends). One call of the beta quantile per array, not per count: the threshold searches below try up to
+    ``MAX_THRESHOLDS`` tests each."""
+    k = np.asarray(successes, dtype=float)
+    lower, upper = np.zeros_like(k), np.ones_like(k)
+    if trials == 0:
+        return lower, upper
+    some, short = k > 0, k < trials
+    lower[some] = stats.beta.ppf(alpha / 2, k[some], trials - k[some] + 1)
+    upper[short] = stats.beta.ppf(1 - alpha / 2, k[short] + 1, trials - k[short])
+    return lower, upper
+
+
+def bounds_at(scores: np.ndarray, labels: np.ndarray, thresholds: np.ndarray, delta: float,
+              alpha: float) -> np.ndarray:
+    """``bound_at`` at every threshold of ``thresholds`` (the same numbers, one pass): the counts of scores at or
+    above each threshold come from one sort of each class."""
+    positive, negative = np.sort(scores[labels]), np.sort(scores[~labels])
+    tp = len(positive) - np.searchsorted(positive, thresholds, side="left")
+    fp = len(negative) - np.searchsorted(negative, thresholds, side="left")
+    tpr_lo, _ = clopper_pearson_ends(tp, len(positive), alpha)
+    _, fpr_hi = clopper_pearson_ends(fp, len(negative), alpha)
+    return np.array([epsilon_from_rates(float(t), float(f), delta) for t, f in zip(tpr_lo, fpr_hi)])
+
+
+def best_threshold(scores: np.ndarray, labels: np.ndarray, candidates: np.ndarray, delta: float,
+                   alpha: float) -> float:
+    """The first of ``candidates`` whose test gives the largest ``bound_at``."""
+    return float(candidates[int(np.argmax(bounds_at(scores, labels, candidates, delta, alpha)))])
+
+
 def epsilon_lower_bound(scores: np.ndarray, labels: np.ndarray, delta: float, rng: np.random.Generator,
                         alpha: float = 0.05) -> float:
     """Threshold chosen on a random half (drawn from ``rng``, maximising the bound there), bound evaluated
@@ -60,9 +92,9 @@ def epsilon_lower_bound(scores: np.ndarray, labels: np.ndarray, delta: float, rn
     candidates = np.unique(scores[choose])
     if len(candidates) > 512:  # quantiles are enough to find a good threshold
         candidates = np.unique(np.quantile(scores[choose], np.linspace(0, 1, 512)))
-    best = max(candidates, key=lambda t: bound_at(scores[choose], labels[choose], t, delta, alpha), default=None)
-    if best is None:
+    if len(candidates) == 0:
         return 0.0
+    best = best_threshold(scores[choose], labels[choose], candidates, delta, alpha)
     return bound_at(scores[judge], labels[judge], best, delta, alpha)
 
 
@@ -79,7 +111,7 @@ def split_bound(scores: np.ndarray, labels: np.ndarray, delta: float, alpha: flo
     choose_s, choose_l = scores[:half].ravel(), labels[:half].ravel()
     judge_s, judge_l = scores[half:].ravel(), labels[half:].ravel()
     candidates = np.unique(np.quantile(choose_s, np.linspace(0, 1, MAX_THRESHOLDS)))
-    threshold = float(max(candidates, key=lambda t: bound_at(choose_s, choose_l, t, delta, alpha)))
+    threshold = best_threshold(choose_s, choose_l, candidates, delta, alpha)
     tp, pos, fp, neg = rates_at(judge_s, judge_l, threshold)
     return {
         "epsilon_lower_bound": bound_at(judge_s, judge_l, threshold, delta, alpha),

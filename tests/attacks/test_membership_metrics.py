@@ -10,7 +10,15 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, save_roc
-from dpeval.core.statistics import auc_delong, clopper_pearson, epsilon_from_rates, epsilon_lower_bound
+from dpeval.core.statistics import (
+    auc_delong,
+    bound_at,
+    bounds_at,
+    clopper_pearson,
+    clopper_pearson_ends,
+    epsilon_from_rates,
+    epsilon_lower_bound,
+)
 from dpeval.core.verdicts import Verdict
 
 
@@ -55,6 +63,21 @@ def test_clopper_pearson_matches_scipy():
     for k, n in [(0, 10), (3, 10), (10, 10), (57, 200)]:
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
         assert clopper_pearson(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
+
+
+def test_the_threshold_search_gives_each_thresholds_bound_exactly():
+    """The one-pass search (sorted counts, one beta quantile call per array) equals the per-threshold bound, ties
+    and both ends of the score range included."""
+    rng = np.random.default_rng(3)
+    scores, labels = np.round(rng.normal(0, 1, 400), 1), rng.random(400) < 0.4
+    scores[labels] += 0.8
+    thresholds = np.concatenate([np.unique(scores), [scores.min() - 1, scores.max() + 1]])
+    each = [bound_at(scores, labels, t, 1e-5, 0.05) for t in thresholds]
+    assert bounds_at(scores, labels, thresholds, 1e-5, 0.05).tolist() == each
+    assert max(each) > 0.5  # a shift the search can find
+    counts = np.array([0, 1, 17, 39, 40])
+    low, high = clopper_pearson_ends(counts, 40, 0.01)
+    assert list(zip(low.tolist(), high.tolist())) == [clopper_pearson(int(k), 40, 0.01) for k in counts]
 
 
 def test_epsilon_from_rates_known_cases():
