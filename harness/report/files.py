@@ -72,9 +72,12 @@ def save_drawing(fig: plt.Figure, out_dir: Path, stem: str, name: str) -> Path:
             break
         path = out_dir / f"{base}_{n}.png"
     try:
-        save_figure(fig, path, dpi=110, bbox_inches="tight")
+        # The tight frame is measured once for both files (``bbox_inches="tight"`` lays the figure out once more per
+        # file, as long again as drawing it), with savefig's own padding.
+        frame = fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
+        save_figure(fig, path, dpi=110, bbox_inches=frame)
         with matplotlib.rc_context({"svg.fonttype": "none"}):
-            save_figure(fig, path.with_suffix(".svg"), bbox_inches="tight")
+            save_figure(fig, path.with_suffix(".svg"), bbox_inches=frame)
     finally:
         plt.close(fig)
     return path
