@@ -67,19 +67,40 @@ def epsilon_of(releases: list[Release], delta: float, accountant: str = "rdp") -
 # ε is a pure function of (releases, δ, accountant), and one evaluation costs a fraction of a second (RDP over 173
 # orders): a run's σ calibration evaluates it about 15 times, and the processes that plan many runs — a sweep, the
 # Python API, the test suite — ask for the same values again. Only results are kept; errors are raised every time.
-@functools.lru_cache(maxsize=4096)
 def _epsilon(releases: tuple[Release, ...], delta: float, accountant: str) -> float:
+    return _spent(releases, delta, accountant)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _spent(releases: tuple[Release, ...], delta: float, accountant: str) -> tuple[float, float | None]:
+    """(ε, the RDP order that gives it; None for PRV) of ``releases``."""
     acc = _accountant(accountant)
     acc.history = list(releases)
-    orders = {"alphas": list(RDP_ORDERS)} if accountant == "rdp" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about α ranges for very small / large ε
         try:
-            return float(acc.get_epsilon(delta=delta, **orders))
+            if accountant == "rdp":
+                eps, order = acc.get_privacy_spent(delta=delta, alphas=list(RDP_ORDERS))
+                return float(eps), float(order)
+            return float(acc.get_epsilon(delta=delta)), None
         except (ArithmeticError, MemoryError) as exc:  # σ² under- / overflows, PRV grids explode
             what = ", ".join(f"σ = {s:g} at q = {q:g}, T = {n}" for s, q, n in releases)
             raise ConfigError(f"privacy.noise_multiplier: the {accountant} accountant cannot evaluate {what} "
                               f"({type(exc).__name__}); choose a σ of a sensible size") from None
+
+
+def _epsilon_at_order(releases: tuple[Release, ...], delta: float, order: float) -> float:
+    """The RDP accountant's ε of ``releases`` at the one order ``order``: the accountant's ε is the least of these
+    over ``RDP_ORDERS``, so this is an upper bound on it (nan or inf where the order gives nothing)."""
+    analysis = _opacus_rdp()
+    rdp = sum(analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=[order])
+              for sigma, q, steps in releases)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            return float(analysis.get_privacy_spent(orders=[order], rdp=rdp, delta=delta)[0])
+        except (ArithmeticError, MemoryError):
+            return math.inf
 
 
 def epsilon_for(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
@@ -104,8 +125,22 @@ def noise_for(epsilon: float, delta: float, sample_rate: float, steps: int, acco
                           "ε, or σ itself (privacy.noise_multiplier / --noise-multiplier)")
     tolerance = min(0.01, 0.005 * epsilon)
 
+    order: list[float | None] = [None]  # the RDP order of the last full evaluation
+
     def eps(sigma: float) -> float:
-        return epsilon_of([*before, (sigma, sample_rate, steps)], delta, accountant)
+        value = epsilon_of([*before, (sigma, sample_rate, steps)], delta, accountant)
+        if accountant == "rdp" and sigma > 0:
+            order[0] = _spent((*before, (sigma, sample_rate, steps)), delta, "rdp")[1]
+        return value
+
+    def goes_on_below(sigma: float) -> float | None:
+        """A shortcut that changes no decision: where ε at the last evaluation's order alone (an upper bound on ε)
+        is below the target by more than the tolerance, ε(σ) is too, and the bisection's next step — take σ as the
+        upper end and go on — is the same as with the full evaluation over every order; that bound, else None."""
+        if order[0] is None:
+            return None
+        bound = _epsilon_at_order((*before, (sigma, sample_rate, steps)), delta, order[0])
+        return bound if bound < epsilon - tolerance - 1e-9 * epsilon else None  # a margin for rounding
 
     low, high = 0.0, 10.0
     eps_high = eps(high)
@@ -118,6 +153,10 @@ def noise_for(epsilon: float, delta: float, sample_rate: float, steps: int, acco
         eps_high = eps(high)
     while epsilon - eps_high > tolerance:
         mid = (low + high) / 2
+        bound = goes_on_below(mid)
+        if bound is not None:
+            high, eps_high = mid, bound
+            continue
         eps_mid = eps(mid)
         if eps_mid < epsilon:
             high, eps_high = mid, eps_mid

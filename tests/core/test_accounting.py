@@ -76,6 +76,37 @@ def test_calibration_reaches_target_without_exceeding_it(eps):
     assert sigma == pytest.approx(opacus_sigma, rel=0.02)
 
 
+def plain_bisection(epsilon, delta, q, steps, before=()):
+    """The calibration's search with every ε evaluated over all orders (the shortcut of ``noise_for`` left out)."""
+    tolerance = min(0.01, 0.005 * epsilon)
+
+    def eps(sigma):
+        return epsilon_of([*before, (sigma, q, steps)], delta)
+
+    low, high = 0.0, 10.0
+    eps_high = eps(high)
+    while eps_high > epsilon:
+        low, high = high, 2 * high
+        eps_high = eps(high)
+    while epsilon - eps_high > tolerance:
+        mid = (low + high) / 2
+        eps_mid = eps(mid)
+        if eps_mid < epsilon:
+            high, eps_high = mid, eps_mid
+        else:
+            low = mid
+    return high
+
+
+@pytest.mark.parametrize("case", [(3.0, 1e-5, 128 / 1258, 45, ()), (1.0, 1e-5, 0.004, 7500, ()),
+                                  (3.0, 1e-5, 0.1, 100, ((2.0, 1.0, 1),))])
+def test_the_calibrations_shortcut_changes_no_sigma(case):
+    """``noise_for`` skips the full evaluation where ε at the last evaluation's order alone already puts σ below the
+    target by more than the tolerance: the σ it returns is the plain bisection's, to the bit."""
+    epsilon, delta, q, steps, before = case
+    assert noise_for(epsilon, delta, q, steps, before=before) == plain_bisection(epsilon, delta, q, steps, before)
+
+
 def test_prv_calibration():
     sigma = noise_for(3.0, 1e-5, 0.02, 2000, "prv")
     assert 0.995 * 3.0 <= epsilon_for(sigma, 0.02, 2000, 1e-5, "prv") <= 3.0
