@@ -107,6 +107,7 @@ def inputs(name: str, n: int, generator: torch.Generator | None = None) -> tuple
 def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
     from dpeval.core.per_sample import compute_precision, micro_batches
     from dpeval.core.streams import Streams
+    from dpeval.defenses.base import DefenseContext
     from dpeval.defenses.dpsgd import DPSGD, ClipParams
     from dpeval.defenses.groupwise import Groupwise, GroupwiseParams
     from dpeval.engine.training import clipped_sum_feeder
@@ -153,10 +154,10 @@ def step_function(path: str, model_name: str, model: torch.nn.Module, x: torch.T
     elif name in VARIANTS:
         defense = defense_for(*VARIANTS[name], model_name, model, shapes, streams, x.device)
     elif path in GROUPS:
-        defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"), shapes, 1.0, streams,
-                            x.device)
+        defense = Groupwise(GroupwiseParams(clip=1.0, groups=GROUPS[path], clip_fn="abadi"),
+                            DefenseContext(shapes, 1.0, streams, x.device))
     else:
-        defense = DPSGD(ClipParams(clip=1.0), shapes, 1.0, streams, x.device)
+        defense = DPSGD(ClipParams(clip=1.0), DefenseContext(shapes, 1.0, streams, x.device))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     feed = clipped_sum_feeder("func" if path.startswith("func") else "lean", model, defense, precision)
 
@@ -199,15 +200,14 @@ def defense_for(name: str, params: dict, model_name: str, model: torch.nn.Module
                 device: torch.device):
     """A registered defense at σ = 1 as training uses it, in its last epoch (rates at their final value),
     bound to the model and a public split of random images."""
-    from types import SimpleNamespace
-
     from dpeval.core.splits import Split
     from dpeval.defenses import DEFENSES
+    from dpeval.defenses.base import DefenseContext
 
     cls = DEFENSES.get(name)
-    defense = cls(cls.Params(**params), shapes, 1.0, streams, device)
+    defense = cls(cls.Params(**params), DefenseContext(shapes, 1.0, streams, device))
     public = Split(*inputs(model_name, PUBLIC, torch.Generator().manual_seed(1)), torch.arange(PUBLIC))
-    defense.bind(model, SimpleNamespace(public=public, num_classes=10))
+    defense.bind(model, public, 10)
     defense.begin_epoch(1, 2)
     return defense
 

@@ -99,12 +99,14 @@ def step_function(row: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
         return step
     from dpeval.core.per_sample import fixed_front, front_features
     from dpeval.core.streams import Streams
+    from dpeval.defenses.base import DefenseContext
     from dpeval.defenses.groupwise import Groupwise, GroupwiseParams
     from dpeval.engine.training import clipped_sum_feeder
 
     params = dict(model.named_parameters())
     defense = Groupwise(GroupwiseParams(clip=1.0, groups=row, clip_fn="abadi"),
-                        {n: p.shape for n, p in params.items()}, 1.0, Streams(0).scope("bench"), x.device)
+                        DefenseContext({n: p.shape for n, p in params.items()}, 1.0, Streams(0).scope("bench"),
+                                       x.device))
     features = front_features(fixed_front(model).front, x)  # as train() feeds the engine
     feed = clipped_sum_feeder("lean", model, defense)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

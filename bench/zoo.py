@@ -191,11 +191,12 @@ def norm_errors(name: str) -> dict:
 
 def auto_choice(model: nn.Module) -> tuple[str, str]:
     from dpeval.core.streams import Streams
+    from dpeval.defenses.base import DefenseContext
     from dpeval.defenses.dpsgd import DPSGD, ClipParams
     from dpeval.engine.lean import engine_choice
 
     shapes = {n: p.shape for n, p in model.named_parameters()}
-    return engine_choice("auto", model, DPSGD(ClipParams(), shapes, 1.0, Streams(0)), "cpu", BATCH)
+    return engine_choice("auto", model, DPSGD(ClipParams(), DefenseContext(shapes, 1.0, Streams(0))), "cpu", BATCH)
 
 
 def one_line(exc: BaseException) -> str:

@@ -37,9 +37,8 @@ import torch
 from dpeval.core.canaries import Canaries, flatten
 from dpeval.core.errors import ConfigError
 from dpeval.core.params import check_float32, param
-from dpeval.core.streams import Streams
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors, per_sample_norms
 from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 from dpeval.defenses.registry import DEFENSES
@@ -81,10 +80,10 @@ def optimal_scale(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 @DEFENSES.register("adaclip", "AdaCliP: per-coordinate shift/scale (public noisy statistics), clip, noise in w-space")
 class AdaCliP(Defense):
     Params = AdaCliPParams
+    capabilities = Capabilities(lean_capable=True, stateful=True)  # the running moments m, s² and the scale b
 
-    def __init__(self, params: AdaCliPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
+    def __init__(self, params: AdaCliPParams, context: DefenseContext) -> None:
+        super().__init__(params, context)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         # Algorithm 1, line 2: m⁰ = 0, s⁰ = √(h1·h2) (a std, so the state s² starts at h1·h2).
         self.m = {n: torch.zeros(s, device=self.device) for n, s in self.param_shapes.items()}

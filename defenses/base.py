@@ -20,8 +20,9 @@ Noise is drawn one parameter at a time in ``param_shapes`` order, on every coord
 so a seed gives the same draws whatever the rate. Defenses whose noise is not one draw per parameter
 (GEP's embedding and residual, the noiseless ``none``) override ``release`` itself.
 
-``steps_per_epoch`` is given at construction (default 1); ``dpeval.defenses.clipping.clip_factors`` is the one clip
-factor min(1, C / (‖g‖ + 1e-6)) of every defense.
+A defense is built from its parameters and one :class:`DefenseContext` (parameter shapes, σ, random streams,
+device, steps per epoch); ``dpeval.defenses.clipping.clip_factors`` is the one clip factor
+min(1, C / (‖g‖ + 1e-6)) of every defense.
 
 Per-sample gradients arrive as ``{param_name: Tensor[b, *param.shape]}``. A defense never sees more than
 one micro-batch at a time, so memory is bounded by the micro-batch, not the logical batch.
@@ -29,12 +30,13 @@ one micro-batch at a time, so memory is bounded by the micro-batch, not the logi
 Besides the stages a defense declares (defaults in :class:`Defense`):
 
 - ``Params``: its parameter dataclass (fields made with ``dpeval.core.params.param``);
+- ``capabilities``: what it declares about itself (:class:`Capabilities`: accounted, lean-capable, auditable,
+  stateful, needs_model), read by the runner, the engines and the audits instead of probing its behaviour;
 - ``is_dp`` / ``noise_for_accounted`` / ``accounted_noise_multiplier``: the accounting facts;
-- ``needs_model``: whether ``bind`` keeps the model (its public state follows the weights, e.g. GEP
-  anchors), so that every model trained with it needs its own instance;
 - ``state_dict`` / ``load_state_dict``: the public state an attacker sees at a given moment (masks,
   anchors, statistics); attacks replay a training step by loading it;
-- ``bind``: called once after construction with the model and the task (``needs_model`` defenses keep them);
+- ``bind``: called once after construction with the model, the public split and the number of classes (never
+  the private pool; ``needs_model`` defenses keep what they need);
 - ``clipping``: the per-sample transform when it is plain group-wise clipping (the audit spreads its canaries
   over the groups);
 - ``lean_plan`` / ``accumulate_lean``: what the lean engine computes for it during backprop, and the sums back;
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -57,6 +60,7 @@ from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 
 if TYPE_CHECKING:
+    from dpeval.core.splits import Split
     from dpeval.defenses.clipping import GroupClipping
 
 FLOAT_BYTES = 4  # released values are float32
@@ -145,31 +149,81 @@ class NoParams(DefenseParams):
     pass
 
 
-class Defense(ABC):
-    """Base class. Subclasses set ``Params`` (a dataclass of validated knobs) and implement the stages.
+@dataclass(frozen=True)
+class DefenseContext:
+    """What a defense is built with besides its parameters: ``Defense(params, context)``.
 
-    ``dp`` says whether the release is a DP mechanism whose ε the accountant reports. ``noise_multiplier``
-    is the σ the defense must use; ``accounted_noise_multiplier`` is the σ the accountant is told (they
-    differ only for defenses whose release composes several Gaussian mechanisms, e.g. GEP).
+    ``param_shapes``: the trainable parameters' shapes, in ``named_parameters`` order; ``noise_multiplier``: the
+    σ the defense must use; ``streams``: where all its randomness comes from (``noise``, ``mask``, ``anchors``…);
+    ``device``: where its sums and noise live; ``steps_per_epoch``: the logical steps of one epoch of the model
+    it trains (⌊n/B⌋ of its pool), for schedules that act within an epoch (``refresh`` of rs / random-freeze);
+    the default 1 makes every step the first of its epoch."""
+
+    param_shapes: Mapping[str, torch.Size]
+    noise_multiplier: float
+    streams: Streams
+    device: torch.device | str = "cpu"
+    steps_per_epoch: int = 1
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a defense class declares about itself (``Defense.capabilities``), so that the runner, the engines and
+    the audits read a declaration instead of probing behaviour:
+
+    - ``accounted``: its release can be a DP mechanism whose ε the accountant reports (``is_dp(params)``
+      answers it, and may say no for some parameters, e.g. rs without clipping); False: ε = inf;
+    - ``lean_capable``: it implements ``lean_plan`` / ``accumulate_lean``, so the lean engine can train it
+      (otherwise only ``clip_and_accumulate`` on materialised per-sample gradients: ``train.engine: func``);
+    - ``auditable``: ``dpeval audit`` can place canaries in its release and score them (``audit_design``);
+    - ``stateful``: a release depends on state carried across steps (masks per epoch, running statistics,
+      anchors), which ``state_dict`` / ``load_state_dict`` expose for replay;
+    - ``needs_model``: ``bind`` keeps the model, its public state following the weights (GEP's anchors), so every
+      trained model needs its own instance (implies ``stateful``)."""
+
+    accounted: bool = True
+    lean_capable: bool = False
+    auditable: bool = True
+    stateful: bool = False
+    needs_model: bool = False
+
+    def __post_init__(self) -> None:
+        if self.needs_model and not self.stateful:
+            raise ValueError("Capabilities: needs_model implies stateful (its state follows the model's weights)")
+
+
+class Defense(ABC):
+    """Base class. Subclasses set ``Params`` (a dataclass of validated knobs) and ``capabilities`` (what they
+    declare, :class:`Capabilities`) and implement the stages. A subclass with more to set up overrides
+    ``__init__(self, params, context)`` and calls ``super().__init__(params, context)``.
+
+    ``noise_multiplier`` is the σ the defense must use; ``accounted_noise_multiplier`` is the σ the accountant
+    is told (they differ only for defenses whose release composes several Gaussian mechanisms, e.g. GEP).
     """
 
     name: ClassVar[str] = ""  # set by DEFENSES.register
     Params: ClassVar[type] = NoParams
-    dp: ClassVar[bool] = True
-    needs_model: ClassVar[bool] = False  # bind() keeps the model: one instance per trained model
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def __init__(self, params: Any, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
-        """``steps_per_epoch``: the logical steps of one epoch of the model this defense trains (⌊n/B⌋ of
-        its pool), for schedules that act within an epoch (``refresh`` of rs / random-freeze); the default 1
-        makes every step the first of its epoch."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that implements ``lean_plan`` declares it (and one that declares it implements it): the lean
+        engine is chosen from the declaration, so a silent mismatch would train on another engine than meant."""
+        super().__init_subclass__(**kwargs)
+        implements = cls.lean_plan is not Defense.lean_plan
+        if cls.capabilities.lean_capable and not implements:
+            raise TypeError(f"{cls.__name__}: capabilities declare lean_capable but lean_plan is not implemented")
+        if "lean_plan" in vars(cls) and implements and not cls.capabilities.lean_capable:
+            raise TypeError(f"{cls.__name__}: implements lean_plan; declare it with "
+                            f"capabilities = Capabilities(lean_capable=True, ...)")
+
+    def __init__(self, params: Any, context: DefenseContext) -> None:
         self.params = params
-        self.steps_per_epoch = steps_per_epoch
-        self.param_shapes = dict(param_shapes)
-        self.noise_multiplier = float(noise_multiplier)
-        self.streams = streams
-        self.device = torch.device(device)
-        self.generator = streams.generator("noise", device=self.device)
+        self.steps_per_epoch = context.steps_per_epoch
+        self.param_shapes = dict(context.param_shapes)
+        self.noise_multiplier = float(context.noise_multiplier)
+        self.streams = context.streams
+        self.device = torch.device(context.device)
+        self.generator = self.streams.generator("noise", device=self.device)
         self._sum: dict[str, torch.Tensor] = {}
         self.samples_seen = 0  # per-sample gradients accumulated since the last release
         self._mask_cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # ``_mask_weights``
@@ -178,8 +232,9 @@ class Defense(ABC):
     # -- accounting facts ------------------------------------------------------------------------------
     @classmethod
     def is_dp(cls, params: Any) -> bool:
-        """Whether a release with these parameters is a DP mechanism (ε accounted) or not (ε = inf)."""
-        return cls.dp
+        """Whether a release with these parameters is a DP mechanism (ε accounted) or not (ε = inf); by default
+        what ``capabilities.accounted`` declares."""
+        return cls.capabilities.accounted
 
     @classmethod
     def check_task(cls, params: Any, task: Any) -> None:
@@ -199,16 +254,18 @@ class Defense(ABC):
     def accounted_noise_multiplier(self) -> float:
         return self.noise_multiplier
 
-    def bind(self, model: torch.nn.Module, task: Any) -> None:
-        """Called once after construction with the model being trained and the task. Defenses whose
-        public state comes from public data (GEP anchors) keep what they need and set ``needs_model``; the
-        default keeps nothing. Only ``task.public`` may shape public state: private data must never reach it."""
+    def bind(self, model: torch.nn.Module, public: Split, num_classes: int) -> None:
+        """Called once after construction with the model being trained, the task's public split and its number
+        of classes: all a defense may shape public state from, the private pool never reaches it. Defenses
+        whose public state comes from public data (GEP anchors) keep what they need and declare
+        ``needs_model``; the default keeps nothing."""
         return None
 
     @classmethod
     def audit_design(cls) -> CanaryDesign:
         """How ``dpeval audit`` places canaries in this defense's release and scores them
-        (``defenses/auditing.py``); the default suits any Gaussian sum of clipped gradients."""
+        (``defenses/auditing.py``; only asked of an ``auditable`` defense); the default suits any Gaussian sum of
+        clipped gradients."""
         return CanaryDesign()
 
     def clipping(self) -> GroupClipping | None:
@@ -220,7 +277,8 @@ class Defense(ABC):
     def lean_plan(self) -> LeanPlan | None:
         """The per-sample statistics and factors of the current micro-batch (``defenses/lean_plan.py``), so the
         lean engine can form this defense's sums during backprop without materialising per-sample
-        gradients. ``None`` (the default): only ``clip_and_accumulate`` on materialised gradients."""
+        gradients. Implemented by the defenses that declare ``capabilities.lean_capable``; the default (None) is
+        never asked for: the others train on materialised gradients (``clip_and_accumulate``) only."""
         return None
 
     def accumulate_lean(self, batch: LeanBatch) -> None:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dpeval.core.params import param
-from dpeval.core.streams import Streams
-from dpeval.defenses.base import Defense, DefenseParams
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, DefenseParams
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.defenses.registry import DEFENSES
@@ -30,10 +29,10 @@ class ClipParams(DefenseParams):
 @DEFENSES.register("dpsgd", "DP-SGD: flat per-sample clipping to C, Gaussian noise N(0, σ²C²) on the sum")
 class DPSGD(Defense):
     Params = ClipParams
+    capabilities = Capabilities(lean_capable=True)
 
-    def __init__(self, params: ClipParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
-        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
+    def __init__(self, params: ClipParams, context: DefenseContext) -> None:
+        super().__init__(params, context)
         self._clipping = self.make_clipping()
         self._plan = self._clipping.plan()
 

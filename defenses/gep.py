@@ -2,7 +2,7 @@
 
 One logical step:
 
-1. Anchor subspace, from PUBLIC data only (``task.public``, handed over in ``bind``): per-sample gradients
+1. Anchor subspace, from PUBLIC data only (the public split, all that ``bind`` is handed): per-sample gradients
    of ``num_anchors`` public examples at the model's *current* weights (random labels by default, as the
    reference code; the public set's own labels with ``anchor_labels: real``), the flattened parameter
    vector cut into ``groups`` contiguous chunks, ``num_bases`` k split across groups ∝ √(group size), and
@@ -40,9 +40,9 @@ from dpeval.core.canaries import Canaries, flatten
 from dpeval.core.errors import ConfigError
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
-from dpeval.core.streams import Streams
+from dpeval.core.splits import Split
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors
 from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 from dpeval.defenses.registry import DEFENSES
@@ -104,6 +104,13 @@ def allocate_bases(sizes: list[int], k: int, cap: int) -> list[int]:
     return alloc
 
 
+def check_public(public: Split) -> None:
+    """ConfigError when the public split is empty: GEP's anchor subspace is made of public examples."""
+    if len(public) == 0:
+        raise ConfigError("data.public_fraction: gep needs public data for its anchor subspace, but the "
+                          "public split is empty; use data.public_fraction > 0")
+
+
 def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
     """Scale each row to L2 norm ≤ clip (``clip_factors``: min(1, C/(‖x‖ + 1e-6)))."""
     return x * clip_factors(x.norm(dim=1), clip)[:, None]
@@ -112,19 +119,19 @@ def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
 @DEFENSES.register("gep", "GEP: public anchor subspace; embedding clipped to C0, residual to C1, noise on each")
 class GEP(Defense):
     Params = GEPParams
-    needs_model = True  # anchors are per-sample gradients of public data at the model's current weights
+    # anchors are per-sample gradients of public data at the model's current weights
+    capabilities = Capabilities(lean_capable=True, stateful=True, needs_model=True)
 
-    def __init__(self, params: GEPParams, param_shapes: dict[str, torch.Size], noise_multiplier: float,
-                 streams: Streams, device: torch.device | str = "cpu", *, steps_per_epoch: int = 1) -> None:
-        self.names = list(param_shapes)
-        self.sizes = [math.prod(param_shapes[n]) for n in self.names]
+    def __init__(self, params: GEPParams, context: DefenseContext) -> None:
+        self.names = list(context.param_shapes)
+        self.sizes = [math.prod(context.param_shapes[n]) for n in self.names]
         self.d = sum(self.sizes)
-        super().__init__(params, param_shapes, noise_multiplier, streams, device, steps_per_epoch=steps_per_epoch)
+        super().__init__(params, context)
         self.bounds = group_bounds(self.d, params.groups)
         # Anchors get their own stream (random labels, power-iteration start), a fresh generator per refresh
         # step: they are a function of (public data, current weights, seed, step) only, never shift the
         # noise stream, and a fresh defense replaying step t recomputes the same bases.
-        self.anchor_generator = streams.generator("anchors", device=self.device)
+        self.anchor_generator = self.streams.generator("anchors", device=self.device)
         self.bases: list[torch.Tensor] | None = None   # V_g: p_g × k_g, orthonormal columns
         self.bases_step = -1                           # the step the current bases were computed for
         self.step = 0                                  # logical steps released so far
@@ -154,20 +161,17 @@ class GEP(Defense):
     @classmethod
     def check_task(cls, params: GEPParams, task: Any) -> None:
         """Raise ConfigError if the task cannot serve GEP (no public split for the anchors)."""
-        if len(task.public) == 0:
-            raise ConfigError("data.public_fraction: gep needs public data for its anchor subspace, but the "
-                              "public split is empty; use data.public_fraction > 0")
+        check_public(task.public)
 
-    def bind(self, model: torch.nn.Module, task: Any) -> None:
-        """Keep the model (its weights move during training) and the public anchor examples. Only
-        ``task.public`` is read: the private pool never reaches the anchors."""
-        self.check_task(self.params, task)
-        public = task.public
+    def bind(self, model: torch.nn.Module, public: Split, num_classes: int) -> None:
+        """Keep the model (its weights move during training) and the public anchor examples: the public split
+        is all GEP is handed, the private pool never reaches the anchors."""
+        check_public(public)
         m = min(self.params.num_anchors, len(public))
         # The public split is already a uniform random permutation (harness/data.py), so its first m
         # examples are a random subset; they stay fixed for the run, as the reference code's 2000 images.
         self.model = model
-        self.num_classes = int(task.num_classes)
+        self.num_classes = int(num_classes)
         self.anchor_generator = self.streams.generator("anchors", device=self.device)  # labels: once per run
         self.anchor_x = public.x[:m].to(self.device)
         self.real_y = public.y[:m].to(self.device)
@@ -185,7 +189,7 @@ class GEP(Defense):
         budget and the bases V instead of the whole m × d matrix — at the cost of recomputing the
         per-sample gradients once per power iteration."""
         if self._psg is None:
-            raise RuntimeError("gep: bind(model, task) must be called before the first step")
+            raise RuntimeError("gep: bind(model, public, num_classes) must be called before the first step")
         if self.params.anchor_labels == "resample":
             self.anchor_y = self._draw_labels(self.anchor_x.shape[0])
         m = self.anchor_x.shape[0]

@@ -41,7 +41,7 @@ from dpeval.core.canaries import Canaries, axis_canaries, pick
 from dpeval.core.errors import ConfigError
 from dpeval.core.params import param
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.base import Defense, DefenseParams, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, DefenseParams, SharedGradient
 from dpeval.defenses.clipping import clip_factors, per_sample_norms
 from dpeval.defenses.lean_plan import LeanBatch, LeanPlan
 
@@ -68,13 +68,14 @@ class MaskedDPSGD(Defense):
     """DP-SGD on a public random mask; subclasses define the rate schedule."""
 
     Params = MaskedClipParams
+    capabilities = Capabilities(lean_capable=True, stateful=True)  # a mask (and a ranking sum) per period
 
     @classmethod
     def is_dp(cls, params: Any) -> bool:
         return params.clip is not None and params.noise_std is None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, params: MaskedClipParams, context: DefenseContext) -> None:
+        super().__init__(params, context)
         self.d = sum(math.prod(s) for s in self.param_shapes.values())
         self.mask_generator = self.streams.generator("mask")
         self.keep = torch.ones(self.d, dtype=torch.bool)  # flat; True = released

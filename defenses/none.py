@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, SharedGradient
 from dpeval.defenses.lean_plan import LeanPlan
 from dpeval.defenses.registry import DEFENSES
 
 
 @DEFENSES.register("none", "no defense: plain mean gradient, not private (ε = inf)")
 class NoDefense(Defense):
-    dp = False
+    capabilities = Capabilities(accounted=False, lean_capable=True, auditable=False)  # no noise: nothing to audit
 
     def clip_and_accumulate(self, grads: dict[str, torch.Tensor]) -> None:
         for name, g in grads.items():

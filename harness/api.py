@@ -375,12 +375,12 @@ def function_defense(release: ReleaseFunction, noise_std: float = 0.0, check: Us
     metadata (``mask``: the released coordinates; ``noise_std``: per coordinate). Not a DP defense to the
     accountant (ε = inf): what it protects is what the attacks measure. A release that is not a gradient per
     parameter of its shape, or holds NaN or infinite values, is refused (``check`` keeps the first refusal)."""
-    from dpeval.defenses.base import Defense, SharedGradient
+    from dpeval.defenses.base import Capabilities, Defense, SharedGradient
 
     check = check or UserFunctionCheck()
 
     class FunctionDefense(Defense):
-        dp = False
+        capabilities = Capabilities(accounted=False, auditable=False)
 
         def reset(self) -> None:
             super().reset()

@@ -41,7 +41,7 @@ from dpeval.core.splits import Task
 from dpeval.core.states import resolve
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
-from dpeval.defenses.base import Defense
+from dpeval.defenses.base import Defense, DefenseContext
 from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, accuracy, train
@@ -177,9 +177,9 @@ def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] 
         """A fresh defense as in training, drawing from ``defense_streams``, bound to ``bound_to`` (the
         victim model by default), for epochs of ``steps_per_epoch`` steps (the victim's by default; a shadow
         model trained on another pool passes its own)."""
-        defense = defense_cls(spec.defense, shapes, privacy.noise_multiplier, defense_streams, device,
-                              steps_per_epoch=steps_per_epoch)
-        defense.bind(bound_to if bound_to is not None else model, task)
+        defense = defense_cls(spec.defense, DefenseContext(shapes, privacy.noise_multiplier, defense_streams, device,
+                                                           steps_per_epoch))
+        defense.bind(bound_to if bound_to is not None else model, task.public, task.num_classes)
         return defense
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
 

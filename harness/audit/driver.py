@@ -58,7 +58,7 @@ from dpeval.core.streams import Streams, seed_globals
 from dpeval.core.verdicts import BoundCheck
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.base import Defense
+from dpeval.defenses.base import Defense, DefenseContext
 from dpeval.engine.release import step_on_release
 from dpeval.engine.training import make_optimizer
 
@@ -108,10 +108,10 @@ class AuditContext:
         return {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
 
     def make_defense(self, streams: Streams) -> Defense:
-        defense = self.defense_cls(self.spec.defense, self.shapes, self.sigma, streams, self.device,
-                                   steps_per_epoch=1)  # each step is the first of its epoch
+        # steps_per_epoch 1: each step is the first of its epoch
+        defense = self.defense_cls(self.spec.defense, DefenseContext(self.shapes, self.sigma, streams, self.device))
         self.model.load_state_dict(self.init_state)
-        defense.bind(self.model, self.task)
+        defense.bind(self.model, self.task.public, self.task.num_classes)
         return defense
 
 
@@ -205,7 +205,16 @@ class AuditOptions:
 
 
 def dp_defense_names() -> list[str]:
-    return [n for n in DEFENSES.names() if DEFENSES.get(n).is_dp(DEFENSES.get(n).Params())]
+    """The registered defenses the canary audits serve: DP with their default parameters and ``auditable``."""
+    classes = {n: DEFENSES.get(n) for n in DEFENSES.names()}
+    return [n for n, cls in classes.items() if cls.is_dp(cls.Params()) and cls.capabilities.auditable]
+
+
+def check_auditable(defense_cls: type[Defense], name: str) -> None:
+    """ConfigError when the defense declares no canary design (``capabilities.auditable`` is False)."""
+    if not defense_cls.capabilities.auditable:
+        raise ConfigError(f"defense: {name!r} declares that dpeval audit cannot place canaries in its release "
+                          f"(capabilities.auditable); choose one of {', '.join(dp_defense_names())}")
 
 
 def prepare_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None = None) -> AuditContext:
@@ -217,6 +226,7 @@ def prepare_audit(spec: RunSpec, options: AuditOptions, defense_cls: type | None
     if not defense_cls.is_dp(spec.defense):
         raise ConfigError(f"defense: {spec.defense_name!r} (with these parameters) is not a DP mechanism "
                           f"(ε = inf): there is no accounted ε to audit; choose one of {', '.join(dp_defense_names())}")
+    check_auditable(defense_cls, spec.defense_name)
     if options.steps > spec.train.epochs:
         raise ConfigError(f"--steps: the audited steps are the first steps of the last epochs, so at most "
                           f"train.epochs ({spec.train.epochs}); got {options.steps}")

@@ -53,6 +53,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dpeval.audit.driver import check_auditable
 from dpeval.core.canaries import CANARY_NORM, Canaries, flatten
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.one_run_bounds import ESTIMATORS, OneRunBound, OneRunBounds, one_run_bounds
@@ -279,6 +280,8 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
     options.check_fits(d, len(prep.task.train))
     seed_globals(prep.streams)
     defense = prep.make_defense(prep.streams.scope("victim"))
+    if options.kind != "input":  # gradient canaries go through the defense's canary design
+        check_auditable(type(defense), spec.defense_name)
     rng = audit_streams.numpy("canaries")
     if options.kind == "input":
         pool: CanaryPool = InputCanaryPool(options.canaries, prep.model, tuple(prep.task.shape),

@@ -507,11 +507,12 @@ def _one_token_linear(a: torch.Tensor, ds: torch.Tensor, shift: torch.Tensor | N
 
 def check_lean(defense_cls: type[Defense], model: nn.Module, precision: str = "fp32") -> None:
     """ConfigError unless ``lean`` can serve: float32 (``train.precision``), the defense declares its
-    per-sample statistics (``Defense.lean_plan``) and every trainable parameter sits in a supported layer."""
+    per-sample statistics (``capabilities.lean_capable``: it implements ``Defense.lean_plan``) and every
+    trainable parameter sits in a supported layer."""
     if precision != "fp32":
         raise ConfigError(f"train.engine: lean runs in float32 only; train.precision {precision} needs the "
                           f"func engine: use auto or func")
-    if defense_cls.lean_plan is Defense.lean_plan:
+    if not defense_cls.capabilities.lean_capable:
         raise ConfigError(f"train.engine: lean needs a defense that declares its per-sample statistics "
                           f"(Defense.lean_plan); {defense_cls.__name__} needs materialised per-sample "
                           f"gradients: use auto or func")

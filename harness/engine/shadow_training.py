@@ -14,7 +14,7 @@ size, epochs, optimizer, schedule and sampling.
   scattering transform: ``dpeval.core.per_sample.fixed_front``) is applied once to the whole population
   (``front_features``), outside the vmaps; only the heads are stacked. Every model comes from the same
   ``build``, so their fronts are equal.
-  Defenses that keep their model (``Defense.needs_model``, GEP) get model i's own module, refreshed with
+  Defenses that keep their model (``capabilities.needs_model``, GEP) get model i's own module, refreshed with
   its current weights before each step. A defense that needs no per-sample statistic (its ``lean_plan`` says
   ``per_sample=False``: ``none``, RS without clipping) gets each model's plain gradient sum over its real rows
   (``accumulate_lean``), one vmap over models of one backward pass, instead of per-sample gradients it would
@@ -130,7 +130,7 @@ def train_shadows(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tens
                   make_sampler: MakeSampler | None = None) -> list[dict[str, torch.Tensor]]:
     """Train the K shadow models together (see the module docstring); returns their state dicts.
     ``make_defense(i, model, steps_per_epoch)`` builds model i's defense bound to its own module, scheduled
-    for the epochs of its pool; for defenses that keep the model (``Defense.needs_model``, e.g. GEP's
+    for the epochs of its pool; for defenses that keep the model (``capabilities.needs_model``, e.g. GEP's
     anchors) each module is given model i's current weights before every step. ``features``:
     ``front_features`` of ``x`` when the caller has them already. ``store``: load the shadows it holds
     instead of training them, save each one trained; ``group`` > 0: train (and save) that many at a time,
@@ -193,8 +193,9 @@ def _train_together(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Te
     defenses = [make_defense(i, models[i], samplers[i].steps_per_epoch) for i in range(k)]
     # defenses of one recipe: all need per-sample statistics or none does (``none``, RS without clipping)
     # (asked before any step; a defense that keeps its model, GEP, always needs them and is not asked)
-    plain = all(not d.needs_model and (plan := d.lean_plan()) is not None and not plan.per_sample for d in defenses)
-    bound = [(i, models[i]) for i, d in enumerate(defenses) if d.needs_model]
+    plain = all(d.capabilities.lean_capable and not d.capabilities.needs_model and not d.lean_plan().per_sample
+                for d in defenses)
+    bound = [(i, models[i]) for i, d in enumerate(defenses) if d.capabilities.needs_model]
     holder = nn.Module()
     for n in names:  # an optimizer needs leaf tensors; it steps all K models at once
         holder.register_parameter(n.replace(".", "__"), nn.Parameter(params[n].detach().clone()))

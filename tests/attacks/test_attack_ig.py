@@ -13,7 +13,7 @@ from dpeval.config import build_spec
 from dpeval.core.errors import ConfigError
 from dpeval.core.params import from_dict
 from dpeval.core.verdicts import Verdict
-from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, SharedGradient
 from tests.helpers import untrained_view
 
 
@@ -39,7 +39,7 @@ class MaskingDefense(Defense):
     """Test-local defense: the plain mean gradient, with a fixed random half of the coordinates withheld.
     Withheld coordinates carry ``fill``: zeros, or large garbage a mask-aware attacker must ignore."""
 
-    dp = False
+    capabilities = Capabilities(accounted=False, auditable=False)
     fill = "zeros"
     rate = 0.5
 
@@ -65,8 +65,8 @@ def with_defense(ctx, fill, rate=0.5):
     view, task = ctx
     shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type(f"Masking_{fill}", (MaskingDefense,), {"fill": fill, "rate": rate})
-    oracle = dataclasses.replace(view.release,
-                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(
+        view.release, make_defense=lambda streams, bound_to=None: cls(None, DefenseContext(shapes, 0.0, streams)))
     return dataclasses.replace(view, release=oracle), task
 
 

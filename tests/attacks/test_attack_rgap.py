@@ -19,7 +19,7 @@ from dpeval.core.params import from_dict
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
 from dpeval.core.verdicts import Verdict
-from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, SharedGradient
 from tests.helpers import untrained_view
 
 
@@ -44,7 +44,7 @@ def run_rgap(ctx, spec, **override):
 class MaskingDefense(Defense):
     """Test-local: the mean gradient with a fixed random ``rate`` of coordinates withheld (value ``fill``)."""
 
-    dp = False
+    capabilities = Capabilities(accounted=False, auditable=False)
     fill = "zeros"
     rate = 0.5
     withhold_head_bias = False
@@ -72,8 +72,8 @@ def with_defense(ctx, **attrs):
     view, task = ctx
     shapes = {n: p.shape for n, p in view.architecture.named_parameters()}
     cls = type("Masking", (MaskingDefense,), attrs)
-    oracle = dataclasses.replace(view.release,
-                                 make_defense=lambda streams, bound_to=None: cls(None, shapes, 0.0, streams))
+    oracle = dataclasses.replace(
+        view.release, make_defense=lambda streams, bound_to=None: cls(None, DefenseContext(shapes, 0.0, streams)))
     return dataclasses.replace(view, release=oracle), task
 
 
@@ -220,7 +220,7 @@ def test_tikhonov_is_applied_and_harmless_when_small():
 
 
 class RecordingDefense(Defense):
-    dp = False
+    capabilities = Capabilities(accounted=False, auditable=False)
     calls: list = []
 
     def begin_epoch(self, epoch, epochs):
@@ -253,7 +253,7 @@ def test_release_goes_through_the_defense_at_the_attacked_state(tmp_path, at, ep
 
     def make_defense(streams, bound_to=None):
         given.append(streams)
-        return RecordingDefense(None, shapes, 0.0, streams)
+        return RecordingDefense(None, DefenseContext(shapes, 0.0, streams))
 
     public = {"init": {"marker": "i"}, "final": {"marker": "f"}, "epoch:7": {"marker": "e7"}}
     view = dataclasses.replace(

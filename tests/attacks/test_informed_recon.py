@@ -27,10 +27,11 @@ from dpeval.core.states import resolve
 from dpeval.core.statistics import clopper_pearson
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD
 from dpeval.runner import perform, prepare
 
-DP_NAMES = [n for n in DEFENSES.names() if DEFENSES.get(n).dp]
+DP_NAMES = [n for n in DEFENSES.names() if DEFENSES.get(n).capabilities.accounted]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,12 +135,12 @@ def test_gradient_canaries_reach_the_bayes_optimal_success():
     streams = Streams(0).scope("attack", "canaries")
 
     def release(grads, st):
-        defense = DPSGD(params, shapes, sigma, st)
+        defense = DPSGD(params, DefenseContext(shapes, sigma, st))
         if grads["w"].shape[0]:
             defense.clip_and_accumulate(grads)
         return defense.release(batch)
 
-    whiten = whitener(DPSGD(params, shapes, sigma, streams.scope("design")))
+    whiten = whitener(DPSGD(params, DefenseContext(shapes, sigma, streams.scope("design"))))
     rng = np.random.default_rng(0)
     wins = {"likelihood": 0, "linear": 0}
     for g in range(games):

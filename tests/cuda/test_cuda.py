@@ -36,6 +36,7 @@ from dpeval.core.models import build_model
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import resolve_groups
@@ -238,8 +239,8 @@ def test_bf16_on_the_device_clips_exactly_and_trains(tmp_path):
     assert 1e-4 < error < 0.35
     clip = 0.01 * float(g16.norm(dim=1).min())  # every example clipped
     for i in range(len(y)):
-        defense = DPSGD(ClipParams(clip=clip), {n: q.shape for n, q in prep.model.named_parameters()}, 0.0,
-                        Streams(0), DEVICE)
+        defense = DPSGD(ClipParams(clip=clip), DefenseContext({n: q.shape for n, q in prep.model.named_parameters()},
+                                                                   0.0, Streams(0), DEVICE))
         defense.clip_and_accumulate({n: g[i:i + 1] for n, g in grads.items()})
         norm = float(flat(defense.release(1).grads, DEVICE).norm())
         assert clip * (1 - 1e-5) <= norm <= clip * (1 + 1e-5)

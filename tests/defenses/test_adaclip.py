@@ -16,13 +16,14 @@ from dpeval.core.per_sample import PerSampleGradients, micro_batches
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.adaclip import AdaCliP, AdaCliPParams, optimal_scale
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.runner import plan_privacy
 
 
 def make(shapes, sigma=0.0, seed=0, **kw):
     params = from_dict(AdaCliPParams, kw, "defense")  # declared ranges and validate(), as for user input
-    return AdaCliP(params, shapes, sigma, Streams(seed))
+    return AdaCliP(params, DefenseContext(shapes, sigma, Streams(seed)))
 
 
 def flat(grads):
@@ -74,7 +75,7 @@ def test_a0_b1_is_dpsgd_bit_for_bit_and_b_equal_c_matches_dpsgd_with_clip_c():
             defense.clip_and_accumulate(psg(xb, yb))
         return flat(defense.release(24).grads)
 
-    dpsgd = run(DPSGD(ClipParams(clip=clip), shapes, sigma, Streams(5)))
+    dpsgd = run(DPSGD(ClipParams(clip=clip), DefenseContext(shapes, sigma, Streams(5))))
     ada = make(shapes, sigma, seed=5, clip=clip)
     pin(ada, 0.0, 1.0)
     assert torch.equal(run(ada), dpsgd)
@@ -248,7 +249,8 @@ def test_accounting_is_dpsgd_accounting():
     acc = RDPAccountant()
     acc.history = [(plan.noise_multiplier, plan.sample_rate, plan.steps)]
     assert plan.epsilon == pytest.approx(acc.get_epsilon(delta=plan.delta), rel=1e-9)
-    assert AdaCliP(AdaCliPParams(), {"w": torch.Size([3])}, 1.7, Streams(0)).accounted_noise_multiplier() == 1.7
+    defense = AdaCliP(AdaCliPParams(), DefenseContext({"w": torch.Size([3])}, 1.7, Streams(0)))
+    assert defense.accounted_noise_multiplier() == 1.7
 
 
 def test_adaclip_trains_end_to_end_through_the_runner():

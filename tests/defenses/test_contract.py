@@ -8,12 +8,15 @@ import math
 import pytest
 import torch
 
+from dpeval.audit.driver import AuditOptions, prepare_audit
 from dpeval.config import build_spec
+from dpeval.core.errors import ConfigError
 from dpeval.core.per_sample import PerSampleGradients
+from dpeval.core.splits import Task
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.auditing import CanaryDesign
-from dpeval.defenses.base import Defense, SharedGradient
+from dpeval.defenses.base import Capabilities, Defense, DefenseContext, SharedGradient
 from dpeval.runner import prepare
 
 NAMES = DEFENSES.names()
@@ -97,15 +100,48 @@ def test_public_state_round_trip(prepared, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_declarations(prepared, name):
     cls = DEFENSES.get(name)
-    assert isinstance(cls.needs_model, bool)
-    assert isinstance(cls.audit_design(), CanaryDesign)
+    capabilities = cls.capabilities
+    assert all(isinstance(getattr(capabilities, f.name), bool) for f in dataclasses.fields(capabilities))
+    assert capabilities.lean_capable == (cls.lean_plan is not Defense.lean_plan)  # the engines read the declaration
+    if capabilities.auditable:
+        assert isinstance(cls.audit_design(), CanaryDesign)
     params = prepared[name].spec.defense
     sigma = cls.noise_for_accounted(1.0)
     assert math.isfinite(sigma) and sigma >= 1.0  # a defense never adds less noise than it is accounted for
-    if cls.needs_model:
+    if capabilities.needs_model:
         assert cls.bind is not Defense.bind  # it says it keeps the model, so it must take it
+    if not capabilities.accounted:
+        assert not cls.is_dp(params)
     if not cls.is_dp(params):
         assert prepared[name].privacy.epsilon == math.inf
+    defense = prepared[name].make_defense(Streams(0).scope("victim"))
+    defense.begin_epoch(1, 2)
+    assert capabilities.stateful == bool(defense.state_dict())  # a stateless defense has no state to replay
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bind_is_handed_the_public_split_never_the_private_pool(prepared, name, monkeypatch):
+    """Public state may come from public data only: the runner and the audit hand ``bind`` the model, the public
+    split and the number of classes, never the task (whose private pool a defense could otherwise read)."""
+    cls = DEFENSES.get(name)
+    handed = []
+    bind = cls.bind
+
+    def spy(self, model, *args):
+        handed.append(args)
+        return bind(self, model, *args)
+
+    monkeypatch.setattr(cls, "bind", spy)
+    prep = prepared[name]
+    prep.make_defense(Streams(0).scope("victim"))
+    makers = [prep]
+    if cls.is_dp(prep.spec.defense) and cls.capabilities.auditable:
+        makers.append(prepare_audit(prep.spec, AuditOptions(steps=1)))
+        makers[-1].make_defense(Streams(0).scope("audit"))
+    assert len(handed) == len(makers)
+    for args, maker in zip(handed, makers):
+        assert args == (maker.task.public, maker.task.num_classes) and args[0] is maker.task.public
+        assert not any(isinstance(a, Task) or hasattr(a, "train") for a in args)
 
 
 def test_the_template_release_names_the_hook_a_defense_without_clip_must_write():
@@ -118,7 +154,7 @@ def test_the_template_release_names_the_hook_a_defense_without_clip_must_write()
                 self._sum[name] += g.sum(dim=0)
 
     shapes = {"w": torch.Size([3])}
-    defense = Unclipped(Defense.Params(), shapes, noise_multiplier=1.0, streams=Streams(0))
+    defense = Unclipped(Defense.Params(), DefenseContext(shapes, noise_multiplier=1.0, streams=Streams(0)))
     defense.clip_and_accumulate({"w": torch.ones(2, 3)})
     with pytest.raises(NotImplementedError, match="Unclipped.*sum_noise_std"):
         defense.release(2)
@@ -127,6 +163,22 @@ def test_the_template_release_names_the_hook_a_defense_without_clip_must_write()
         def sum_noise_std(self, batch_size):
             return 0.0
 
-    defense = Scaled(Defense.Params(), shapes, noise_multiplier=1.0, streams=Streams(0))
+    defense = Scaled(Defense.Params(), DefenseContext(shapes, noise_multiplier=1.0, streams=Streams(0)))
     defense.clip_and_accumulate({"w": torch.ones(2, 3)})
     assert torch.equal(defense.release(2).grads["w"], torch.ones(3))
+
+
+def test_capabilities_are_declared_not_probed():
+    """The lean engine is chosen from ``capabilities.lean_capable``, so a class whose declaration and ``lean_plan``
+    disagree is refused when it is made; ``dpeval audit`` refuses a DP defense that declares no canary design."""
+    dpsgd = DEFENSES.get("dpsgd")
+    with pytest.raises(TypeError, match="declare it"):
+        type("Undeclared", (Defense,), {"lean_plan": dpsgd.lean_plan, "clip_and_accumulate": dpsgd.clip_and_accumulate})
+    with pytest.raises(TypeError, match="not implemented"):
+        type("Unimplemented", (Defense,), {"capabilities": Capabilities(lean_capable=True)})
+    with pytest.raises(ValueError, match="implies stateful"):
+        Capabilities(needs_model=True)
+    opaque = type("Opaque", (dpsgd,), {"capabilities": dataclasses.replace(dpsgd.capabilities, auditable=False)})
+    spec = build_spec({"defense": {"name": "dpsgd"}, "privacy": {"noise_multiplier": 1.0}})
+    with pytest.raises(ConfigError, match="capabilities.auditable"):
+        prepare_audit(spec, AuditOptions(), defense_cls=opaque)

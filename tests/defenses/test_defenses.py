@@ -16,13 +16,14 @@ from dpeval.core.per_sample import PerSampleGradients, micro_batches
 from dpeval.core.settings import ModelConfig
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import ClipParams
 
 
 def make(name, shapes, sigma=0.0, clip=1.0, seed=0):
     cls = DEFENSES.get(name)
     params = ClipParams(clip=clip) if name == "dpsgd" else cls.Params()
-    return cls(params, shapes, sigma, Streams(seed))
+    return cls(params, DefenseContext(shapes, sigma, Streams(seed)))
 
 
 def small_model():
@@ -118,7 +119,7 @@ def test_none_is_the_plain_mean_gradient():
     F.cross_entropy(model(x), y).backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(shared.grads[name], p.grad, rtol=1e-5, atol=1e-6)
-    assert DEFENSES.get("none").dp is False
+    assert DEFENSES.get("none").capabilities.accounted is False
 
 
 def test_micro_batching_does_not_change_the_release():

@@ -19,6 +19,7 @@ from dpeval.core.per_sample import PerSampleGradients, micro_batches
 from dpeval.core.splits import Split, Task
 from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.gep import GEP, GEPParams, allocate_bases, group_bounds
 from dpeval.runner import plan_privacy
 
@@ -55,8 +56,9 @@ def shapes_of(model):
 def make_gep(model=None, task=None, sigma=0.0, seed=0, **kw):
     model = model if model is not None else small_model()
     params = from_dict(GEPParams, kw, "defense")  # declared ranges / choices, as for user input
-    defense = GEP(params, shapes_of(model), sigma, Streams(seed))
-    defense.bind(model, task if task is not None else make_task())
+    defense = GEP(params, DefenseContext(shapes_of(model), sigma, Streams(seed)))
+    task = task if task is not None else make_task()
+    defense.bind(model, task.public, task.num_classes)
     return defense
 
 
@@ -78,7 +80,7 @@ def orthonormal(p, k, gen):
 def with_bases(d, k, groups=1, sigma=0.0, seed=0, **kw):
     """A GEP defense on a flat synthetic parameter of size d with loaded random orthonormal bases (no model)."""
     params = GEPParams(groups=groups, num_bases=k, **kw)
-    defense = GEP(params, {"w": torch.Size([d])}, sigma, Streams(seed))
+    defense = GEP(params, DefenseContext({"w": torch.Size([d])}, sigma, Streams(seed)))
     gen = torch.Generator().manual_seed(99)
     ks = allocate_bases([hi - lo for lo, hi in defense.bounds], k, cap=10**9)
     bases = [orthonormal(hi - lo, kg, gen) for (lo, hi), kg in zip(defense.bounds, ks)]
@@ -251,6 +253,24 @@ def test_anchors_never_see_private_data():
     assert not torch.allclose(other_public.bases[0], bases[0][0])
 
 
+def test_bind_is_handed_a_bare_public_split_and_gep_works_from_it():
+    """``bind`` takes the public split alone (a ``Split``: no private pool anywhere in reach) and the number of
+    classes; GEP's anchors come from it, the same as when the runner hands over a whole task's public split."""
+    model = small_model()
+    public = split(40, 1)  # make_task's public split, on its own
+    assert not hasattr(public, "train")
+    defense = GEP(from_dict(GEPParams, {"num_bases": 16, "groups": 2}, "defense"),
+                  DefenseContext(shapes_of(model), 1.0, Streams(0)))
+    defense.bind(model, public, 10)
+    x, y = split(16, 11).x, split(16, 11).y
+    defense.clip_and_accumulate(PerSampleGradients(model)(x, y))
+    shared = defense.release(16)
+    assert all(torch.isfinite(g).all() for g in shared.grads.values())
+    reference = make_gep(model, make_task(), num_bases=16, groups=2, sigma=1.0)
+    reference.refresh_anchors()
+    assert all(torch.equal(a, b) for a, b in zip(shared.extra["gep.bases"], reference.bases))
+
+
 def test_anchors_follow_the_current_weights_on_schedule():
     model = small_model()
     defense = make_gep(model, num_bases=8, groups=1, anchor_every=2)
@@ -365,7 +385,7 @@ def test_epsilon_is_that_of_one_sampled_gaussian_at_sigma_over_sqrt2(epsilon, ba
     ref = independent_sgm_epsilon(plan.noise_multiplier / math.sqrt(2), plan.sample_rate, plan.steps, plan.delta)
     assert ref * 0.97 <= plan.epsilon <= ref + 1e-9
     # The instance reports the same accounted σ, and a fixed σ maps back the same way.
-    defense = GEP(GEPParams(), {"w": torch.Size([4])}, plan.noise_multiplier, Streams(0))
+    defense = GEP(GEPParams(), DefenseContext({"w": torch.Size([4])}, plan.noise_multiplier, Streams(0)))
     assert defense.accounted_noise_multiplier() == pytest.approx(plan.accounted_noise_multiplier)
     fixed = plan_privacy(build_spec({"defense": {"name": "gep"}, "privacy": {"noise_multiplier": 3.0}}), GEP, n)
     assert fixed.accounted_noise_multiplier == pytest.approx(3.0 / math.sqrt(2))

@@ -15,6 +15,7 @@ from dpeval.core.errors import ConfigError
 from dpeval.core.models import build_model
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import Groupwise, GroupwiseParams, resolve_groups
@@ -161,8 +162,8 @@ def test_all_with_abadi_is_dpsgd_bit_for_bit():
     shapes = {n: p.shape for n, p in model.named_parameters()}
     x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
     grads = PerSampleGradients(model)(x, y)
-    dp = DPSGD(ClipParams(clip=0.7), shapes, 1.3, Streams(3))
-    gw = Groupwise(GroupwiseParams(clip=0.7, groups="all", clip_fn="abadi"), shapes, 1.3, Streams(3))
+    dp = DPSGD(ClipParams(clip=0.7), DefenseContext(shapes, 1.3, Streams(3)))
+    gw = Groupwise(GroupwiseParams(clip=0.7, groups="all", clip_fn="abadi"), DefenseContext(shapes, 1.3, Streams(3)))
     for d in (dp, gw):
         d.clip_and_accumulate(grads)
     a, b = dp.release(16), gw.release(16)
@@ -174,7 +175,7 @@ def test_all_with_abadi_is_dpsgd_bit_for_bit():
 @pytest.mark.parametrize("spec", ["all", "layer", "param"])
 def test_noise_is_sigma_r_on_every_coordinate_whatever_the_grouping(spec):
     shapes = {"1.0.weight": (200, 50), "1.7.weight": (100, 30), "1.7.bias": (100,)}
-    defense = Groupwise(GroupwiseParams(clip=0.8, groups=spec), shapes, 1.5, Streams(0))
+    defense = Groupwise(GroupwiseParams(clip=0.8, groups=spec), DefenseContext(shapes, 1.5, Streams(0)))
     defense.clip_and_accumulate({n: torch.zeros(1, *s) for n, s in shapes.items()})
     shared = defense.release(batch_size=4)
     noise = torch.cat([g.reshape(-1) for g in shared.grads.values()]) * 4

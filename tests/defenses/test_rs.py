@@ -13,6 +13,7 @@ from dpeval.core.errors import ConfigError
 from dpeval.core.params import from_dict
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.random_freeze import RandomFreezeParams
 from dpeval.defenses.rs import RSParams
 from dpeval.engine.training import train
@@ -25,7 +26,7 @@ D = 40 * 25 + 37
 
 def make(name="rs", sigma=0.0, seed=0, steps_per_epoch=1, **params):
     cls = DEFENSES.get(name)
-    return cls(cls.Params(**params), SHAPES, sigma, Streams(seed), steps_per_epoch=steps_per_epoch)
+    return cls(cls.Params(**params), DefenseContext(SHAPES, sigma, Streams(seed), steps_per_epoch=steps_per_epoch))
 
 
 def flat(grads):
@@ -87,7 +88,7 @@ def test_noise_std_on_kept_and_zero_on_masked():
     sigma, clip, batch = 1.7, 0.8, 32
     shapes = {"w": torch.Size([200_000])}
     cls = DEFENSES.get("rs")
-    defense = cls(RSParams(clip=clip, final_rate=0.6, schedule="constant"), shapes, sigma, Streams(1))
+    defense = cls(RSParams(clip=clip, final_rate=0.6, schedule="constant"), DefenseContext(shapes, sigma, Streams(1)))
     defense.begin_epoch(0, 1)
     grads = {"w": torch.randn(batch, 200_000) * 0.001}
     defense.clip_and_accumulate(grads)
@@ -116,7 +117,8 @@ def test_release_is_the_masked_noisy_mean_bit_for_bit_and_hands_over_the_withhel
             seen.append(unreleased_noise)
             super().on_release(shared, unreleased_noise)
 
-    defense = Watched(RSParams(clip=clip, final_rate=0.7, schedule="constant"), SHAPES, sigma, Streams(3))
+    defense = Watched(RSParams(clip=clip, final_rate=0.7, schedule="constant"),
+                      DefenseContext(SHAPES, sigma, Streams(3)))
     defense.begin_epoch(0, 1)
     reference = Streams(3).generator("noise")
     keep = defense._views(defense.keep)

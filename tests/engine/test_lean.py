@@ -1,6 +1,7 @@
 """The lean per-sample engine (``train.engine=lean``): agreement with the torch.func reference,
 the clipping bound it enforces, memory (layers held at once), refusals and engine selection."""
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from dpeval.core.models import build_model
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
-from dpeval.defenses.base import Defense
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import resolve_groups
@@ -188,19 +189,19 @@ def test_engine_selection():
     model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
     shapes = {n: p.shape for n, p in model.named_parameters()}
     streams = Streams(0)
-    dp = DPSGD(ClipParams(), shapes, 1.0, streams)
+    dp = DPSGD(ClipParams(), DefenseContext(shapes, 1.0, streams))
 
     class Materialised(DPSGD):  # a defense that declares no lean plan
-        lean_plan = Defense.lean_plan
+        capabilities = dataclasses.replace(DPSGD.capabilities, lean_capable=False)
 
-    plain = Materialised(ClipParams(), shapes, 1.0, streams)
+    plain = Materialised(ClipParams(), DefenseContext(shapes, 1.0, streams))
     assert select_engine("auto", model, dp) == "lean"
     assert select_engine("func", model, dp) == "func"
     assert select_engine("auto", model, plain) == "func"
     with pytest.raises(ConfigError, match="train.engine"):
         select_engine("lean", model, plain)
     embedding = WithEmbedding()
-    dp_emb = DPSGD(ClipParams(), {n: p.shape for n, p in embedding.named_parameters()}, 1.0, streams)
+    dp_emb = DPSGD(ClipParams(), DefenseContext({n: p.shape for n, p in embedding.named_parameters()}, 1.0, streams))
     assert select_engine("auto", embedding, dp_emb) == "func"
     with pytest.raises(ConfigError, match=r"Parameter \(bare, in WithEmbedding\) ×1 at scale, Embedding .*×1 at emb"):
         select_engine("lean", embedding, dp_emb)
@@ -215,7 +216,7 @@ def test_auto_materialises_on_cuda_where_a_micro_batch_of_per_sample_gradients_f
 
     model = build_model("cnn3", (1, 8, 8), 10, (0.5,), (0.25,))
     shapes = {n: p.shape for n, p in model.named_parameters()}
-    dp = DPSGD(ClipParams(), shapes, 1.0, Streams(0))
+    dp = DPSGD(ClipParams(), DefenseContext(shapes, 1.0, Streams(0)))
     per_example = 4 * sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2**30))
     fits = int(lean.FUNC_SHARE_ON_CUDA * 2**30) // per_example

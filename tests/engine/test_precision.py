@@ -11,6 +11,7 @@ from dpeval.core.errors import ConfigError
 from dpeval.core.models import build_model
 from dpeval.core.per_sample import PerSampleGradients, compute_precision
 from dpeval.core.streams import Streams, seed_globals
+from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.engine.lean import select_engine
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
@@ -43,13 +44,13 @@ def test_bf16_each_sample_contributes_at_most_clip_and_noise_is_unchanged():
     grads = PerSampleGradients(model, precision="bf16")(x, y)
     clip = 0.01 * float(flat(grads).norm(dim=1).min())  # every sample clipped
     for i in range(len(y)):
-        defense = DPSGD(ClipParams(clip=clip), shapes, 0.0, Streams(0))
+        defense = DPSGD(ClipParams(clip=clip), DefenseContext(shapes, 0.0, Streams(0)))
         defense.clip_and_accumulate({n: g[i:i + 1] for n, g in grads.items()})
         norm = float(flat({n: g[None] for n, g in defense.release(1).grads.items()}).norm())
         assert clip * (1 - 1e-5) <= norm <= clip * (1 + 1e-6)
     released = {}
     for precision in ("fp32", "bf16"):
-        defense = DPSGD(ClipParams(clip=0.1), shapes, 1.3, Streams(0))
+        defense = DPSGD(ClipParams(clip=0.1), DefenseContext(shapes, 1.3, Streams(0)))
         defense.clip_and_accumulate(PerSampleGradients(model, precision=precision)(x, y))
         released[precision] = defense.release(len(y))
     assert released["bf16"].noise_std == released["fp32"].noise_std == pytest.approx(1.3 * 0.1 / len(y))
@@ -64,7 +65,7 @@ def test_precision_names_are_checked():
 
 def test_bf16_runs_on_the_func_engine():
     model, _, _ = dpcnn_batch()
-    dp = DPSGD(ClipParams(), {n: p.shape for n, p in model.named_parameters()}, 1.0, Streams(0))
+    dp = DPSGD(ClipParams(), DefenseContext({n: p.shape for n, p in model.named_parameters()}, 1.0, Streams(0)))
     assert select_engine("auto", model, dp) == "lean"
     assert select_engine("auto", model, dp, "cpu", 0, "bf16") == "func"
     with pytest.raises(ConfigError, match="train.precision bf16 needs the func engine"):
