@@ -14,8 +14,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -361,82 +360,18 @@ def audit(defense: str, scope: str, sets: tuple[str, ...], config: str | None, t
           quiet: bool) -> None:
     """Statistical canary audit of a defense: empirical ε lower bound vs the accountant's ε
     (exit 1 when ε_LB > ε). See docs/audit.md."""
-    from dpeval.config import build_spec
+    from dpeval.audit.command import AuditFlags, audit_scope
 
     raw = raw_config(config, {"defense.name": defense, "seed": seed}, sets)
-    if scope != "model":
-        for flag, value in (("--models", models), ("--init", init), ("--target", target), ("--sampling", sampling),
-                            ("--training", training), ("--keep-models", keep_models)):
-            if value is not None:
-                raise ConfigError(f"{flag}: only with --scope model")
-    if scope == "model":
-        from dpeval.audit.format import format_model_audit
-        from dpeval.audit.model import ModelAuditOptions, run_model_audit
-
-        for flag, value in (("--trials", trials), ("--noise-multiplier", noise_multiplier), ("--steps", steps),
-                            ("--canaries", canaries), ("--canary-kind", canary_kind), ("--save-scores", save_scores)):
-            if value is not None:
-                raise ConfigError(f"{flag}: not with --scope model (it trains --models models; set σ or ε with "
-                                  "--set privacy.…, the steps with --set train.epochs=…)")
-        spec = build_spec(raw)
-        given = {k: v for k, v in (("models", models), ("init", init), ("target", target), ("sampling", sampling),
-                                   ("training", training), ("keep", keep_models and Path(keep_models)))
-                 if v is not None}
-        options = ModelAuditOptions(**given, progress=not quiet)
-        options.validate()
-        with audit_failures(spec.defense_name):
-            result = run_model_audit(spec, options)
-        emit(result, as_json, format_model_audit(result))
-    elif scope == "run":
-        from dpeval.audit.format import format_run_audit
-        from dpeval.audit.run import RunAuditOptions, run_scope_audit
-
-        for flag, value in (("--trials", trials), ("--noise-multiplier", noise_multiplier), ("--steps", steps)):
-            if value is not None:
-                raise ConfigError(f"{flag}: only with --scope release (the run scope audits the configured run: "
-                                  "set its σ or ε with --set privacy.…)")
-        spec = build_spec(raw)
-        given = {k: v for k, v in (("canaries", canaries), ("kind", canary_kind),
-                                   ("scores_path", save_scores and Path(save_scores))) if v is not None}
-        with audit_failures(spec.defense_name):
-            result = run_scope_audit(spec, RunAuditOptions(**given, progress=not quiet))
-        emit(result, as_json, format_run_audit(result))
-    else:
-        from dpeval.audit.driver import AuditOptions, run_audit
-        from dpeval.audit.format import format_audit
-
-        for flag, value in (("--canary-kind", canary_kind), ("--save-scores", save_scores)):
-            if value is not None:
-                raise ConfigError(f"{flag}: only with --scope run")
-        privacy = raw.get("privacy")
-        for key in ("epsilon", "noise_multiplier"):
-            if isinstance(privacy, dict) and key in privacy:
-                raise ConfigError(f"privacy.{key}: the audit runs at a fixed σ; use --noise-multiplier")
-        spec = build_spec(raw)
-        given = {"trials": trials, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries}
-        with audit_failures(spec.defense_name):
-            result = run_audit(spec, AuditOptions(**{k: v for k, v in given.items() if v is not None},
-                                                  progress=not quiet))
-        emit(result, as_json, format_audit(result))
+    flags = AuditFlags(trials, noise_multiplier, steps, canaries, canary_kind, save_scores, models, init, target,
+                       sampling, training, keep_models)
+    result, text = audit_scope(scope, raw, flags, progress=not quiet)
+    emit(result, as_json, text)
     if not result["audit.passed"]:
         click.echo(f"dpeval: audit failed: ε_LB = {result['audit.epsilon_lower_bound']:.3f} > "
                    f"ε = {result['privacy.epsilon']:.3f} "
                    f"({result.get('audit.estimator', result['audit.statistic'])})", err=True)
         sys.exit(1)
-
-
-@contextmanager
-def audit_failures(defense: str) -> Iterator[None]:
-    """Whatever stops an audit once it has started — the defense's own code raising (a plug-in's bug), a release
-    of NaN, training that diverges in the run scope — is one line and exit 1 (RunFailure), never a traceback;
-    bad input stays exit 2 (ConfigError)."""
-    try:
-        yield
-    except (ConfigError, RunFailure):
-        raise
-    except Exception as exc:
-        said = printable(" ".join(str(exc).split()), 300)
-        raise RunFailure(f"audit of {defense} failed: {type(exc).__name__}: {said}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------
