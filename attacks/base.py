@@ -45,13 +45,16 @@ training) and ``trajectory:k`` (k states evenly spaced over training, ending at 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from torch import nn
 
 from dpeval.attacks.view import AttackerView
+from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import Params
 from dpeval.core.result_keys import VERDICT, per_state
 from dpeval.core.splits import Task
@@ -69,10 +72,42 @@ class NoAttackParams(AttackParams):
     pass
 
 
+class Artefact(ABC):
+    """A file of an attack's result: its data and how to write it. A game writes no file: the application writes
+    each artefact into the attack's folder under its ``file`` name (``dpeval.runner.write_artefacts``) and stores
+    its path as ``artefacts.<attack>.<name>``."""
+
+    file: str  # a plain file name, e.g. ``roc.json``
+
+    @abstractmethod
+    def write(self, path: Path) -> None:
+        """Write the file at ``path`` (atomically: ``dpeval.core.files``)."""
+
+
+@dataclass(frozen=True)
+class TextFile(Artefact):
+    file: str
+    text: str
+
+    def write(self, path: Path) -> None:
+        write_text_atomic(path, self.text)
+
+
+@dataclass(frozen=True)
+class ArraysFile(Artefact):
+    """Named arrays in one compressed ``.npz``."""
+
+    file: str
+    arrays: Mapping[str, Any]  # name -> np.ndarray
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, lambda f: np.savez_compressed(f, **self.arrays))
+
+
 @dataclass
 class AttackResult:
     metrics: dict[str, Any]                # metric name -> value, reported as leakage.<attack>.<metric>
-    artefacts: dict[str, str] = field(default_factory=dict)  # name -> path of files written
+    artefacts: dict[str, Artefact] = field(default_factory=dict)  # name -> file, written by the application
     verdict: Verdict | None = None         # reported as leakage.<attack>.verdict; None: the attack has no rule
     # recorded model state -> metric -> value, reported as leakage.<attack>.<state>.<metric>
     states: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -61,11 +61,10 @@ import torch
 from torch import nn
 
 from dpeval.attacks import image_metrics, verdict
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.base import ArraysFile, Artefact, Attack, AttackParams, AttackResult, TextFile
+from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, roc_artefacts
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import single_cpu_thread
@@ -249,7 +248,7 @@ class Reconstruction:
     pixels: torch.Tensor                                      # [T, B, C, H, W] in [0, 1]
     details: dict[str, list] = field(default_factory=dict)    # per-target diagnostics (scores JSON)
     metrics: dict[str, Any] = field(default_factory=dict)     # flat diagnostics, reported for the worst state
-    artefacts: dict[str, str] = field(default_factory=dict)
+    artefacts: dict[str, Artefact] = field(default_factory=dict)  # files beside the game's (written for it)
 
 
 @dataclass(frozen=True)
@@ -338,7 +337,6 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
     metrics["baseline_psnr"] = float(best_guess.mean())
     metrics["p_value"] = p_value
 
-    out = view.out_dir
     scores = {
         "rule": {"margin_db": verdict.MARGIN_DB, "alpha": verdict.ALPHA, "states": len(outcomes),
                  "targets": params.targets, "min_targets": verdict.min_targets(len(outcomes)),
@@ -349,13 +347,13 @@ def _run_gradient_attack(name: str, params: ReconstructionParams, view: Attacker
                     "wins": o.test.wins, "p_value": o.test.p_value, "label_accuracy": o.label_accuracy.tolist(),
                     **o.rec.details} for o in outcomes],
     }
-    write_text_atomic(out / f"{name}-scores.json", json.dumps(scores, indent=1, default=float))
-    write_atomic(out / f"{name}-images.npz", lambda f: np.savez_compressed(
-        f, originals=_bytes(x), states=np.array(states), reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
-        psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess))
-    png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"],
-                   out / f"{name}-reconstruction.png")
-    artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
+    artefacts: dict[str, Artefact] = {
+        "png": _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"]),
+        "scores": TextFile(f"{name}-scores.json", json.dumps(scores, indent=1, default=float)),
+        "images": ArraysFile(f"{name}-images.npz", {
+            "originals": _bytes(x), "states": np.array(states),
+            "reconstructions": np.stack([_bytes(o.pixels) for o in outcomes]),
+            "psnr": np.stack([o.scores["psnr"] for o in outcomes]), "best_guess_psnr": best_guess})}
     for o in outcomes:
         artefacts.update(o.rec.artefacts)
     return AttackResult(metrics=metrics, artefacts=artefacts, verdict=decision, states=per_state)
@@ -395,7 +393,7 @@ def _bytes(images: torch.Tensor) -> np.ndarray:
 
 
 def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[StateOutcome],
-             worst: StateOutcome, decision: Verdict, baseline: float, path: Any) -> Any:
+             worst: StateOutcome, decision: Verdict, baseline: float) -> image_metrics.Grid:
     """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
     flat = x.reshape(-1, *x.shape[2:])
     rows, captions, labels = [], [], []
@@ -408,7 +406,7 @@ def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[Stat
     title = (f"{name} vs {view.spec.defense_name}: {decision} (worst state {worst.state}"
              f"{f', rate {rate:.2f}' if rate is not None else ''})\nPSNR {worst.mean('psnr'):.1f} dB vs best "
              f"data-free guess {baseline:.1f} dB; SSIM {worst.mean('ssim'):.2f}")
-    return image_metrics.save_grid(flat, rows, path, title, captions, labels)
+    return image_metrics.Grid(f"{name}-reconstruction.png", flat, rows, title, captions, labels)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -516,5 +514,4 @@ class GradientMembershipAttack(Attack[ReleaseSignals]):
         metrics["release_noise_std"] = shared.noise_std
         metrics["release_density"] = shared.density
         metrics.update(mean_metrics(extra))
-        view.out_dir.mkdir(parents=True, exist_ok=True)
-        return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()), decision)
+        return AttackResult(metrics, roc_artefacts(scores, labels, self.title()), decision)

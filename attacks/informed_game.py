@@ -58,11 +58,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
+from dpeval.attacks.base import Attack, AttackParams, AttackResult, TextFile
 from dpeval.attacks.view import AttackerView
 from dpeval.core import rero
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_text_atomic
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.runtime import single_cpu_thread
@@ -255,10 +254,8 @@ class InformedReconstructionAttack(Attack[ResidualSignals]):
                   "states": [[s, span.start, span.stop] for s, span in plan],
                   "games": [{"candidates": pools[j].tolist(), "secret": int(secrets[j]),
                              "sampled_steps": int(held[j].sum()), "guesses": guesses[j]} for j in range(k_games)]}
-        path = view.out_dir / f"{self.name}-games.json"
-        view.out_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(record, indent=1, default=str))
-        return AttackResult(metrics=metrics, artefacts={"games": str(path)}, verdict=decision)
+        games_file = TextFile(f"{self.name}-games.json", json.dumps(record, indent=1, default=str))
+        return AttackResult(metrics=metrics, artefacts={"games": games_file}, verdict=decision)
 
 
 Release = Callable[[dict[str, torch.Tensor], Streams], SharedGradient]  # (per-sample grads of the step, streams)

@@ -38,18 +38,16 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from dpeval.attacks import shadow_signals as sig
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.base import Artefact, Attack, AttackParams, AttackResult, TextFile
+from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, roc_artefacts
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.params import param
 from dpeval.core.per_sample import fixed_front, front_features
@@ -305,28 +303,21 @@ SCORES_FILE = "scores.csv"
 SCORE_COLUMNS = ("target", "split", "index", "label", "member", "score")
 
 
-def save_scores(folder: Path, task: Task, rows: np.ndarray, scores: np.ndarray, members: np.ndarray,
-                targets: np.ndarray) -> dict[str, str]:
-    """Which records leak: one line per scored (target, example) with the example's split (``train``: the victim's
-    private pool, ``test``: held out), its index in its data source (``source_index``: the same image in every run
-    on that data), its label, whether the target trained on it and the attack's score (higher: more likely a
-    member); ``target`` is -1 for the victim, i for shadow i in the leave-one-model-out game. ``rows`` index the
-    game's population: the victim's pool, then the held-out split. Written by the game (it holds the task); the
-    attack never sees it."""
+def scores_file(task: Task, rows: np.ndarray, scores: np.ndarray, members: np.ndarray,
+                targets: np.ndarray) -> dict[str, Artefact]:
+    """Which records leak (``scores``, ``scores.csv``): one line per scored (target, example) with the example's split
+    (``train``: the victim's private pool, ``test``: held out), its index in its data source (``source_index``: the
+    same image in every run on that data), its label, whether the target trained on it and the attack's score
+    (higher: more likely a member); ``target`` is -1 for the victim, i for shadow i in the leave-one-model-out game.
+    ``rows`` index the game's population: the victim's pool, then the held-out split. Made by the game (it holds
+    the task); the attack never sees it."""
     n = len(task.train)
     source = torch.cat([task.train.source_index, task.test.source_index]).numpy()
     label = torch.cat([task.train.y, task.test.y]).numpy()
-    path = folder / SCORES_FILE
     lines = [",".join(SCORE_COLUMNS)] + [
         f"{int(t)},{'train' if r < n else 'test'},{int(source[r])},{int(label[r])},{int(m)},{float(s)!r}"
         for t, r, s, m in zip(targets, rows, scores, members)]
-    write_text_atomic(path, "\n".join(lines) + "\n")
-    return {"scores": str(path)}
-
-
-def out_dir(view: AttackerView) -> Path:
-    view.out_dir.mkdir(parents=True, exist_ok=True)
-    return view.out_dir
+    return {"scores": TextFile(SCORES_FILE, "\n".join(lines) + "\n")}
 
 
 class ShadowAttack(Attack[Signals]):
@@ -368,8 +359,8 @@ class ShadowAttack(Attack[Signals]):
         rows = game.index.numpy()
         target_of = (np.full(len(rows), -1) if p.mia_target == "victim"
                      else np.repeat(np.arange(targets), len(rows)))
-        artefacts = save_roc(scores, labels, out_dir(view), self.title())
-        artefacts |= save_scores(out_dir(view), task, np.tile(rows, targets), scores, labels, target_of)
+        artefacts = roc_artefacts(scores, labels, self.title())
+        artefacts |= scores_file(task, np.tile(rows, targets), scores, labels, target_of)
         return AttackResult(metrics, artefacts, verdict)
 
 
@@ -427,6 +418,6 @@ class VictimMembershipAttack(Attack[VictimOutputs]):
             metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
                                               + (scores[~labels] <= threshold).mean()) / 2)
         metrics.update(guessed.metrics)
-        artefacts = save_roc(scores, labels, out_dir(view), self.title())
-        artefacts |= save_scores(out_dir(view), task, np.arange(len(y)), scores, labels, np.full(len(y), -1))
+        artefacts = roc_artefacts(scores, labels, self.title())
+        artefacts |= scores_file(task, np.arange(len(y)), scores, labels, np.full(len(y), -1))
         return AttackResult(metrics, artefacts, verdict)
