@@ -2,12 +2,13 @@
 
 Two methods split an attack between the game and the attacker:
 
-- ``play(view, task) -> AttackResult`` is the game, implemented once per attack family (``gradient_game``:
-  ``ReconstructionAttack``, ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``,
-  ``VictimMembershipAttack``; ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task``
-  (private pool, held-out split: the truth), chooses the targets, builds the evidence its threat model grants,
-  calls the hook and scores what the hook returns against the truth. A subclass of a family may not override
-  it (``__init_subclass__`` refuses the class).
+- ``play(view, task) -> AttackResult`` is the game, written once (``attacks/game.py``: ``Game.play``) and
+  filled in once per attack family by its hooks (``gradient_game``: ``ReconstructionAttack``,
+  ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``, ``VictimMembershipAttack``;
+  ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task`` (private pool, held-out split: the
+  truth), chooses the targets, builds the evidence its threat model grants, calls the hook and scores what the
+  hook returns against the truth. No subclass of ``Game`` may override it (``__init_subclass__`` refuses the
+  class).
 - ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
   frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
   (``Releases``: the ``AttackerView`` of ``attacks/view.py`` plus the releases; ``ReleaseSignals``,
@@ -186,8 +187,9 @@ class Attack(ABC, Generic[Evidence]):
 
     @abstractmethod
     def play(self, view: AttackerView, task: Task) -> AttackResult:
-        """The attack's game (an attack family implements it): targets drawn from ``task``, the evidence built
-        from ``view`` and what training released, ``guess`` called on it, its answer scored against ``task``."""
+        """The attack's game (``attacks/game.py``'s template, filled in by the attack's family): targets drawn
+        from ``task``, the evidence built from ``view`` and what training released, ``guess`` called on it, its
+        answer scored against ``task``."""
 
     @abstractmethod
     def guess(self, evidence: Evidence) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 from sklearn.metrics import roc_curve
 
 from dpeval.attacks.base import Artefact, TextFile
+from dpeval.attacks.game import Scored
 from dpeval.core.files import save_figure
 from dpeval.core.statistics import auc_delong, epsilon_lower_bound
 from dpeval.core.verdicts import Verdict
@@ -73,6 +74,14 @@ def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
     metrics["n_members"] = int(labels.sum())
     metrics["n_nonmembers"] = n_nonmembers
     return metrics
+
+
+@dataclass(kw_only=True)
+class MembershipScores(Scored):
+    """A membership game's metrics and the scores they come from (the ROC's points)."""
+
+    scores: np.ndarray   # one per scored candidate (higher: more likely a member), in the game's order
+    labels: np.ndarray   # bool: a member
 
 
 def mean_metrics(per_target: list[dict[str, float]]) -> dict[str, float]:
