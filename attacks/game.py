@@ -5,8 +5,8 @@ A family (``gradient_game``, ``membership_game``, ``informed_game``) supplies wh
 1. ``deal(view, task)``: what the game draws and keeps — targets, candidates, who is a member, the secret — and
    everything it computes once (a shadow pool, the victim's outputs); the family's own dataclass.
 2. ``rounds(dealt)``: the evidence, one ``Round`` per call of ``guess`` (a state, a release, a target), built
-   lazily, each with the part of the truth that scores its answer and, where the evidence lists candidates,
-   the ``order`` they were shuffled into: the attack cannot lean on the game's order (members first).
+   lazily, each with the part of the truth that scores its answer and, where the game's own order of the
+   candidates would tell (members first), the ``order`` they were shuffled into.
 3. ``score(dealt, played)``: the metrics of the answers against the truth (``Scored``: flat and per model state),
    with what the verdict and the artefacts read.
 4. ``decide(scored)``: the verdict, by the family's documented rule (docs/results.md).
