@@ -42,7 +42,7 @@ Measured = TypeVar("Measured", bound="Scored")  # what its scoring measured
 @dataclass(frozen=True)
 class Round(Generic[Evidence, Truth]):
     """One call of ``guess``: the evidence handed to it, the truth kept back, and the shuffle of its candidates
-    (``order[i]``: the game's index of the evidence's i-th candidate; None: nothing listed to shuffle)."""
+    (``order[i]``: the game's index of the evidence's i-th candidate; None: not shuffled)."""
 
     evidence: Evidence
     truth: Truth
