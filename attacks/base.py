@@ -2,12 +2,13 @@
 
 Two methods split an attack between the game and the attacker:
 
-- ``play(view, task) -> AttackResult`` is the game, implemented once per attack family (``gradient_game``:
-  ``ReconstructionAttack``, ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``,
-  ``VictimMembershipAttack``; ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task``
-  (private pool, held-out split: the truth), chooses the targets, builds the evidence its threat model grants,
-  calls the hook and scores what the hook returns against the truth. A subclass of a family may not override
-  it (``__init_subclass__`` refuses the class).
+- ``play(view, task) -> AttackResult`` is the game, written once (``attacks/game.py``: ``Game.play``) and
+  filled in once per attack family by its hooks (``gradient_game``: ``ReconstructionAttack``,
+  ``GradientMembershipAttack``; ``membership_game``: ``ShadowAttack``, ``VictimMembershipAttack``;
+  ``informed_game``: ``InformedReconstructionAttack``). It holds the ``task`` (private pool, held-out split: the
+  truth), chooses the targets, builds the evidence its threat model grants, calls the hook and scores what the
+  hook returns against the truth. No subclass of ``Game`` may override it (``__init_subclass__`` refuses the
+  class).
 - ``guess(evidence)`` is the attack itself, the one hook every attack implements. ``evidence`` is one typed,
   frozen object of the family's (``Evidence``): what that threat model lets the attacker see and nothing else
   (``Releases``: the ``AttackerView`` of ``attacks/view.py`` plus the releases; ``ReleaseSignals``,
@@ -45,13 +46,16 @@ training) and ``trajectory:k`` (k states evenly spaced over training, ending at 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from torch import nn
 
 from dpeval.attacks.view import AttackerView
+from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import Params
 from dpeval.core.result_keys import VERDICT, per_state
 from dpeval.core.splits import Task
@@ -69,10 +73,42 @@ class NoAttackParams(AttackParams):
     pass
 
 
+class Artefact(ABC):
+    """A file of an attack's result: its data and how to write it. A game writes no file: the application writes
+    each artefact into the attack's folder under its ``file`` name (``dpeval.runner.write_artefacts``) and stores
+    its path as ``artefacts.<attack>.<name>``."""
+
+    file: str  # a plain file name, e.g. ``roc.json``
+
+    @abstractmethod
+    def write(self, path: Path) -> None:
+        """Write the file at ``path`` (atomically: ``dpeval.core.files``)."""
+
+
+@dataclass(frozen=True)
+class TextFile(Artefact):
+    file: str
+    text: str
+
+    def write(self, path: Path) -> None:
+        write_text_atomic(path, self.text)
+
+
+@dataclass(frozen=True)
+class ArraysFile(Artefact):
+    """Named arrays in one compressed ``.npz``."""
+
+    file: str
+    arrays: Mapping[str, Any]  # name -> np.ndarray
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, lambda f: np.savez_compressed(f, **self.arrays))
+
+
 @dataclass
 class AttackResult:
     metrics: dict[str, Any]                # metric name -> value, reported as leakage.<attack>.<metric>
-    artefacts: dict[str, str] = field(default_factory=dict)  # name -> path of files written
+    artefacts: dict[str, Artefact] = field(default_factory=dict)  # name -> file, written by the application
     verdict: Verdict | None = None         # reported as leakage.<attack>.verdict; None: the attack has no rule
     # recorded model state -> metric -> value, reported as leakage.<attack>.<state>.<metric>
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -151,8 +187,9 @@ class Attack(ABC, Generic[Evidence]):
 
     @abstractmethod
     def play(self, view: AttackerView, task: Task) -> AttackResult:
-        """The attack's game (an attack family implements it): targets drawn from ``task``, the evidence built
-        from ``view`` and what training released, ``guess`` called on it, its answer scored against ``task``."""
+        """The attack's game (``attacks/game.py``'s template, filled in by the attack's family): targets drawn
+        from ``task``, the evidence built from ``view`` and what training released, ``guess`` called on it, its
+        answer scored against ``task``."""
 
     @abstractmethod
     def guess(self, evidence: Evidence) -> Any:

@@ -3,9 +3,10 @@
 
 What the attacker gets: the ``AttackerView`` (``attacks/view.py``: the architecture and the weights of the
 attacked state, all public defense metadata, the public split) and the ``SharedGradient`` that the release
-oracle — the defense's own ``release`` path — produces for a target batch. The games live here:
-``ReconstructionAttack.play`` (``ig``, ``rgap``) and ``GradientMembershipAttack.play`` (``grad-mia``) draw
-the targets from the private pool, have the oracle release them, hand the attack's ``guess`` the evidence —
+oracle — the defense's own ``release`` path — produces for a target batch. The games live here, as the hooks
+of the template ``attacks/game.py``: ``ReconstructionAttack`` (``ig``, ``rgap``) and ``GradientMembershipAttack``
+(``grad-mia``) draw the targets from the private pool, have the oracle release them, hand the attack's ``guess``
+the evidence —
 ``Releases`` (the releases of one attacked state and the labels where the threat model grants them) or
 ``ReleaseSignals`` (one release and the gradients of unlabelled shuffled candidates) — and score what it returns against
 the truth they keep. The per-sample gradients of the targets go straight into the defense
@@ -53,22 +54,28 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from dpeval.attacks import image_metrics, verdict
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.base import ArraysFile, Artefact, AttackParams, TextFile
+from dpeval.attacks.game import Game, Played, Round, Scored
+from dpeval.attacks.membership_metrics import (
+    MembershipScores,
+    mean_metrics,
+    membership_metrics,
+    membership_verdict,
+    roc_artefacts,
+)
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
-from dpeval.core.runtime import single_cpu_thread
 from dpeval.core.splits import Task
 from dpeval.core.states import AttackState, resolve
 from dpeval.core.streams import Streams
@@ -249,7 +256,7 @@ class Reconstruction:
     pixels: torch.Tensor                                      # [T, B, C, H, W] in [0, 1]
     details: dict[str, list] = field(default_factory=dict)    # per-target diagnostics (scores JSON)
     metrics: dict[str, Any] = field(default_factory=dict)     # flat diagnostics, reported for the worst state
-    artefacts: dict[str, str] = field(default_factory=dict)
+    artefacts: dict[str, Artefact] = field(default_factory=dict)  # files beside the game's (written for it)
 
 
 @dataclass(frozen=True)
@@ -265,7 +272,13 @@ class Releases:
     streams: Streams                                 # the attack's own streams at this state
 
 
-Reconstruct = Callable[[Releases], Reconstruction]
+@dataclass(frozen=True)
+class StateTruth:
+    """What the game keeps of one attacked state's round: the state, its releases' report and the labels' accuracy."""
+
+    state: str
+    report: dict[str, Any]         # epoch, density, noise_std, defense_rate of the state's releases
+    label_accuracy: np.ndarray     # [T]
 
 
 @dataclass
@@ -283,12 +296,33 @@ class StateOutcome:
         return float(np.mean(self.scores[metric]))
 
 
-class ReconstructionAttack(Attack[Releases]):
+@dataclass
+class Targets:
+    """What the reconstruction game draws: the T target batches, the data-free guesses' PSNRs, the states."""
+
+    view: AttackerView
+    own: Streams                       # the attack's streams
+    x: torch.Tensor                    # [T, B, C, H, W]
+    y: torch.Tensor                    # [T, B]
+    index: torch.Tensor                # [T, B] rows of the private pool
+    base: dict[str, np.ndarray]        # data-free guess -> PSNR [T, B]
+    best_guess: np.ndarray             # [T, B]: the better guess per image
+    states: list[str]                  # the attacked states, resolved
+
+
+@dataclass(kw_only=True)
+class ReconstructionScores(Scored):
+    outcomes: list[StateOutcome]
+    worst: StateOutcome  # the state with the highest mean PSNR, whose metrics are the flat ones
+
+
+class ReconstructionAttack(Game[Releases, Targets, ReconstructionScores]):
     """``ig`` and ``rgap``: a subclass implements ``guess(Releases) -> Reconstruction`` (images for the T
-    releases of one state); the game — targets, releases at every state, labels, scores against the targets,
-    verdict, pictures — is ``run_gradient_attack``."""
+    releases of one state); the game: targets, releases at every state, labels, images matched to the targets
+    and scored, the verdict, the pictures."""
 
     Params = ReconstructionParams
+    one_thread = True
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
@@ -298,90 +332,94 @@ class ReconstructionAttack(Attack[Releases]):
     def check_task(cls, params: Any, task: Task) -> None:
         check_targets(params, task)
 
-    def play(self, view: AttackerView, task: Task) -> AttackResult:
-        self.check_model(self.params, view.architecture, view.shape)  # fail before any work on it
-        return run_gradient_attack(self.name, self.params, view, task, self.guess)
+    def deal(self, view: AttackerView, task: Task) -> Targets:
+        params = self.params
+        own = view.streams.scope("attack", self.name)
+        x, y, idx = draw_targets(view, task, params)
+        flat = x.reshape(-1, *x.shape[2:])
+        public = view.public.x if len(view.public) else None
+        guesses = image_metrics.guesses(flat, view.mean, own.generator("baseline"), public)
+        base = {g: np.array([image_metrics.matched_psnr(x[t], pixels.view_as(x)[t]) for t in range(len(x))])
+                for g, pixels in guesses.items()}
+        best_guess = np.max(np.stack(list(base.values())), axis=0)
+        states = resolve(params.states, int(view.spec.train.epochs))
+        if params.targets < verdict.min_targets(len(states)):
+            log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
+                        "at least %d); set attack.targets", self.name, params.targets, len(states),
+                        verdict.min_targets(len(states)))
+        return Targets(view, own, x, y, idx, base, best_guess, states)
+
+    def rounds(self, dealt: Targets) -> Iterator[Round[Releases, StateTruth]]:
+        """One round per attacked state: the T target batches released there, labels known or recovered."""
+        view, own, x, y = dealt.view, dealt.own, dealt.x, dealt.y
+        for state in dealt.states:
+            model = view.model_at(state)
+            releases, masks, labels, label_acc, reports = [], [], [], [], []
+            for t in range(len(x)):
+                shared, report = view.release(model, x[t], y[t], state, own.scope(state, "release", t))
+                mask = matching_mask(shared, self.params.mask_aware)
+                used, acc = attack_labels(self.params, model, shared, mask, y[t])
+                releases.append(shared)
+                masks.append(mask)
+                labels.append(used)
+                label_acc.append(acc)
+                reports.append(report)
+            report = dict(reports[0], density=float(np.mean([r["density"] for r in reports])))
+            yield Round(Releases(view, model, releases, masks, torch.stack(labels), own.scope(state)),
+                        StateTruth(state, report, np.array(label_acc)))
+
+    def score(self, dealt: Targets, played: list[Played[StateTruth]]) -> ReconstructionScores:
+        outcomes = [state_outcome(dealt, p.truth, p.answer) for p in played]
+        worst = max(outcomes, key=lambda o: o.mean("psnr"))
+        per_state = {o.state: {k: v for k, v in _state_metrics(o).items() if k not in ("state", "epoch")}
+                     | {"wins": o.test.wins, "p_value": o.test.p_value} for o in outcomes}
+        metrics: dict[str, Any] = _state_metrics(worst)
+        metrics.update(worst.rec.metrics)
+        metrics.update({f"baseline_psnr_{g}": float(v.mean()) for g, v in dealt.base.items()})
+        metrics["baseline_psnr"] = float(dealt.best_guess.mean())
+        metrics["p_value"] = verdict.decide([o.test for o in outcomes])[1]
+        return ReconstructionScores(metrics, per_state, outcomes=outcomes, worst=worst)
+
+    def decide(self, scored: ReconstructionScores) -> Verdict:
+        return verdict.decide([o.test for o in scored.outcomes])[0]
+
+    def artefacts(self, dealt: Targets, scored: ReconstructionScores, decision: Verdict) -> dict[str, Artefact]:
+        """``<attack>-scores.json`` (per target and state numbers), ``<attack>-images.npz`` (the pictures' pixels,
+        the report's grid), ``<attack>-reconstruction.png``, and those of the reconstructions."""
+        name, outcomes, worst = self.name, scored.outcomes, scored.worst
+        x, best_guess = dealt.x, dealt.best_guess
+        scores = {
+            "rule": {"margin_db": verdict.MARGIN_DB, "alpha": verdict.ALPHA, "states": len(outcomes),
+                     "targets": self.params.targets, "min_targets": verdict.min_targets(len(outcomes)),
+                     "p_value": scored.metrics["p_value"], "verdict": decision, "worst_state": worst.state},
+            "target_index": dealt.index.tolist(), "labels": dealt.y.tolist(),
+            "baseline_psnr": {g: v.tolist() for g, v in dealt.base.items()}, "best_guess_psnr": best_guess.tolist(),
+            "states": [{**o.report, **{k: v.tolist() for k, v in o.scores.items()}, "gain_db": o.gains.tolist(),
+                        "wins": o.test.wins, "p_value": o.test.p_value, "label_accuracy": o.label_accuracy.tolist(),
+                        **o.rec.details} for o in outcomes],
+        }
+        artefacts: dict[str, Artefact] = {
+            "png": _picture(name, dealt.view, x, outcomes, worst, decision, scored.metrics["baseline_psnr"]),
+            "scores": TextFile(f"{name}-scores.json", json.dumps(scores, indent=1, default=float)),
+            "images": ArraysFile(f"{name}-images.npz", {
+                "originals": _bytes(x), "states": np.array(dealt.states),
+                "reconstructions": np.stack([_bytes(o.pixels) for o in outcomes]),
+                "psnr": np.stack([o.scores["psnr"] for o in outcomes]), "best_guess_psnr": best_guess})}
+        for o in outcomes:
+            artefacts.update(o.rec.artefacts)
+        return artefacts
 
 
-def run_gradient_attack(name: str, params: ReconstructionParams, view: AttackerView, task: Task,
-                        reconstruct: Reconstruct) -> AttackResult:
-    """The game ``ig`` and ``rgap`` share: targets, releases at every state, labels, reconstruction,
-    scores, verdict, pictures."""
-    with single_cpu_thread(view.device):
-        return _run_gradient_attack(name, params, view, task, reconstruct)
-
-
-def _run_gradient_attack(name: str, params: ReconstructionParams, view: AttackerView, task: Task,
-                         reconstruct: Reconstruct) -> AttackResult:
-    own = view.streams.scope("attack", name)
-    x, y, idx = draw_targets(view, task, params)
-    flat = x.reshape(-1, *x.shape[2:])
-    public = view.public.x if len(view.public) else None
-    guesses = image_metrics.guesses(flat, view.mean, own.generator("baseline"), public)
-    base = {g: np.array([image_metrics.matched_psnr(x[t], pixels.view_as(x)[t]) for t in range(len(x))])
-            for g, pixels in guesses.items()}
-    best_guess = np.max(np.stack(list(base.values())), axis=0)  # [T, B]: the better guess per image
-    states = resolve(params.states, int(view.spec.train.epochs))
-    if params.targets < verdict.min_targets(len(states)):
-        log.warning("%s: %d target(s) over %d state(s) can never give the verdict `leaks` (the sign test needs "
-                    "at least %d); set attack.targets", name, params.targets, len(states),
-                    verdict.min_targets(len(states)))
-    outcomes = [_attack_state(params, view, reconstruct, state, x, y, best_guess, own) for state in states]
-    decision, p_value = verdict.decide([o.test for o in outcomes])
-    worst = max(outcomes, key=lambda o: o.mean("psnr"))
-
-    per_state = {o.state: {k: v for k, v in _state_metrics(o).items() if k not in ("state", "epoch")}
-                 | {"wins": o.test.wins, "p_value": o.test.p_value} for o in outcomes}
-    metrics: dict[str, Any] = _state_metrics(worst)
-    metrics.update(worst.rec.metrics)
-    metrics.update({f"baseline_psnr_{g}": float(v.mean()) for g, v in base.items()})
-    metrics["baseline_psnr"] = float(best_guess.mean())
-    metrics["p_value"] = p_value
-
-    out = view.out_dir
-    scores = {
-        "rule": {"margin_db": verdict.MARGIN_DB, "alpha": verdict.ALPHA, "states": len(outcomes),
-                 "targets": params.targets, "min_targets": verdict.min_targets(len(outcomes)),
-                 "p_value": p_value, "verdict": decision, "worst_state": worst.state},
-        "target_index": idx.tolist(), "labels": y.tolist(),
-        "baseline_psnr": {g: v.tolist() for g, v in base.items()}, "best_guess_psnr": best_guess.tolist(),
-        "states": [{**o.report, **{k: v.tolist() for k, v in o.scores.items()}, "gain_db": o.gains.tolist(),
-                    "wins": o.test.wins, "p_value": o.test.p_value, "label_accuracy": o.label_accuracy.tolist(),
-                    **o.rec.details} for o in outcomes],
-    }
-    write_text_atomic(out / f"{name}-scores.json", json.dumps(scores, indent=1, default=float))
-    write_atomic(out / f"{name}-images.npz", lambda f: np.savez_compressed(
-        f, originals=_bytes(x), states=np.array(states), reconstructions=np.stack([_bytes(o.pixels) for o in outcomes]),
-        psnr=np.stack([o.scores["psnr"] for o in outcomes]), best_guess_psnr=best_guess))
-    png = _picture(name, view, x, outcomes, worst, decision, metrics["baseline_psnr"],
-                   out / f"{name}-reconstruction.png")
-    artefacts = {"png": str(png), "scores": str(out / f"{name}-scores.json"), "images": str(out / f"{name}-images.npz")}
-    for o in outcomes:
-        artefacts.update(o.rec.artefacts)
-    return AttackResult(metrics=metrics, artefacts=artefacts, verdict=decision, states=per_state)
-
-
-def _attack_state(params: ReconstructionParams, view: AttackerView, reconstruct: Reconstruct, state: str,
-                  x: torch.Tensor, y: torch.Tensor, best_guess: np.ndarray, own: Streams) -> StateOutcome:
-    model = view.model_at(state)
-    releases, masks, labels, label_acc, reports = [], [], [], [], []
-    for t in range(len(x)):
-        shared, report = view.release(model, x[t], y[t], state, own.scope(state, "release", t))
-        mask = matching_mask(shared, params.mask_aware)
-        used, acc = attack_labels(params, model, shared, mask, y[t])
-        releases.append(shared)
-        masks.append(mask)
-        labels.append(used)
-        label_acc.append(acc)
-        reports.append(report)
-    rec = reconstruct(Releases(view, model, releases, masks, torch.stack(labels), own.scope(state)))
+def state_outcome(dealt: Targets, truth: StateTruth, rec: Reconstruction) -> StateOutcome:
+    """One state's reconstruction matched to the targets (image by image) and scored against them."""
+    x = dealt.x
     pixels = rec.pixels.detach().cpu().float().view_as(x)
     matched = torch.stack([pixels[t][torch.as_tensor(image_metrics.match(x[t], pixels[t]))] for t in range(len(x))])
     per = [image_metrics.per_image(x[t], matched[t]) for t in range(len(x))]
     scores = {k: np.array([p[k] for p in per]) for k in ("psnr", "mse", "ssim")}
-    gains = (scores["psnr"] - best_guess).mean(axis=1)
-    report = dict(reports[0], density=float(np.mean([r["density"] for r in reports])))
-    return StateOutcome(state, report, matched, scores, np.array(label_acc), gains, verdict.sign_test(gains), rec)
+    gains = (scores["psnr"] - dealt.best_guess).mean(axis=1)
+    return StateOutcome(truth.state, truth.report, matched, scores, truth.label_accuracy, gains,
+                        verdict.sign_test(gains), rec)
 
 
 def _state_metrics(o: StateOutcome) -> dict[str, Any]:
@@ -395,7 +433,7 @@ def _bytes(images: torch.Tensor) -> np.ndarray:
 
 
 def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[StateOutcome],
-             worst: StateOutcome, decision: Verdict, baseline: float, path: Any) -> Any:
+             worst: StateOutcome, decision: Verdict, baseline: float) -> image_metrics.Grid:
     """Originals over one row of reconstructions per attacked state, per-image PSNR captions."""
     flat = x.reshape(-1, *x.shape[2:])
     rows, captions, labels = [], [], []
@@ -408,7 +446,7 @@ def _picture(name: str, view: AttackerView, x: torch.Tensor, outcomes: list[Stat
     title = (f"{name} vs {view.spec.defense_name}: {decision} (worst state {worst.state}"
              f"{f', rate {rate:.2f}' if rate is not None else ''})\nPSNR {worst.mean('psnr'):.1f} dB vs best "
              f"data-free guess {baseline:.1f} dB; SSIM {worst.mean('ssim'):.2f}")
-    return image_metrics.save_grid(flat, rows, path, title, captions, labels)
+    return image_metrics.Grid(f"{name}-reconstruction.png", flat, rows, title, captions, labels)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,14 +484,39 @@ def flat_rows(grads: dict[str, torch.Tensor], mask: dict[str, torch.Tensor] | No
     return flat
 
 
-class GradientMembershipAttack(Attack[ReleaseSignals]):
+@dataclass(frozen=True)
+class BatchTruth:
+    """What the game keeps of one release's round: how many of its candidates (listed first) are members, and the
+    release's noise and density."""
+
+    members: int
+    noise_std: float
+    density: float
+
+
+@dataclass
+class ReleasedBatches:
+    """What the membership game on releases draws: the members of each release, the non-members, and what every
+    round reads at the attacked state."""
+
+    view: AttackerView
+    task: Task
+    own: Streams
+    members: torch.Tensor              # [batches, batch_size] rows of the private pool
+    others: torch.Tensor               # rows of the held-out split
+    model: nn.Module
+    psg: PerSampleGradients
+    names: list[str]                   # the trainable parameters
+    public_grads: dict[str, torch.Tensor] | None
+
+
+class GradientMembershipAttack(Game[ReleaseSignals, ReleasedBatches, MembershipScores]):
     """Membership on releases: the game releases ``attack.batches`` batches of ``attack.batch_size`` private
     members at ``attack.at``; for each release the subclass's ``guess(ReleaseSignals) -> Scores`` sees the
     release and the gradients of a candidate set — the batch's members and as many held-out non-members, shuffled
     by the game's ``order`` stream and unlabelled — and scores every candidate (higher: more likely in the
-    release). The game
-    scores the candidates against who was released and reports the ledger's ε of one release and the
-    release's noise and density."""
+    release). The game scores the candidates against who was released and reports the ledger's ε of one release
+    and the release's noise and density."""
 
     Params = GradientMembershipParams
 
@@ -473,10 +536,8 @@ class GradientMembershipAttack(Attack[ReleaseSignals]):
     def title(self) -> str:
         return self.name
 
-    def play(self, view: AttackerView, task: Task) -> AttackResult:
+    def deal(self, view: AttackerView, task: Task) -> ReleasedBatches:
         p = self.params
-        self.check_task(p, task)
-        self.check_model(p, view.architecture, view.shape)
         need = p.batches * p.batch_size
         own = view.streams.scope("attack", self.name)
         gen = own.generator("candidates")
@@ -488,33 +549,40 @@ class GradientMembershipAttack(Attack[ReleaseSignals]):
         public = view.public
         public_grads = (psg(public.x[:PUBLIC_MEAN_LIMIT].to(view.device), public.y[:PUBLIC_MEAN_LIMIT].to(view.device))
                         if len(public) else None)
-        member_scores, other_scores, extra = [], [], []
+        return ReleasedBatches(view, task, own, members, others, model, psg, names, public_grads)
+
+    def rounds(self, dealt: ReleasedBatches) -> Iterator[Round[ReleaseSignals, BatchTruth]]:
+        """One round per release: its members and their share of the non-members, shuffled."""
+        p, view, task, own, names = self.params, dealt.view, dealt.task, dealt.own, dealt.names
         for b in range(p.batches):
-            x, y = task.train.x[members[b]], task.train.y[members[b]]
-            shared, _ = view.release(model, x, y, p.at, own.scope("release", b))
-            mine = others[b::p.batches]
+            x, y = task.train.x[dealt.members[b]], task.train.y[dealt.members[b]]
+            shared, _ = view.release(dealt.model, x, y, p.at, own.scope("release", b))
+            mine = dealt.others[b::p.batches]
             xs, ys = torch.cat([x, task.test.x[mine]]), torch.cat([y, task.test.y[mine]])
             order = torch.randperm(len(ys), generator=own.generator("order", b))
             mask = matching_mask(shared, p.mask_aware)
-            public_mean = None if public_grads is None else flat_rows(public_grads, mask, names).mean(0, keepdim=True)
+            public_mean = (None if dealt.public_grads is None
+                           else flat_rows(dealt.public_grads, mask, names).mean(0, keepdim=True))
             signals = ReleaseSignals(
                 release=flat_rows({n: shared.grads[n].unsqueeze(0).to(view.device) for n in names}, mask, names),
-                candidates=flat_rows(psg(xs[order].to(view.device), ys[order].to(view.device)), mask, names),
+                candidates=flat_rows(dealt.psg(xs[order].to(view.device), ys[order].to(view.device)), mask, names),
                 public_mean=public_mean)
-            scores_b = np.empty(len(ys))
-            guessed = self.guess(signals)
-            scores_b[order.numpy()] = guessed.values
-            extra.append(guessed.metrics)
-            member_scores.append(scores_b[: len(x)])
-            other_scores.append(scores_b[len(x):])
-        scores = np.concatenate(member_scores + other_scores)
-        labels = np.concatenate([np.ones(sum(map(len, member_scores)), bool),
-                                 np.zeros(sum(map(len, other_scores)), bool)])
-        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
-        decision = membership_verdict(metrics)
-        metrics["accounted_epsilon"] = view.privacy.at(1.0, 1).epsilon
-        metrics["release_noise_std"] = shared.noise_std
-        metrics["release_density"] = shared.density
-        metrics.update(mean_metrics(extra))
-        view.out_dir.mkdir(parents=True, exist_ok=True)
-        return AttackResult(metrics, save_roc(scores, labels, view.out_dir, self.title()), decision)
+            yield Round(signals, BatchTruth(len(x), shared.noise_std, shared.density), order.numpy())
+
+    def score(self, dealt: ReleasedBatches, played: list[Played[BatchTruth]]) -> MembershipScores:
+        members = [r.answer.values[: r.truth.members] for r in played]
+        others = [r.answer.values[r.truth.members:] for r in played]
+        scores = np.concatenate(members + others)
+        labels = np.concatenate([np.ones(sum(map(len, members)), bool), np.zeros(sum(map(len, others)), bool)])
+        metrics = membership_metrics(scores, labels, dealt.view.privacy.delta, dealt.own.numpy("threshold"))
+        metrics["accounted_epsilon"] = dealt.view.privacy.at(1.0, 1).epsilon
+        metrics["release_noise_std"] = played[-1].truth.noise_std  # the last release's
+        metrics["release_density"] = played[-1].truth.density
+        metrics.update(mean_metrics([r.answer.metrics for r in played]))
+        return MembershipScores(metrics, scores=scores, labels=labels)
+
+    def decide(self, scored: MembershipScores) -> Verdict:
+        return membership_verdict(scored.metrics)
+
+    def artefacts(self, dealt: ReleasedBatches, scored: MembershipScores, decision: Verdict) -> dict[str, Artefact]:
+        return roc_artefacts(scored.scores, scored.labels, self.title())

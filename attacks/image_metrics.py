@@ -18,12 +18,14 @@ is, and ``dpeval list`` should stay fast.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from dpeval.attacks.base import Artefact
 from dpeval.core.files import save_figure
 
 MSE_FLOOR = 1e-10  # PSNR cap of 100 dB on [0, 1] images
@@ -164,3 +166,18 @@ def save_grid(originals: torch.Tensor, reconstructions: torch.Tensor | Sequence[
     path.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path, dpi=100)
     return path
+
+
+@dataclass(frozen=True)
+class Grid(Artefact):
+    """The picture of ``save_grid`` as an artefact: its arguments, drawn when the application writes it."""
+
+    file: str
+    originals: torch.Tensor
+    reconstructions: Sequence[torch.Tensor]
+    title: str
+    captions: Sequence[Sequence[str]]
+    row_labels: Sequence[str]
+
+    def write(self, path: Path) -> None:
+        save_grid(self.originals, self.reconstructions, path, self.title, self.captions, self.row_labels)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +58,14 @@ import numpy as np
 import torch
 from scipy import stats
 
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
+from dpeval.attacks.base import Artefact, AttackParams, TextFile
+from dpeval.attacks.game import Game, Played, Round, Scored
 from dpeval.attacks.view import AttackerView
 from dpeval.core import rero
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_text_atomic
+from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.params import param
 from dpeval.core.per_sample import PerSampleGradients
-from dpeval.core.runtime import single_cpu_thread
 from dpeval.core.splits import Split, Task
 from dpeval.core.states import AttackState, resolve
 from dpeval.core.statistics import clopper_pearson
@@ -160,11 +160,31 @@ def segments(states: list[AttackState], steps: int, epochs: int) -> list[tuple[s
     return out
 
 
-class InformedReconstructionAttack(Attack[ResidualSignals]):
+@dataclass
+class InformedDeal:
+    """What the informed game draws and keeps: each game's candidates, secret and sampled steps, the replayed
+    states, and every game's signals."""
+
+    privacy: PrivacyLedger
+    sample_rate: float
+    pools: list[np.ndarray]            # per game: its n candidates (rows of the held-out split)
+    secrets: np.ndarray                # per game: the position of the target among its candidates
+    held: np.ndarray                   # [K, T] bool: the steps holding the target's slot
+    plan: list[tuple[str, range]]      # (state, steps replayed at it)
+    games: list[TargetGame]
+
+
+@dataclass(kw_only=True)
+class InformedScores(Scored):
+    guesses: list[dict[str, int]]      # per game: statistic -> the candidate it names
+
+
+class InformedReconstructionAttack(Game[ResidualSignals, InformedDeal, InformedScores]):
     """The family: a subclass implements ``guess(signals) -> {statistic: [n] scores}``; the first statistic
     makes the guess, every statistic is reported with its own success rate."""
 
     Params = InformedParams
+    one_thread = True
 
     @classmethod
     def wanted_states(cls, params: Any) -> set[str]:
@@ -188,13 +208,9 @@ class InformedReconstructionAttack(Attack[ResidualSignals]):
     def guess(self, evidence: ResidualSignals) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def play(self, view: AttackerView, task: Task) -> AttackResult:
-        with single_cpu_thread(view.device):
-            return self._play(view, task)
-
-    def _play(self, view: AttackerView, task: Task) -> AttackResult:
+    def deal(self, view: AttackerView, task: Task) -> InformedDeal:
+        """The K games' candidates, secrets and sampling, and every step of the run replayed for each."""
         p, ledger = self.params, view.privacy
-        check_pool(p, task.test)
         own = view.streams.scope("attack", self.name)
         epochs, steps, q = int(view.spec.train.epochs), int(ledger.steps), float(ledger.sample_rate)
         rng = own.numpy("candidates")
@@ -218,17 +234,18 @@ class InformedReconstructionAttack(Attack[ResidualSignals]):
                 x, y = task.test.x[pools[j]], task.test.y[pools[j]]
                 grads = {k: v.detach() for k, v in psg(x.to(view.device), y.to(view.device)).items()}
                 game.replay(release, whiten, grads, int(secrets[j]), span, held[j], own.scope(state, "target", j))
-        guesses = {}
-        for j, game in enumerate(games):
-            scores = self.guess(game.signals(q))
-            guesses[j] = {k: int(np.argmax(v)) for k, v in scores.items()}
-        return self._report(view, guesses, secrets, held, games, pools, plan)
+        return InformedDeal(view.privacy, q, pools, secrets, held, plan, games)
 
-    def _report(self, view: AttackerView, guesses: dict[int, dict[str, int]], secrets: np.ndarray, held: np.ndarray,
-                games: list[TargetGame], pools: list[np.ndarray], plan: list[tuple[str, range]]) -> AttackResult:
-        p, ledger = self.params, view.privacy
+    def rounds(self, dealt: InformedDeal) -> Iterator[Round[ResidualSignals, int]]:
+        """One round per game (the candidates already in a random order); the truth: the secret's position."""
+        for game, secret in zip(dealt.games, dealt.secrets):
+            yield Round(game.signals(dealt.sample_rate), int(secret))
+
+    def score(self, dealt: InformedDeal, played: list[Played[int]]) -> InformedScores:
+        p, ledger = self.params, dealt.privacy
+        guesses = [{k: int(np.argmax(v)) for k, v in r.answer.items()} for r in played]
         stats_names = list(guesses[0])
-        correct = {k: np.array([guesses[j][k] == secrets[j] for j in range(p.targets)]) for k in stats_names}
+        correct = {k: np.array([g[k] == r.truth for g, r in zip(guesses, played)]) for k in stats_names}
         n, k_games = p.candidates, p.targets
         releases = [*ledger.before, (ledger.accounted_noise_multiplier, ledger.sample_rate, ledger.steps)]
         metrics: dict[str, Any] = dict(rero.bounds(releases, ledger.epsilon, ledger.delta, n))
@@ -244,21 +261,28 @@ class InformedReconstructionAttack(Attack[ResidualSignals]):
         sigma = ledger.accounted_noise_multiplier
         metrics.update({
             "statistic": stats_names[0], "candidates": n, "targets": k_games, "chance": 1.0 / n,
-            "steps": int(ledger.steps), "states": len(plan), "sampled_steps": float(held.sum(axis=1).mean()),
+            "steps": int(ledger.steps), "states": len(dealt.plan),
+            "sampled_steps": float(dealt.held.sum(axis=1).mean()),
             "empirical_mu": rero.gdp_mu_of(metrics["success_ci_low"], n),
-            "norm_ratio": float(np.mean([np.mean(g.norm) for g in games]) * sigma) if sigma > 0 else math.nan,
+            "norm_ratio": float(np.mean([np.mean(g.norm) for g in dealt.games]) * sigma) if sigma > 0 else math.nan,
             "p_value": p_chance, "bound_p_value": p_bound,
             "bound_check": BoundCheck.of(not p_bound <= ALPHA).value,
         })
-        decision = Verdict.of(p_chance <= ALPHA)
-        record = {"rule": {"alpha": ALPHA, "verdict": decision, "bound_check": metrics["bound_check"]},
-                  "states": [[s, span.start, span.stop] for s, span in plan],
-                  "games": [{"candidates": pools[j].tolist(), "secret": int(secrets[j]),
-                             "sampled_steps": int(held[j].sum()), "guesses": guesses[j]} for j in range(k_games)]}
-        path = view.out_dir / f"{self.name}-games.json"
-        view.out_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(record, indent=1, default=str))
-        return AttackResult(metrics=metrics, artefacts={"games": str(path)}, verdict=decision)
+        return InformedScores(metrics, guesses=guesses)
+
+    def decide(self, scored: InformedScores) -> Verdict:
+        """``leaks`` when the success rate exceeds chance at level ``ALPHA`` (the one-sided binomial test)."""
+        return Verdict.of(scored.metrics["p_value"] <= ALPHA)
+
+    def artefacts(self, dealt: InformedDeal, scored: InformedScores, verdict: Verdict) -> dict[str, Artefact]:
+        """``<attack>-games.json``: every game's candidates, secret, sampled steps and guesses."""
+        record = {"rule": {"alpha": ALPHA, "verdict": verdict, "bound_check": scored.metrics["bound_check"]},
+                  "states": [[s, span.start, span.stop] for s, span in dealt.plan],
+                  "games": [{"candidates": pool.tolist(), "secret": int(secret), "sampled_steps": int(held.sum()),
+                             "guesses": guesses}
+                            for pool, secret, held, guesses in zip(dealt.pools, dealt.secrets, dealt.held,
+                                                                   scored.guesses)]}
+        return {"games": TextFile(f"{self.name}-games.json", json.dumps(record, indent=1, default=str))}
 
 
 Release = Callable[[dict[str, torch.Tensor], Streams], SharedGradient]  # (per-sample grads of the step, streams)

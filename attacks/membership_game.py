@@ -37,19 +37,26 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from dpeval.attacks import shadow_signals as sig
-from dpeval.attacks.base import Attack, AttackParams, AttackResult
-from dpeval.attacks.membership_metrics import mean_metrics, membership_metrics, membership_verdict, save_roc
+from dpeval.attacks.base import Artefact, AttackParams, TextFile
+from dpeval.attacks.game import Game as GameTemplate  # this module's Game is the shadows' plan
+from dpeval.attacks.game import Played, Round
+from dpeval.attacks.membership_metrics import (
+    MembershipScores,
+    mean_metrics,
+    membership_metrics,
+    membership_verdict,
+    roc_artefacts,
+)
 from dpeval.attacks.view import AttackerView
 from dpeval.core.errors import ConfigError
-from dpeval.core.files import write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
 from dpeval.core.params import param
 from dpeval.core.per_sample import fixed_front, front_features
@@ -57,6 +64,7 @@ from dpeval.core.settings import TrainConfig
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.streams import Streams
+from dpeval.core.verdicts import Verdict
 from dpeval.engine.shadow_training import fresh_models, train_shadows
 
 TARGETS = ("victim", "shadows")
@@ -305,31 +313,37 @@ SCORES_FILE = "scores.csv"
 SCORE_COLUMNS = ("target", "split", "index", "label", "member", "score")
 
 
-def save_scores(folder: Path, task: Task, rows: np.ndarray, scores: np.ndarray, members: np.ndarray,
-                targets: np.ndarray) -> dict[str, str]:
-    """Which records leak: one line per scored (target, example) with the example's split (``train``: the victim's
-    private pool, ``test``: held out), its index in its data source (``source_index``: the same image in every run
-    on that data), its label, whether the target trained on it and the attack's score (higher: more likely a
-    member); ``target`` is -1 for the victim, i for shadow i in the leave-one-model-out game. ``rows`` index the
-    game's population: the victim's pool, then the held-out split. Written by the game (it holds the task); the
-    attack never sees it."""
+def scores_file(task: Task, rows: np.ndarray, scores: np.ndarray, members: np.ndarray,
+                targets: np.ndarray) -> dict[str, Artefact]:
+    """Which records leak (``scores``, ``scores.csv``): one line per scored (target, example) with the example's split
+    (``train``: the victim's private pool, ``test``: held out), its index in its data source (``source_index``: the
+    same image in every run on that data), its label, whether the target trained on it and the attack's score
+    (higher: more likely a member); ``target`` is -1 for the victim, i for shadow i in the leave-one-model-out game.
+    ``rows`` index the game's population: the victim's pool, then the held-out split. Made by the game (it holds
+    the task); the attack never sees it."""
     n = len(task.train)
     source = torch.cat([task.train.source_index, task.test.source_index]).numpy()
     label = torch.cat([task.train.y, task.test.y]).numpy()
-    path = folder / SCORES_FILE
     lines = [",".join(SCORE_COLUMNS)] + [
         f"{int(t)},{'train' if r < n else 'test'},{int(source[r])},{int(label[r])},{int(m)},{float(s)!r}"
         for t, r, s, m in zip(targets, rows, scores, members)]
-    write_text_atomic(path, "\n".join(lines) + "\n")
-    return {"scores": str(path)}
+    return {"scores": TextFile(SCORES_FILE, "\n".join(lines) + "\n")}
 
 
-def out_dir(view: AttackerView) -> Path:
-    view.out_dir.mkdir(parents=True, exist_ok=True)
-    return view.out_dir
+@dataclass
+class ShadowDeal:
+    """What the shadow game draws and keeps: the pool (who trains on what), the victim's signals (``victim``
+    game) and the shuffle of the population."""
+
+    view: AttackerView
+    task: Task
+    own: Streams
+    pool: ShadowPool
+    victim: tuple[np.ndarray, np.ndarray] | None
+    order: np.ndarray
 
 
-class ShadowAttack(Attack[Signals]):
+class ShadowAttack(GameTemplate[Signals, ShadowDeal, MembershipScores]):
     """A membership attack scoring a target against shadow references: subclasses give ``guess(Signals) ->
     Scores`` (a pure function of the signals the game read once off the models), and may give ``title()``; the
     game, pool, metrics and ROC artefacts are common."""
@@ -338,39 +352,42 @@ class ShadowAttack(Attack[Signals]):
     def check_task(cls, params: ShadowParams, task: Any) -> None:
         check_game(params, task)
 
-    def play(self, view: AttackerView, task: Task) -> AttackResult:
+    def deal(self, view: AttackerView, task: Task) -> ShadowDeal:
         p = self.params
-        self.check_task(p, task)
-        self.check_model(p, view.architecture, view.shape)
         pool = shadow_pool(view, task, p.shadows, p.mia_target)
         victim = (outputs_of(fresh_model(view), view, view.states["final"], pool.game)
                   if p.mia_target == "victim" else None)
         own = view.streams.scope("attack", self.name)
         # the population lists the victim's pool first: the hook sees its examples in a shuffled order
         order = torch.randperm(len(pool.game.y), generator=own.generator("order")).numpy()
-        scores, labels, extra = [], [], []
-        for target, membership in target_signals(pool, victim):
-            guessed = self.guess(target.columns(order))
-            unshuffled = np.empty(len(order))
-            unshuffled[order] = guessed.values
-            scores.append(unshuffled)
-            labels.append(membership)
-            extra.append(guessed.metrics)
-        targets = len(scores)
-        scores, labels = np.concatenate(scores), np.concatenate(labels)
-        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
-        verdict = membership_verdict(metrics)
-        if p.mia_target == "shadows":
-            metrics.update(target_privacy(view.privacy, pool.game))
-        metrics["game_in_fraction"] = float(pool.game.membership.float().mean())  # per example, over the shadows
-        metrics.update(mean_metrics(extra))
-        game = pool.game
-        rows = game.index.numpy()
-        target_of = (np.full(len(rows), -1) if p.mia_target == "victim"
+        return ShadowDeal(view, task, own, pool, victim, order)
+
+    def rounds(self, dealt: ShadowDeal) -> Iterator[Round[Signals, np.ndarray]]:
+        """One round per target, the population in one shuffled order; the truth: the target's membership."""
+        for target, membership in target_signals(dealt.pool, dealt.victim):
+            yield Round(target.columns(dealt.order), membership, dealt.order)
+
+    def score(self, dealt: ShadowDeal, played: list[Played[np.ndarray]]) -> MembershipScores:
+        game = dealt.pool.game
+        scores = np.concatenate([r.answer.values for r in played])
+        labels = np.concatenate([r.truth for r in played])
+        metrics = membership_metrics(scores, labels, dealt.view.privacy.delta, dealt.own.numpy("threshold"))
+        if self.params.mia_target == "shadows":
+            metrics.update(target_privacy(dealt.view.privacy, game))
+        metrics["game_in_fraction"] = float(game.membership.float().mean())  # per example, over the shadows
+        metrics.update(mean_metrics([r.answer.metrics for r in played]))
+        return MembershipScores(metrics, scores=scores, labels=labels)
+
+    def decide(self, scored: MembershipScores) -> Verdict:
+        return membership_verdict(scored.metrics)
+
+    def artefacts(self, dealt: ShadowDeal, scored: MembershipScores, verdict: Verdict) -> dict[str, Artefact]:
+        rows = dealt.pool.game.index.numpy()
+        targets = len(scored.scores) // len(rows)
+        target_of = (np.full(len(rows), -1) if self.params.mia_target == "victim"
                      else np.repeat(np.arange(targets), len(rows)))
-        artefacts = save_roc(scores, labels, out_dir(view), self.title())
-        artefacts |= save_scores(out_dir(view), task, np.tile(rows, targets), scores, labels, target_of)
-        return AttackResult(metrics, artefacts, verdict)
+        return (roc_artefacts(scored.scores, scored.labels, self.title())
+                | scores_file(dealt.task, np.tile(rows, targets), scored.scores, scored.labels, target_of))
 
 
 @dataclass(frozen=True)
@@ -393,7 +410,21 @@ def victim_outputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dev
     return VictimOutputs(torch.cat(logits) if logits else torch.empty(0), y)
 
 
-class VictimMembershipAttack(Attack[VictimOutputs]):
+@dataclass
+class Candidates:
+    """What the game on the victim alone keeps: its pool and held-out split as candidates, who is a member, and
+    their shuffle."""
+
+    view: AttackerView
+    task: Task
+    own: Streams
+    x: torch.Tensor
+    y: torch.Tensor
+    labels: np.ndarray       # [N] bool: a member (the victim's pool, listed first)
+    order: torch.Tensor
+
+
+class VictimMembershipAttack(GameTemplate[VictimOutputs, Candidates, MembershipScores]):
     """Membership against the trained victim without shadow models (``loss``, plug-ins). The game's
     candidates are the victim's private pool and the held-out split, shuffled (stream ``attack/<name>``
     ``order``) and unlabelled; the game computes the final model's outputs on them once, and a subclass's
@@ -410,23 +441,34 @@ class VictimMembershipAttack(Attack[VictimOutputs]):
             raise ConfigError(f"data.test_fraction: the {cls.name} attack needs held-out examples (non-members); "
                               "set data.test_fraction > 0")
 
-    def play(self, view: AttackerView, task: Task) -> AttackResult:
-        self.check_task(self.params, task)
-        self.check_model(self.params, view.architecture, view.shape)
+    def deal(self, view: AttackerView, task: Task) -> Candidates:
         x, y = torch.cat([task.train.x, task.test.x]), torch.cat([task.train.y, task.test.y])
         labels = np.r_[np.ones(len(task.train), bool), np.zeros(len(task.test), bool)]
         own = view.streams.scope("attack", self.name)
         order = torch.randperm(len(y), generator=own.generator("order"))
-        scores = np.empty(len(y))
-        guessed = self.guess(victim_outputs(view.model_at("final"), x[order], y[order], view.device))
-        scores[order.numpy()] = guessed.values
-        metrics = membership_metrics(scores, labels, view.privacy.delta, own.numpy("threshold"))
-        verdict = membership_verdict(metrics)
+        return Candidates(view, task, own, x, y, labels, order)
+
+    def rounds(self, dealt: Candidates) -> Iterator[Round[VictimOutputs, np.ndarray]]:
+        """One round: the final model's outputs on the shuffled candidates."""
+        order, view = dealt.order, dealt.view
+        yield Round(victim_outputs(view.model_at("final"), dealt.x[order], dealt.y[order], view.device),
+                    dealt.labels, order.numpy())
+
+    def score(self, dealt: Candidates, played: list[Played[np.ndarray]]) -> MembershipScores:
+        (only,) = played
+        scores, labels = only.answer.values, only.truth
+        metrics = membership_metrics(scores, labels, dealt.view.privacy.delta, dealt.own.numpy("threshold"))
         if self.yeom_rule:
             threshold = scores[labels].mean()
             metrics["yeom_accuracy"] = float(((scores[labels] > threshold).mean()
                                               + (scores[~labels] <= threshold).mean()) / 2)
-        metrics.update(guessed.metrics)
-        artefacts = save_roc(scores, labels, out_dir(view), self.title())
-        artefacts |= save_scores(out_dir(view), task, np.arange(len(y)), scores, labels, np.full(len(y), -1))
-        return AttackResult(metrics, artefacts, verdict)
+        metrics.update(only.answer.metrics)
+        return MembershipScores(metrics, scores=scores, labels=labels)
+
+    def decide(self, scored: MembershipScores) -> Verdict:
+        return membership_verdict(scored.metrics)
+
+    def artefacts(self, dealt: Candidates, scored: MembershipScores, verdict: Verdict) -> dict[str, Artefact]:
+        n = len(dealt.y)
+        return (roc_artefacts(scored.scores, scored.labels, self.title())
+                | scores_file(dealt.task, np.arange(n), scored.scores, scored.labels, np.full(n, -1)))

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from sklearn.metrics import roc_curve
 
-from dpeval.core.files import save_figure, write_text_atomic
+from dpeval.attacks.base import Artefact, TextFile
+from dpeval.attacks.game import Scored
+from dpeval.core.files import save_figure
 from dpeval.core.statistics import auc_delong, epsilon_lower_bound
 from dpeval.core.verdicts import Verdict
 
@@ -73,38 +76,57 @@ def membership_metrics(scores: np.ndarray, labels: np.ndarray, delta: float,
     return metrics
 
 
+@dataclass(kw_only=True)
+class MembershipScores(Scored):
+    """A membership game's metrics and the scores they come from (the ROC's points)."""
+
+    scores: np.ndarray   # one per scored candidate (higher: more likely a member), in the game's order
+    labels: np.ndarray   # bool: a member
+
+
 def mean_metrics(per_target: list[dict[str, float]]) -> dict[str, float]:
     """The metrics an attack's ``Scores`` report beside the scores, averaged over the game's targets (or releases)."""
     keys = sorted({k for m in per_target for k in m})
     return {k: float(np.mean([m[k] for m in per_target if k in m])) for k in keys}
 
 
-def save_roc(scores: np.ndarray, labels: np.ndarray, out_dir: Path, title: str) -> dict[str, str]:
-    """ROC points as JSON (for the report) and a log-log PNG whose axes stop at 1/(number of non-members),
-    the smallest non-zero FPR the data can show; returns the artefact paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def roc_artefacts(scores: np.ndarray, labels: np.ndarray, title: str) -> dict[str, Artefact]:
+    """The ROC points as JSON (``roc``, for the report) and its log-log picture (``roc_png``)."""
     labels = np.asarray(labels, dtype=bool)
     fpr, tpr, _ = roc_curve(labels, np.asarray(scores, dtype=float))
-    floor = 1 / int((~labels).sum())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    roc_json = out_dir / "roc.json"
-    write_text_atomic(roc_json, json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist(), "fpr_floor": floor}))
-    fig, ax = plt.subplots(figsize=(4.5, 4.2))
-    ax.loglog(np.maximum(fpr, floor), np.maximum(tpr, floor), label="attack")
-    ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
-    ax.set_xlim(floor, 1)
-    ax.set_ylim(floor, 1)
-    ax.set_xlabel(f"false positive rate (≥ 1/{int((~labels).sum())} non-members)")
-    ax.set_ylabel("true positive rate")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    roc_png = out_dir / "roc.png"
-    try:
-        save_figure(fig, roc_png, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return {"roc": str(roc_json), "roc_png": str(roc_png)}
+    nonmembers = int((~labels).sum())
+    points = json.dumps({"fpr": fpr.tolist(), "tpr": tpr.tolist(), "fpr_floor": 1 / nonmembers})
+    return {"roc": TextFile("roc.json", points), "roc_png": RocPicture("roc.png", fpr, tpr, nonmembers, title)}
+
+
+@dataclass(frozen=True)
+class RocPicture(Artefact):
+    """A log-log ROC curve whose axes stop at 1/(number of non-members), the smallest non-zero FPR the data can
+    show."""
+
+    file: str
+    fpr: np.ndarray
+    tpr: np.ndarray
+    nonmembers: int
+    title: str
+
+    def write(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        floor = 1 / self.nonmembers
+        fig, ax = plt.subplots(figsize=(4.5, 4.2))
+        ax.loglog(np.maximum(self.fpr, floor), np.maximum(self.tpr, floor), label="attack")
+        ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
+        ax.set_xlim(floor, 1)
+        ax.set_ylim(floor, 1)
+        ax.set_xlabel(f"false positive rate (≥ 1/{self.nonmembers} non-members)")
+        ax.set_ylabel("true positive rate")
+        ax.set_title(self.title)
+        ax.legend(fontsize=8)
+        try:
+            save_figure(fig, path, dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)

@@ -8,9 +8,10 @@ public hyperparameters, factories for fresh models and defenses (shadow models),
 folder and the device.
 
 What it does not hold: the private pool, the held-out split, or which examples are members. Those stay with
-the game (``attacks/base.py``: ``Attack.play(view, task)``, implemented by the attack families in
-``attacks/gradient_game.py`` and ``attacks/membership_game.py``), which chooses the targets, hands an
-attack only releases and unlabelled candidates, and scores its guesses against the truth it keeps.
+the game (``Attack.play(view, task)``: the template of ``attacks/game.py``, filled in by the attack families of
+``attacks/gradient_game.py``, ``attacks/membership_game.py`` and ``attacks/informed_game.py``), which chooses the
+targets, hands an attack only releases and unlabelled candidates, and scores its guesses against the truth it
+keeps.
 ``tests/test_layers.py`` checks that no module registering an attack reaches the pool.
 """
 

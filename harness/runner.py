@@ -15,7 +15,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from torch import nn
 
 from dpeval import __version__, checkpoint
 from dpeval.attacks import ATTACKS
+from dpeval.attacks.base import Artefact
 from dpeval.attacks.view import AttackerView
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
 from dpeval.core.datasets import load_task
@@ -265,6 +266,16 @@ def attacks_of(spec: RunSpec) -> list:
     return [(name, ATTACKS.get(name, field="attack")(spec.attack[name])) for name in spec.attacks]
 
 
+def write_artefacts(artefacts: Mapping[str, Artefact], folder: Path) -> dict[str, Path]:
+    """Write an attack's artefacts (``AttackResult.artefacts``) into its folder, each under its file name: name ->
+    path written."""
+    paths = {name: inside(folder, artefact.file, "artefact") for name, artefact in artefacts.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, artefact in artefacts.items():
+        artefact.write(paths[name])
+    return paths
+
+
 def artefact_path(path: str | Path, run_id: str, run_dir: Path) -> str:
     """An artefact's path as stored: relative to the results folder (``runs/<run_id>/…``, the store's
     layout), so that a moved or copied results folder still finds it; a file written outside the run's
@@ -328,6 +339,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
         start = time.perf_counter()
         try:
             result = attack.play(view, prep.task)
+            written = write_artefacts(result.artefacts, view.out_dir)
             check_headline(attack, result.metrics)
         except Exception as exc:
             log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
@@ -335,7 +347,7 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
             continue
         finally:
             seconds[name] = time.perf_counter() - start
-        artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in result.artefacts.items()}
+        artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in written.items()}
         outcomes[name] = AttackOutcome.of(name, result.metrics, result.states, result.verdict, artefacts)
     return outcomes, seconds
 

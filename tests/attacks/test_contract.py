@@ -37,14 +37,14 @@ def test_one_hook_one_evidence_object(name):
     import inspect
     import typing
 
-    from dpeval.attacks.base import Attack
+    from dpeval.attacks.game import Game
 
     cls = ATTACKS.get(name)
     assert not inspect.isabstract(cls), f"{name}: {sorted(cls.__abstractmethods__)} not implemented"
     assert list(inspect.signature(cls.guess).parameters) == ["self", "evidence"]
     evidence = typing.get_type_hints(cls.guess)["evidence"]
-    family = next(b for b in cls.__mro__ if "play" in vars(b))
-    assert family is not cls and family is not Attack
+    family = next(b for b in cls.__mro__ if "deal" in vars(b))
+    assert family is not cls and cls.play is Game.play
     assert dataclasses.is_dataclass(evidence) and evidence.__dataclass_params__.frozen
     assert list(inspect.signature(cls.check_model).parameters) == ["params", "model", "shape"]
 
@@ -63,6 +63,20 @@ def test_an_attack_cannot_replace_its_familys_game():
         class Peeking(VictimMembershipAttack):
             def play(self, view, task):
                 return task
+
+
+def test_a_game_writes_no_file_the_application_writes_its_artefacts(tmp_path):
+    """A game returns its artefacts as data; the runner's ``write_artefacts`` writes them under their names."""
+    from dpeval.runner import write_artefacts
+    from tests.helpers import untrained_view
+
+    spec = build_spec({"attacks": ["loss"], "device": "cpu"})
+    view, task = untrained_view(spec, tmp_path / "loss")
+    result = ATTACKS.get("loss")(spec.attack["loss"]).play(view, task)
+    assert not any(view.out_dir.iterdir())
+    written = write_artefacts(result.artefacts, view.out_dir)
+    assert {k: p.name for k, p in written.items()} == {"roc": "roc.json", "roc_png": "roc.png", "scores": "scores.csv"}
+    assert all(p.parent == view.out_dir and p.stat().st_size > 0 for p in written.values())
 
 
 def test_an_attack_without_a_title_has_the_default_one():

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, save_roc
+from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, roc_artefacts
 from dpeval.core.statistics import (
     auc_delong,
     bound_at,
@@ -20,6 +20,7 @@ from dpeval.core.statistics import (
     epsilon_lower_bound,
 )
 from dpeval.core.verdicts import Verdict
+from dpeval.runner import write_artefacts
 
 
 def gaussian_scores(n, shift, seed, members=0.5):
@@ -169,8 +170,8 @@ def test_inverted_scores_do_not_count_as_leaking():
 def test_roc_axes_stop_at_one_over_the_non_members(tmp_path):
     labels = np.r_[np.ones(100, bool), np.zeros(359, bool)]
     scores = np.random.default_rng(0).normal(0, 1, 459) + labels
-    paths = save_roc(scores, labels, tmp_path, "test")
+    paths = write_artefacts(roc_artefacts(scores, labels, "test"), tmp_path)
     data = json.loads((tmp_path / "roc.json").read_text())
     assert data["fpr_floor"] == pytest.approx(1 / 359)
     assert min(f for f in data["fpr"] if f > 0) >= data["fpr_floor"] - 1e-12
-    assert paths["roc_png"].endswith("roc.png") and (tmp_path / "roc.png").stat().st_size > 0
+    assert paths["roc_png"].name == "roc.png" and (tmp_path / "roc.png").stat().st_size > 0
