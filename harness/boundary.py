@@ -18,7 +18,8 @@ from pathlib import Path
 POOL_MODULES = ("dpeval.core.datasets", "dpeval.runner", "dpeval.api")
 POOL_OBJECTS = {"dpeval.core.splits.Task", "dpeval.attacks.gradient_game.draw_targets",
                 "dpeval.attacks.gradient_game.select_targets", "dpeval.attacks.shadow_signals.population",
-                "dpeval.attacks.membership_game.plan_game", "dpeval.attacks.membership_game.shadow_pool"}
+                "dpeval.attacks.membership_game.plan_game", "dpeval.attacks.membership_game.shadow_pool",
+                "dpeval.attacks.informed_game.check_pool", "dpeval.attacks.informed_game.draw_pool"}
 POOL_ACCESSORS = {name.rsplit(".", 1)[1] for name in POOL_OBJECTS}  # also reached as ``module.name``
 
 

@@ -284,10 +284,13 @@ def test_the_boundary_check_catches_an_attack_reading_the_pool(tmp_path):
         "class Probe(ReconstructionAttack):\n"
         "    def play(self, view, task):\n"
         "        noise = Streams(0).scope('victim')\n"
-        "        return gc.draw_targets(view, task, self.params)\n")
+        "        return gc.draw_targets(view, task, self.params)\n"
+        "\n"
+        "from dpeval.attacks.informed_game import draw_pool\n")
     assert registers_attack(probe)  # attack_modules() would pick it up in attacks/
     bad = "\n".join(boundary.boundary_violations(probe))
     for expected in ("imports dpeval.core.splits.Task", "line 9: overrides play", "line 9: takes task",
                      "line 10: builds its own Streams", "line 10: names the victim's random streams",
-                     "line 11: reads .draw_targets", "line 11: names task"):
+                     "line 11: reads .draw_targets", "line 11: names task",
+                     "imports dpeval.attacks.informed_game.draw_pool"):
         assert expected in bad, (expected, bad)
