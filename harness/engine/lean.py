@@ -526,12 +526,6 @@ def check_lean(defense_cls: type[Defense], model: nn.Module, precision: str = "f
 FUNC_SHARE_ON_CUDA = 0.25
 
 
-def select_engine(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
-                  micro_batch: int = 0, precision: str = "fp32") -> str:
-    """Resolve ``train.engine`` (``engine_choice`` without its reason)."""
-    return engine_choice(name, model, defense, device, micro_batch, precision)[0]
-
-
 def engine_choice(name: str, model: nn.Module, defense: Defense, device: torch.device | str = "cpu",
                   micro_batch: int = 0, precision: str = "fp32") -> tuple[str, str]:
     """(engine, why) for ``train.engine``: ``func`` always works; ``lean`` (book-keeping) where ``check_lean``

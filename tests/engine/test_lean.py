@@ -19,7 +19,7 @@ from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.clipping import GroupClipping
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
 from dpeval.defenses.groupwise import resolve_groups
-from dpeval.engine.lean import LeanEngine, select_engine, trainable_layers
+from dpeval.engine.lean import LeanEngine, engine_choice, trainable_layers
 from dpeval.engine.training import train
 from dpeval.runner import prepare
 from tests.helpers import spec_for
@@ -195,16 +195,16 @@ def test_engine_selection():
         capabilities = dataclasses.replace(DPSGD.capabilities, lean_capable=False)
 
     plain = Materialised(ClipParams(), DefenseContext(shapes, 1.0, streams))
-    assert select_engine("auto", model, dp) == "lean"
-    assert select_engine("func", model, dp) == "func"
-    assert select_engine("auto", model, plain) == "func"
+    assert engine_choice("auto", model, dp)[0] == "lean"
+    assert engine_choice("func", model, dp)[0] == "func"
+    assert engine_choice("auto", model, plain)[0] == "func"
     with pytest.raises(ConfigError, match="train.engine"):
-        select_engine("lean", model, plain)
+        engine_choice("lean", model, plain)
     embedding = WithEmbedding()
     dp_emb = DPSGD(ClipParams(), DefenseContext({n: p.shape for n, p in embedding.named_parameters()}, 1.0, streams))
-    assert select_engine("auto", embedding, dp_emb) == "func"
+    assert engine_choice("auto", embedding, dp_emb)[0] == "func"
     with pytest.raises(ConfigError, match=r"Parameter \(bare, in WithEmbedding\) ×1 at scale, Embedding .*×1 at emb"):
-        select_engine("lean", embedding, dp_emb)
+        engine_choice("lean", embedding, dp_emb)
 
 
 def test_auto_materialises_on_cuda_where_a_micro_batch_of_per_sample_gradients_fits(monkeypatch):
@@ -220,10 +220,10 @@ def test_auto_materialises_on_cuda_where_a_micro_batch_of_per_sample_gradients_f
     per_example = 4 * sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2**30))
     fits = int(lean.FUNC_SHARE_ON_CUDA * 2**30) // per_example
-    assert select_engine("auto", model, dp, "cuda", fits) == "func"
-    assert select_engine("auto", model, dp, "cuda", fits + 1) == "lean"
-    assert select_engine("lean", model, dp, "cuda", 1) == "lean"  # asked for: kept
-    assert select_engine("auto", model, dp, "cpu", 1) == "lean"
+    assert engine_choice("auto", model, dp, "cuda", fits)[0] == "func"
+    assert engine_choice("auto", model, dp, "cuda", fits + 1)[0] == "lean"
+    assert engine_choice("lean", model, dp, "cuda", 1)[0] == "lean"  # asked for: kept
+    assert engine_choice("auto", model, dp, "cpu", 1)[0] == "lean"
 
 
 def test_every_defense_runs_lean_by_default(tmp_path):

@@ -13,7 +13,7 @@ from dpeval.core.per_sample import PerSampleGradients, compute_precision
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
-from dpeval.engine.lean import select_engine
+from dpeval.engine.lean import engine_choice
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
 from dpeval.engine.training import train
 from dpeval.runner import prepare
@@ -66,10 +66,10 @@ def test_precision_names_are_checked():
 def test_bf16_runs_on_the_func_engine():
     model, _, _ = dpcnn_batch()
     dp = DPSGD(ClipParams(), DefenseContext({n: p.shape for n, p in model.named_parameters()}, 1.0, Streams(0)))
-    assert select_engine("auto", model, dp) == "lean"
-    assert select_engine("auto", model, dp, "cpu", 0, "bf16") == "func"
+    assert engine_choice("auto", model, dp)[0] == "lean"
+    assert engine_choice("auto", model, dp, "cpu", 0, "bf16")[0] == "func"
     with pytest.raises(ConfigError, match="train.precision bf16 needs the func engine"):
-        select_engine("lean", model, dp, "cpu", 0, "bf16")
+        engine_choice("lean", model, dp, "cpu", 0, "bf16")
     with pytest.raises(ConfigError, match="train.precision bf16 needs the func engine"):
         prepare(build_spec({"train": {"engine": "lean", "precision": "bf16"}}))
 
