@@ -265,10 +265,11 @@ def run_scope_audit(spec: RunSpec, options: RunAuditOptions | None = None, defen
 def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type | None,
                      plan: Callable | None) -> dict[str, Any]:
     from dpeval.runner import base_metrics, prepare  # the run exactly as ``dpeval run`` prepares it
+    from dpeval.victims import DefenseTrained
 
     start = time.perf_counter()
     options.validate()
-    prep = prepare(spec, defense_cls=defense_cls, plan=plan)
+    prep = prepare(spec, source=DefenseTrained(defense_cls, plan))
     privacy = prep.privacy
     if not math.isfinite(privacy.epsilon):
         raise ConfigError(f"defense: {spec.defense_name!r} (with these parameters) is not a DP mechanism "

@@ -17,7 +17,8 @@ from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.random_freeze import RandomFreezeParams
 from dpeval.defenses.rs import RSParams
 from dpeval.engine.training import train
-from dpeval.runner import plan_privacy, prepare
+from dpeval.runner import prepare
+from dpeval.victims import plan_privacy
 from tests.helpers import spec_for
 
 SHAPES = {"w": torch.Size([40, 25]), "b": torch.Size([37])}
