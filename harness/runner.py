@@ -40,7 +40,7 @@ from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses.base import Defense, DefenseContext
 from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
-from dpeval.engine.training import BatchSampler, Loop, accuracy, train
+from dpeval.engine.training import BatchSampler, Loop, Observers, TrainingObserver, accuracy, train
 from dpeval.logs import LOG_ONLY, open_run_log
 from dpeval.results import AttackOutcome, Communication, RunResult, Timing, Utility
 from dpeval.store import ResultStore
@@ -302,6 +302,38 @@ class Trained:
     extra: dict[str, Any]
 
 
+@dataclass
+class Snapshots(TrainingObserver):
+    """The weights and the defense's public state at the start of each epoch the attacks asked for (``wanted``),
+    and the defense's at epoch 0 as ``init``."""
+
+    wanted: set[str]
+    states: dict[str, dict[str, torch.Tensor]]
+    defense_states: dict[str, Any]
+
+    def epoch_start(self, epoch: int, model: nn.Module, defense: Defense) -> None:
+        if epoch == 0:
+            self.defense_states["init"] = copy.deepcopy(defense.state_dict())
+        if f"epoch:{epoch}" in self.wanted:
+            self.states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
+            self.defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
+
+
+@dataclass
+class Checkpoints(TrainingObserver):
+    """``checkpoint.pt`` at the end of every epoch (and within epochs: ``train.checkpoint_every``): the loop and
+    the snapshots taken so far."""
+
+    path: Path
+    run_key: str
+    snapshots: Snapshots
+    checkpoints = True
+
+    def epoch_end(self, loop: Loop, epochs_done: int) -> None:
+        checkpoint.save(self.path, self.run_key, {"loop": loop.state(epochs_done), "states": self.snapshots.states,
+                                                  "defense_states": self.snapshots.defense_states})
+
+
 def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, checkpoints: bool = False,
             resume: dict[str, Any] | None = None) -> RunResult:
     """Train, attack and write the artefacts of one run into ``run_dir``; returns its result.
@@ -326,25 +358,15 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
             states, defense_states = resume["states"], resume["defense_states"]
             log.info("resuming after %s from %s", checkpoint.position(resume["loop"], spec.train.epochs),
                      run_dir / checkpoint.FILE)
-
-        def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
-            if epoch == 0:
-                defense_states["init"] = copy.deepcopy(defense.state_dict())
-            if f"epoch:{epoch}" in wanted:
-                states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
-                defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
-
-        def save_checkpoint(loop: Loop, epochs_done: int) -> None:
-            checkpoint.save(run_dir / checkpoint.FILE, spec.run_key, {
-                "loop": loop.state(epochs_done), "states": states, "defense_states": defense_states})
-
         defense = prep.make_defense(prep.streams.scope("victim"))
         if spec.model.weights is not None:  # trained elsewhere: attacked as given, nothing trained here
             trained = given_weights(prep, defense, states, defense_states)
             return finish(prep, trained, states, defense_states, run_dir, run_id, progress)
+        snapshots = Snapshots(wanted, states, defense_states)
+        saving = Checkpoints(run_dir / checkpoint.FILE, spec.run_key, snapshots)
+        observer = Observers(snapshots, saving) if checkpoints else snapshots
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
-                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
-                       on_epoch_end=save_checkpoint if checkpoints else None,
+                       prep.sampler, prep.device, progress=progress, observer=observer,
                        resume=resume["loop"] if resume is not None else None)
         warn_divergence([h["train_loss"] for h in result.history], spec.train.lr)
         states["final"] = copy.deepcopy(prep.model.state_dict())
