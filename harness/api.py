@@ -342,6 +342,7 @@ def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torc
     Bad input raises ``ConfigError`` naming the argument.
     """
     from dpeval.runner import play_attacks, prepare, run_result
+    from dpeval.victims import OutsideModel
 
     spec = configure(settings_tree(recipe, "recipe"), attacks=attack_names(attacks))
     progress = check_flag(progress, "progress")
@@ -352,7 +353,7 @@ def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torc
     build = checked_architecture(architecture, model)
     check = UserFunctionCheck()
     trainer = checked_trainer(train_shadow, shapes_of(model), check)
-    prep = prepare(spec, task, given=(model, build))
+    prep = prepare(spec, task, OutsideModel(model, build))
     folder = run_folder(out, "dpeval-membership-")
     states = {"final": {n: t.detach().clone() for n, t in model.state_dict().items()}}
     outcomes, seconds = play_attacks(prep, states, {}, folder, progress=progress, train_shadow=trainer)
@@ -438,6 +439,7 @@ def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
     noise-aware attacks read it). A release that is not a finite gradient of the model's shapes raises
     ``ConfigError`` naming ``release``; files go to ``out`` or a temporary folder removed when the process exits."""
     from dpeval.runner import play_attacks, prepare, run_result
+    from dpeval.victims import DefenseTrained
 
     if not callable(release):
         raise ConfigError(f"release: must be a function release(grads, generator), got {type(release).__name__}")
@@ -449,7 +451,7 @@ def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
     raw.setdefault("attack", {}).setdefault("at", "final" if weights is not None else "init")  # no training here
     spec = configure(raw, defense={"name": "none"}, attacks=attack_names(attacks))
     check = UserFunctionCheck()
-    prep = prepare(spec, defense_cls=function_defense(release, float(noise_std), check))
+    prep = prepare(spec, source=DefenseTrained(function_defense(release, float(noise_std), check)))
     prep.model.to(prep.device).eval()
     init = copy.deepcopy(prep.model.state_dict())
     final = check_weights(weights, prep.model) if weights is not None else init

@@ -28,27 +28,24 @@ from dpeval import __version__, checkpoint
 from dpeval.attacks import ATTACKS
 from dpeval.attacks.base import Artefact
 from dpeval.attacks.view import AttackerView
-from dpeval.core.accounting import ACCOUNTED_SAMPLING, default_delta, noise_for
+from dpeval.core.accounting import ACCOUNTED_SAMPLING
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
 from dpeval.core.files import inside, write_atomic, write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
-from dpeval.core.models import build_model
-from dpeval.core.params import check_noise_scales
-from dpeval.core.registry import default_model
 from dpeval.core.runtime import apply_thread_default, resolve_device
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
 from dpeval.core.states import resolve
 from dpeval.core.streams import Streams, seed_globals
-from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import Defense, DefenseContext
 from dpeval.engine.lean import check_lean
 from dpeval.engine.release import ReleaseOracle
-from dpeval.engine.training import BatchSampler, Loop, accuracy, train
+from dpeval.engine.training import BatchSampler, Loop, Observers, TrainingObserver, accuracy, train
 from dpeval.logs import LOG_ONLY, open_run_log
 from dpeval.results import AttackOutcome, Communication, RunResult, Timing, Utility
 from dpeval.store import ResultStore
+from dpeval.victims import DefenseTrained, VictimSource
 from dpeval.weights import check_weights, read_weights
 
 log = logging.getLogger("dpeval")
@@ -69,51 +66,6 @@ class Prepared:
     device: torch.device
 
 
-def plan_privacy(spec: RunSpec, defense_cls: type[Defense], n_private: int) -> PrivacyLedger:
-    """The ledger of the releases training will make: σ given, or calibrated for ``privacy.epsilon`` — after the
-    DP-PCA of the inputs, when the model has one (``model.pca``: its σ_p given, or set by its ε share); ConfigError
-    when the noise of that σ would overflow float32 (``check_noise_scales``)."""
-    p, t, pca = spec.privacy, spec.train, spec.model.pca
-    sample_rate = t.batch_size / n_private
-    steps = t.epochs * (n_private // t.batch_size)
-    delta = p.delta if p.delta is not None else default_delta(n_private)
-    if not defense_cls.is_dp(spec.defense):
-        return PrivacyLedger(0.0, 0.0, sample_rate, steps, delta, p.accountant, t.sampling)  # an exact PCA, if any
-    pca_sigma = 0.0
-    if pca.dims > 0:
-        if pca.noise_multiplier is not None:
-            pca_sigma = pca.noise_multiplier
-        elif p.noise_multiplier is not None:
-            raise ConfigError("model.pca.noise_multiplier: give the PCA's σ_p too when privacy.noise_multiplier "
-                              "gives training's (an ε share needs a target ε)")
-        else:
-            pca_sigma = noise_for(pca.epsilon_share * p.epsilon, delta, 1.0, 1, p.accountant)
-    before = ((pca_sigma, 1.0, 1),) if pca_sigma > 0 else ()
-    if p.noise_multiplier is not None:
-        sigma = p.noise_multiplier
-        accounted = sigma / defense_cls.noise_for_accounted(1.0)
-    else:
-        accounted = noise_for(p.epsilon, delta, sample_rate, steps, p.accountant, before=before)
-        sigma = defense_cls.noise_for_accounted(accounted)
-    check_noise_scales(spec.defense, "defense", sigma)
-    return PrivacyLedger(sigma, accounted, sample_rate, steps, delta, p.accountant, t.sampling, pca_sigma)
-
-
-def input_pca(spec: RunSpec, task: Task, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
-    """The DP-PCA projection of the private pool's inputs as the model sees them (normalised), σ_p from the ledger
-    (0 for a non-private run: the exact PCA)."""
-    from dpeval.core.models import Normalize
-    from dpeval.core.pca import dp_pca
-
-    dims, d = spec.model.pca.dims, math.prod(task.shape)
-    if task.vocab is not None or dims > d:
-        raise ConfigError(f"model.pca.dims: must be at most the {d} input values of image data, got {dims}"
-                          if task.vocab is None else "model.pca.dims: token data has no PCA; leave it 0")
-    with torch.no_grad():
-        inputs = Normalize(task.mean, task.std)(task.train.x)
-    return dp_pca(inputs, dims, noise_multiplier, generator)
-
-
 def check_attacks(spec: RunSpec, model: nn.Module, task: Any, privacy: PrivacyLedger | None = None) -> None:
     """Fail before training when an attack cannot work on this run: data its game cannot be played on
     (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
@@ -127,41 +79,25 @@ def check_attacks(spec: RunSpec, model: nn.Module, task: Any, privacy: PrivacyLe
             state.check_exists(spec.train.epochs)
 
 
-def prepare(spec: RunSpec, task: Task | None = None, defense_cls: type[Defense] | None = None,
-            plan: Callable[[RunSpec, type[Defense], int], PrivacyLedger] | None = None,
-            given: tuple[nn.Module, Callable[[], nn.Module]] | None = None) -> Prepared:
-    """Load data (unless ``task`` is given: the one ``spec.data`` names), build the model and plan privacy;
-    raises ConfigError on any invalid input. ``defense_cls`` replaces the registry's class of
-    ``spec.defense_name`` (same parameters: ``attack_release``'s function defense) and ``plan`` replaces
-    :func:`plan_privacy` (the whole-run audit's tests plant broken ones this way). ``given``: a victim trained
-    elsewhere and the builder of fresh models of its architecture (``score_membership``), instead of the model
-    ``spec.model`` names; every other step is the same."""
+def prepare(spec: RunSpec, task: Task | None = None, source: VictimSource | None = None) -> Prepared:
+    """Load data (unless ``task`` is given: the one ``spec.data`` names), build or take the victim and plan its
+    privacy as ``source`` says (``dpeval.victims``; default: the model ``spec.model`` names, trained by the
+    registry's defense); raises ConfigError on any invalid input. Every other step is the same whatever the
+    source."""
     device = resolve_device(spec.device)
     task = task if task is not None else load_task(spec.data)
     n = len(task.train)
     if spec.train.batch_size > n:
         raise ConfigError(f"train.batch_size: must be <= the private pool size ({n}), got {spec.train.batch_size}")
-    model_name = (spec.model.name or default_model(spec.data.name)) if given is None else type(given[0]).__name__
+    source = source if source is not None else DefenseTrained()
+    model_name = source.model_name(spec)
     streams = Streams(spec.seed)
     victim = streams.scope("victim")
-    defense_cls = defense_cls or DEFENSES.get(spec.defense_name, field="defense")
-    privacy = (plan or plan_privacy)(spec, defense_cls, n)
-    projection = None
-    if spec.model.pca.dims > 0 and given is None:  # released before training: the attacker (and shadows) have it
-        projection = input_pca(spec, task, privacy.pca_noise_multiplier, victim.generator("pca"))
-
-    def build_named() -> nn.Module:
-        return build_model(model_name, task.shape, task.num_classes, task.mean, task.std, spec.model, task.vocab,
-                           projection)
-
-    build = build_named if given is None else given[1]
-    if given is None:
-        with victim.torch_global("init"):
-            model = build()
-    else:
-        model = given[0]
-    check_per_sample(model, "model" if given is not None else "model.name")
-    check_trainable(model, "model" if given is not None else "model.name")
+    defense_cls = source.defense_class(spec)
+    privacy = source.plan(spec, defense_cls, n)
+    model, build = source.model(spec, task, privacy, victim)
+    check_per_sample(model, source.field)
+    check_trainable(model, source.field)
     if spec.model.weights is not None:
         check_weights(spec, model)
     check_attacks(spec, model, task, privacy)
@@ -378,6 +314,38 @@ class Trained:
     extra: dict[str, Any]
 
 
+@dataclass
+class Snapshots(TrainingObserver):
+    """The weights and the defense's public state at the start of each epoch the attacks asked for (``wanted``),
+    and the defense's at epoch 0 as ``init``."""
+
+    wanted: set[str]
+    states: dict[str, dict[str, torch.Tensor]]
+    defense_states: dict[str, Any]
+
+    def epoch_start(self, epoch: int, model: nn.Module, defense: Defense) -> None:
+        if epoch == 0:
+            self.defense_states["init"] = copy.deepcopy(defense.state_dict())
+        if f"epoch:{epoch}" in self.wanted:
+            self.states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
+            self.defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
+
+
+@dataclass
+class Checkpoints(TrainingObserver):
+    """``checkpoint.pt`` at the end of every epoch (and within epochs: ``train.checkpoint_every``): the loop and
+    the snapshots taken so far."""
+
+    path: Path
+    run_key: str
+    snapshots: Snapshots
+    checkpoints = True
+
+    def epoch_end(self, loop: Loop, epochs_done: int) -> None:
+        checkpoint.save(self.path, self.run_key, {"loop": loop.state(epochs_done), "states": self.snapshots.states,
+                                                  "defense_states": self.snapshots.defense_states})
+
+
 def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, checkpoints: bool = False,
             resume: dict[str, Any] | None = None) -> RunResult:
     """Train, attack and write the artefacts of one run into ``run_dir``; returns its result.
@@ -402,25 +370,15 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
             states, defense_states = resume["states"], resume["defense_states"]
             log.info("resuming after %s from %s", checkpoint.position(resume["loop"], spec.train.epochs),
                      run_dir / checkpoint.FILE)
-
-        def snapshot(epoch: int, model: nn.Module, defense: Defense) -> None:
-            if epoch == 0:
-                defense_states["init"] = copy.deepcopy(defense.state_dict())
-            if f"epoch:{epoch}" in wanted:
-                states[f"epoch:{epoch}"] = copy.deepcopy(model.state_dict())
-                defense_states[f"epoch:{epoch}"] = copy.deepcopy(defense.state_dict())
-
-        def save_checkpoint(loop: Loop, epochs_done: int) -> None:
-            checkpoint.save(run_dir / checkpoint.FILE, spec.run_key, {
-                "loop": loop.state(epochs_done), "states": states, "defense_states": defense_states})
-
         defense = prep.make_defense(prep.streams.scope("victim"))
         if spec.model.weights is not None:  # trained elsewhere: attacked as given, nothing trained here
             trained = given_weights(prep, defense, states, defense_states)
             return finish(prep, trained, states, defense_states, run_dir, run_id, progress)
+        snapshots = Snapshots(wanted, states, defense_states)
+        saving = Checkpoints(run_dir / checkpoint.FILE, spec.run_key, snapshots)
+        observer = Observers(snapshots, saving) if checkpoints else snapshots
         result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train,
-                       prep.sampler, prep.device, progress=progress, on_epoch_start=snapshot,
-                       on_epoch_end=save_checkpoint if checkpoints else None,
+                       prep.sampler, prep.device, progress=progress, observer=observer,
                        resume=resume["loop"] if resume is not None else None)
         warn_divergence([h["train_loss"] for h in result.history], spec.train.lr)
         states["final"] = copy.deepcopy(prep.model.state_dict())

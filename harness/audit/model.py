@@ -440,7 +440,8 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
     """Train K models from one θ₀, half with the target, and audit their final models (module docstring);
     ``defense_cls`` replaces the registry's class (the tests plant broken ones). Returns the flat result."""
     from dpeval.core.datasets import load_task
-    from dpeval.runner import base_metrics, plan_privacy, prepare  # the run as ``dpeval run`` prepares it
+    from dpeval.runner import base_metrics, prepare  # the run as ``dpeval run`` prepares it
+    from dpeval.victims import DefenseTrained, plan_privacy
 
     start = time.perf_counter()
     options = options or ModelAuditOptions()
@@ -464,7 +465,7 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         ledger = plan_privacy(audited, cls, pool)
         return dataclasses.replace(ledger, sampling="full") if options.sampling == "full" else ledger
 
-    prep = prepare(spec, task=task, defense_cls=defense_cls, plan=plan)
+    prep = prepare(spec, task=task, source=DefenseTrained(defense_cls, plan))
     privacy = prep.privacy
     if not math.isfinite(privacy.epsilon):
         raise ConfigError(f"defense: {spec.defense_name!r} (with these parameters) is not a DP mechanism "

@@ -64,7 +64,7 @@ from dpeval.core.streams import seed_globals
 from dpeval.core.verdicts import BoundCheck
 from dpeval.defenses.auditing import CanaryDesign
 from dpeval.defenses.base import Defense, SharedGradient
-from dpeval.engine.training import accuracy, train
+from dpeval.engine.training import TrainingObserver, accuracy, train
 
 DEFAULT_RUN_CANARIES = 1000  # m: at δ = 1e-5 the δ term 2mδ stays small against β/K
 ALPHA = 0.05                 # 1 − confidence of the reported (headline) bound
@@ -103,9 +103,10 @@ class RunAuditOptions:
             raise ConfigError(f"--canaries: at most one input canary per private example ({pool}), got {m}")
 
 
-class CanaryPool:
+class CanaryPool(TrainingObserver):
     """The m canaries of one audited run: directions, inclusion, per-step sampling and what the auditor
-    records of every release (the canaries' projections and whether the public mask released them)."""
+    records of every release (the canaries' projections and whether the public mask released them); training
+    shows it every step before and after the release."""
 
     def __init__(self, m: int, d: int, shapes: dict[str, torch.Size], names: list[str], sampling: str,
                  pool_size: int, batch_size: int, steps_per_epoch: int, rng: np.random.Generator,
@@ -265,10 +266,11 @@ def run_scope_audit(spec: RunSpec, options: RunAuditOptions | None = None, defen
 def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type | None,
                      plan: Callable | None) -> dict[str, Any]:
     from dpeval.runner import base_metrics, prepare  # the run exactly as ``dpeval run`` prepares it
+    from dpeval.victims import DefenseTrained
 
     start = time.perf_counter()
     options.validate()
-    prep = prepare(spec, defense_cls=defense_cls, plan=plan)
+    prep = prepare(spec, source=DefenseTrained(defense_cls, plan))
     privacy = prep.privacy
     if not math.isfinite(privacy.epsilon):
         raise ConfigError(f"defense: {spec.defense_name!r} (with these parameters) is not a DP mechanism "
@@ -299,7 +301,7 @@ def _run_scope_audit(spec: RunSpec, options: RunAuditOptions, defense_cls: type 
                   f"{d} trainable parameters, norm {CANARY_NORM:g} (clipped by the defense), each included with "
                   f"probability 1/2 and sampled like a pool member ({spec.train.sampling}); scored on every release")
     result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
-                   progress=options.progress, before_release=pool.before_release, after_release=pool.after_release)
+                   progress=options.progress, observer=pool)
     if options.kind == "input":
         scores = pool.scores()
     else:

@@ -338,6 +338,56 @@ class Loop:
         return int(state["epochs_done"])
 
 
+class TrainingObserver:
+    """What watches training at fixed moments (each method a no-op here: override the moments you need).
+
+    ``epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot the weights
+    and public defense state an attack targets). ``before_release(step, epoch, defense)`` runs after a step's batch
+    entered the defense's running sum and before its release (the run-level audit adds its canaries' per-sample
+    gradients there), ``after_release(step, shared)`` sees every release. ``epoch_end(loop, epochs_done)`` runs
+    after each epoch (a checkpoint: ``loop.state(epochs_done)``) and, for an observer that ``checkpoints`` with
+    ``cfg.checkpoint_every`` = N > 0, also after every N-th step within an epoch (not its last), with
+    ``loop.within`` set and ``epochs_done`` the epochs finished before it."""
+
+    checkpoints = False
+
+    def epoch_start(self, epoch: int, model: nn.Module, defense: Defense) -> None:
+        pass
+
+    def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        pass
+
+    def after_release(self, step: int, shared: SharedGradient) -> None:
+        pass
+
+    def epoch_end(self, loop: Loop, epochs_done: int) -> None:
+        pass
+
+
+class Observers(TrainingObserver):
+    """Several observers as one: each moment goes to each of them, in the order given."""
+
+    def __init__(self, *observers: TrainingObserver) -> None:
+        self.observers = observers
+        self.checkpoints = any(o.checkpoints for o in observers)
+
+    def epoch_start(self, epoch: int, model: nn.Module, defense: Defense) -> None:
+        for o in self.observers:
+            o.epoch_start(epoch, model, defense)
+
+    def before_release(self, step: int, epoch: int, defense: Defense) -> None:
+        for o in self.observers:
+            o.before_release(step, epoch, defense)
+
+    def after_release(self, step: int, shared: SharedGradient) -> None:
+        for o in self.observers:
+            o.after_release(step, shared)
+
+    def epoch_end(self, loop: Loop, epochs_done: int) -> None:
+        for o in self.observers:
+            o.epoch_end(loop, epochs_done)
+
+
 def epoch_batches(within: dict[str, Any]) -> list[torch.Tensor]:
     """The epoch's batches as a within-epoch state stores them (all indices, cut by the batch sizes)."""
     return list(torch.split(within["order"], within["sizes"]))
@@ -345,21 +395,11 @@ def epoch_batches(within: dict[str, Any]) -> list[torch.Tensor]:
 
 def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defense, cfg: TrainConfig,
           sampler: BatchSampler, device: torch.device, progress: bool = True,
-          on_epoch_start: Callable[[int, nn.Module, Defense], None] | None = None,
-          before_release: Callable[[int, int, Defense], None] | None = None,
-          after_release: Callable[[int, SharedGradient], None] | None = None,
-          on_epoch_end: Callable[[Loop, int], None] | None = None,
-          resume: dict[str, Any] | None = None) -> TrainResult:
+          observer: TrainingObserver | None = None, resume: dict[str, Any] | None = None) -> TrainResult:
     """Train ``model`` in place on ``train_split`` with every gradient released by ``defense``.
 
-    ``on_epoch_start(epoch, model, defense)`` runs after the defense's ``begin_epoch`` (e.g. to snapshot
-    the weights and public defense state an attack targets). ``before_release(step, epoch, defense)`` runs
-    after a step's batch entered the defense's running sum and before its release (the run-level audit adds
-    its canaries' per-sample gradients there), ``after_release(step, shared)`` sees every release.
-    ``on_epoch_end(loop, epochs_done)`` runs after each epoch (a checkpoint: ``loop.state(epochs_done)``) and,
-    with ``cfg.checkpoint_every`` = N > 0, also after every N-th step within an epoch (not its last), with
-    ``loop.within`` set and ``epochs_done`` the epochs finished before it. ``resume``, such a state, continues
-    training from its epoch (and step) exactly as the uninterrupted loop would have."""
+    ``observer`` sees training at its moments (``TrainingObserver``). ``resume``, a state its ``epoch_end`` was
+    handed, continues training from its epoch (and step) exactly as the uninterrupted loop would have."""
     # Train mode: dropout and drop-path act, each example with its own mask (the engines compute every example on its
     # own, and BatchNorm, which would mix them, is refused before training); evaluation switches to eval mode.
     model.to(device).train(cfg.module_mode == "train")
@@ -385,12 +425,12 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     first = loop.restore(resume) if resume is not None else 0
     bar = tqdm(total=total_steps, initial=result.steps, desc="train", unit="step", disable=not progress,
                leave=False)
-    every = cfg.checkpoint_every if on_epoch_end is not None else 0
+    observer = observer if observer is not None else TrainingObserver()
+    every = cfg.checkpoint_every if observer.checkpoints else 0
     for epoch in range(first, cfg.epochs):
         if loop.within is None:
             defense.begin_epoch(epoch, cfg.epochs)
-            if on_epoch_start is not None:
-                on_epoch_start(epoch, model, defense)
+            observer.epoch_start(epoch, model, defense)
             loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # summed on the device: no sync per step
             seen, done = 0, 0
             batches = sampler.epoch()
@@ -413,11 +453,9 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
                     loss_sum += feed(xb, yb)
                 seen += len(yb)
             watch.end_step(result.steps + 1)
-            if before_release is not None:
-                before_release(result.steps, epoch, defense)
+            observer.before_release(result.steps, epoch, defense)
             shared = defense.release(sampler.batch_size)
-            if after_release is not None:
-                after_release(result.steps, shared)
+            observer.after_release(result.steps, shared)
             apply_release(params, shared)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -432,7 +470,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
             if every and (index + 1) % every == 0 and index + 1 < len(batches):
                 loop.within = {"order": torch.cat(batches).cpu(), "sizes": [len(b) for b in batches],
                                "step": index + 1, "loss_sum": loss_sum.detach().cpu(), "seen": seen}
-                on_epoch_end(loop, epoch)
+                observer.epoch_end(loop, epoch)
                 loop.within = None
         test_acc = fraction_correct(cut.head, test_x, test_split.y, device)
         epoch_densities = densities[first_step:]
@@ -441,8 +479,7 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
                                "density": sum(epoch_densities) / len(epoch_densities) if epoch_densities else 1.0})
         bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_acc:.3f}")
         log.info("epoch %d/%d test accuracy %.4f", epoch + 1, cfg.epochs, test_acc)
-        if on_epoch_end is not None:
-            on_epoch_end(loop, epoch + 1)
+        observer.epoch_end(loop, epoch + 1)
     bar.close()
     model.eval()  # the trained model leaves in eval mode: whatever comes next evaluates or attacks it
     result.train_s += time.perf_counter() - start  # after a resume: the earlier processes' part, restored, and this

@@ -26,7 +26,7 @@ from dpeval.defenses.base import SharedGradient
 from dpeval.defenses.clipping import clip_factors
 from dpeval.defenses.dpsgd import DPSGD
 from dpeval.defenses.rs import RandomSparsification
-from dpeval.runner import plan_privacy
+from dpeval.victims import plan_privacy
 from tests.helpers import noiseless
 
 

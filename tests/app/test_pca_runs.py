@@ -12,7 +12,8 @@ import torch
 from dpeval.core.accounting import epsilon_for, epsilon_of
 from dpeval.core.errors import ConfigError
 from dpeval.core.pca import Projection
-from dpeval.runner import input_pca, prepare
+from dpeval.runner import prepare
+from dpeval.victims import input_pca
 from tests.helpers import spec_for
 
 

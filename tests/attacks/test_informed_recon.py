@@ -30,6 +30,7 @@ from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD
 from dpeval.runner import perform, prepare
+from dpeval.victims import DefenseTrained
 
 DP_NAMES = [n for n in DEFENSES.names() if DEFENSES.get(n).capabilities.accounted]
 
@@ -177,7 +178,8 @@ def informed_run(tmp_path, defense, epsilon=None, defense_cls=None, targets=30, 
     if epsilon is not None:
         raw["privacy"] = {"epsilon": epsilon}
     spec = build_spec(raw)
-    return perform(prepare(spec, defense_cls=defense_cls), "test", tmp_path / defense, progress=False).flat()
+    prep = prepare(spec, source=DefenseTrained(defense_cls))
+    return perform(prep, "test", tmp_path / defense, progress=False).flat()
 
 
 def key(metric):

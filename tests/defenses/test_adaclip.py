@@ -18,7 +18,7 @@ from dpeval.defenses import DEFENSES
 from dpeval.defenses.adaclip import AdaCliP, AdaCliPParams, optimal_scale
 from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.dpsgd import DPSGD, ClipParams
-from dpeval.runner import plan_privacy
+from dpeval.victims import plan_privacy
 
 
 def make(shapes, sigma=0.0, seed=0, **kw):

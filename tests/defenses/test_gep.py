@@ -21,7 +21,7 @@ from dpeval.core.streams import Streams
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.gep import GEP, GEPParams, allocate_bases, group_bounds
-from dpeval.runner import plan_privacy
+from dpeval.victims import plan_privacy
 
 SHAPE = (1, 8, 8)
 

@@ -23,7 +23,7 @@ from dpeval import runner
 from dpeval.config import build_spec
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
-from dpeval.engine.training import train
+from dpeval.engine.training import TrainingObserver, train
 from dpeval.runner import prepare
 
 EPOCHS = 3
@@ -52,12 +52,13 @@ def record_training(name: str, precision: str = "fp32"):
     records: dict[str, dict] = {}
     current: dict = {}
 
-    def snapshot(epoch, model, d):
-        name = "init" if epoch == 0 else f"epoch:{epoch}"
-        current.clear()
-        current.update(name=name, weights=copy.deepcopy(model.state_dict()), public=copy.deepcopy(d.state_dict()),
-                       noise=d.generator.get_state())
-        records[name] = current.copy()
+    class Snapshot(TrainingObserver):
+        def epoch_start(self, epoch, model, d):
+            name = "init" if epoch == 0 else f"epoch:{epoch}"
+            current.clear()
+            current.update(name=name, weights=copy.deepcopy(model.state_dict()),
+                           public=copy.deepcopy(d.state_dict()), noise=d.generator.get_state())
+            records[name] = current.copy()
 
     draw = prep.sampler.epoch
 
@@ -76,7 +77,7 @@ def record_training(name: str, precision: str = "fp32"):
 
     defense.release = recording_release
     train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
-          progress=False, on_epoch_start=snapshot)
+          progress=False, observer=Snapshot())
     return prep, defense, records
 
 

@@ -16,8 +16,9 @@ from dpeval.defenses import DEFENSES
 from dpeval.defenses.base import DefenseContext
 from dpeval.defenses.random_freeze import RandomFreezeParams
 from dpeval.defenses.rs import RSParams
-from dpeval.engine.training import train
-from dpeval.runner import plan_privacy, prepare
+from dpeval.engine.training import TrainingObserver, train
+from dpeval.runner import prepare
+from dpeval.victims import plan_privacy
 from tests.helpers import spec_for
 
 SHAPES = {"w": torch.Size([40, 25]), "b": torch.Size([37])}
@@ -418,13 +419,14 @@ def last_epoch_motion(optimizer, lr):
     seed_globals(prep.streams)
     start = {}
 
-    def snapshot(epoch, model, defense):
-        if epoch == 1:
-            start["w"] = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
-            start["keep"] = defense.keep.clone()
+    class Snapshot(TrainingObserver):
+        def epoch_start(self, epoch, model, defense):
+            if epoch == 1:
+                start["w"] = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+                start["keep"] = defense.keep.clone()
 
     train(prep.model, prep.task.train, prep.task.test, prep.make_defense(prep.streams.scope("victim")), spec.train,
-          prep.sampler, prep.device, progress=False, on_epoch_start=snapshot)
+          prep.sampler, prep.device, progress=False, observer=Snapshot())
     moved = (torch.cat([p.detach().reshape(-1) for p in prep.model.parameters()]) - start["w"]).abs()
     return moved[~start["keep"]], moved[start["keep"]]
 

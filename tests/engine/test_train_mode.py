@@ -155,10 +155,12 @@ def test_a_gradient_attacks_victim_release_draws_its_masks_from_the_releases_str
     from dpeval.core.streams import Streams
     from dpeval.engine.release import ReleaseOracle
     from dpeval.runner import prepare
+    from dpeval.victims import OutsideModel
 
     torch.manual_seed(0)
     model = dropout_mlp((1, 8, 8), 10)
-    prep = prepare(dpeval.configure({**SETTINGS, "defense": "none"}), given=(model, lambda: dropout_mlp((1, 8, 8), 10)))
+    prep = prepare(dpeval.configure({**SETTINGS, "defense": "none"}),
+                   source=OutsideModel(model, lambda: dropout_mlp((1, 8, 8), 10)))
     x, y = same_example(8)
 
     def release(mode: str, seed: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 
 from dpeval.config import build_spec
 from dpeval.core.streams import Streams
-from dpeval.engine.training import BatchSampler, train
+from dpeval.engine.training import BatchSampler, Observers, TrainingObserver, train
 from dpeval.runner import prepare
 
 
@@ -70,8 +70,13 @@ def test_train_steps_only_on_releases_and_calls_back_each_epoch():
 
     defense.release = zero_release
     before = [p.detach().clone() for p in prep.model.parameters()]
+
+    class Starts(TrainingObserver):
+        def epoch_start(self, epoch, model, d):
+            callbacks.append((epoch, d is defense))
+
     result = train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
-                   progress=False, on_epoch_start=lambda e, m, d: callbacks.append((e, d is defense)))
+                   progress=False, observer=Starts())
     assert result.steps == len(releases) == 2 * (len(prep.task.train) // 50)
     assert callbacks == [(0, True), (1, True)]
     assert len(result.history) == 2
@@ -86,8 +91,9 @@ def test_train_steps_only_on_releases_and_calls_back_each_epoch():
 
 
 def test_release_hooks_see_every_step_and_can_add_to_its_sum():
-    """``before_release`` runs once per step after the batch and before the release (what it accumulates is
-    released), ``after_release`` sees that release: the whole-run audit's canaries go in this way."""
+    """An observer's ``before_release`` runs once per step after the batch and before the release (what it
+    accumulates is released), ``after_release`` sees that release: the whole-run audit's canaries go in this way.
+    Combined observers each see every moment."""
     spec = build_spec({"data": {"name": "synthetic", "synthetic": {"size": 200}}, "defense": {"name": "dpsgd"},
                        "train": {"batch_size": 50, "epochs": 2}, "privacy": {"noise_multiplier": 1.0}})
     prep = prepare(spec)
@@ -95,20 +101,22 @@ def test_release_hooks_see_every_step_and_can_add_to_its_sum():
     calls, released = [], []
     name = next(iter(defense.param_shapes))
 
-    def before(step, epoch, d):
-        calls.append((step, epoch))
-        assert d is defense and d.samples_seen > 0  # the step's batch is already in the sum
-        grad = {n: torch.zeros(1, *s) for n, s in d.param_shapes.items()}
-        grad[name].view(1, -1)[0, 0] = 1e6  # one huge per-sample gradient: clipped to C on one coordinate
-        seen = d.samples_seen
-        d.clip_and_accumulate(grad)
-        assert d.samples_seen == seen + 1
+    class Before(TrainingObserver):
+        def before_release(self, step, epoch, d):
+            calls.append((step, epoch))
+            assert d is defense and d.samples_seen > 0  # the step's batch is already in the sum
+            grad = {n: torch.zeros(1, *s) for n, s in d.param_shapes.items()}
+            grad[name].view(1, -1)[0, 0] = 1e6  # one huge per-sample gradient: clipped to C on one coordinate
+            seen = d.samples_seen
+            d.clip_and_accumulate(grad)
+            assert d.samples_seen == seen + 1
 
-    def after(step, shared):
-        released.append((step, shared))
+    class After(TrainingObserver):
+        def after_release(self, step, shared):
+            released.append((step, shared))
 
     train(prep.model, prep.task.train, prep.task.test, defense, spec.train, prep.sampler, prep.device,
-          progress=False, before_release=before, after_release=after)
+          progress=False, observer=Observers(Before(), After()))
     steps = 2 * prep.sampler.steps_per_epoch
     assert calls == [(s, s // prep.sampler.steps_per_epoch) for s in range(steps)]
     assert [s for s, _ in released] == list(range(steps))
