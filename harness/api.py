@@ -232,10 +232,7 @@ def load_result(results: str | Path, run_id: str) -> RunResult:
     if len(matches) != 1:
         raise ConfigError(f"run_id: no run id contains {run_id!r:.60} in {results}" if not matches else
                           f"run_id: {run_id!r:.60} is part of {len(matches)} run ids; give more of it")
-    row = matches[0]
-    return dataclasses.replace(RunResult.from_flat({**(row["metrics"] or {}), "run_id": row["run_id"],
-                                                    "status": row["status"]}),
-                               folder=store.run_dir(row["run_id"]))
+    return store.result(matches[0])
 
 
 def attack_names(attacks: Any) -> list[str]:

@@ -103,3 +103,14 @@ def write_rows_csv(path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def typed(rows: list[dict]) -> list:
+    """Store rows written by hand (``run_id``, ``run_key``, ``status``, ``metrics``, ``config``, as
+    ``ResultStore.rows`` gives them) as the typed results ``ResultStore.results`` would give back."""
+    import dataclasses
+
+    from dpeval.results import RunResult
+
+    return [dataclasses.replace(RunResult.from_flat({**r["metrics"], "run_id": r["run_id"], "status": r["status"]}),
+                                run_key=r["run_key"], config=r["config"]) for r in rows]
