@@ -56,7 +56,8 @@ def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Ta
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
     taken exactly as training would snapshot it (after ``begin_epoch(0)``).
     """
-    from dpeval.runner import attacker_view, prepare  # here: most users of this file need no runner
+    from dpeval.attacking import attacker_view  # here: most users of this file need no runner
+    from dpeval.runner import prepare
 
     prep = prepare(spec)
     prep.model.to(prep.device).eval()
