@@ -75,7 +75,7 @@ class NoAttackParams(AttackParams):
 
 class Artefact(ABC):
     """A file of an attack's result: its data and how to write it. A game writes no file: the application writes
-    each artefact into the attack's folder under its ``file`` name (``dpeval.runner.write_artefacts``) and stores
+    each artefact into the attack's folder under its ``file`` name (``dpeval.attacking.write_artefacts``) and stores
     its path as ``artefacts.<attack>.<name>``."""
 
     file: str  # a plain file name, e.g. ``roc.json``

@@ -11,7 +11,7 @@ A family (``gradient_game``, ``membership_game``, ``informed_game``) supplies wh
    with what the verdict and the artefacts read.
 4. ``decide(scored)``: the verdict, by the family's documented rule (docs/results.md).
 5. ``artefacts(dealt, scored, verdict)``: the files of the result, as data (``Artefact``); the application writes
-   them (``dpeval.runner.write_artefacts``).
+   them (``dpeval.attacking.write_artefacts``).
 
 Between 2 and 3 the template calls ``guess`` and puts a shuffled answer's scores back in the game's order
 (``unshuffle``). The checks come first (``check_task``, ``check_model``), and a family whose work is many small

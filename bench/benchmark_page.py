@@ -111,7 +111,7 @@ def export(results: Path, files: Files) -> None:
     from dpeval.store import ResultStore
 
     store = ResultStore(results)
-    records = leaderboard(store.rows(status="done"))
+    records = leaderboard(store.results("done"))
     kept = [{k: v for k, v in r.items() if not k.startswith(("artefacts.", "data.tokens.", "data.synthetic."))}
             for r in records]
     write_leaderboard(kept, files.csv, store)
@@ -161,7 +161,7 @@ def export_informed(folders: list[Path], out: Path) -> None:
     from dpeval.leaderboard import leaderboard
     from dpeval.store import ResultStore
 
-    records = [r for results in folders for r in leaderboard(ResultStore(results).rows(status="done"))
+    records = [r for results in folders for r in leaderboard(ResultStore(results).results("done"))
                if r.get(INFORMED + "success") is not None]
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, INFORMED_COLUMNS, extrasaction="ignore")

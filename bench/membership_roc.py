@@ -52,12 +52,12 @@ def collect(results: list[Path], out: Path) -> int:
     rows, curves = [], 0
     for folder in results:
         store = ResultStore(folder)
-        for run in store.rows("done"):
-            config, metrics = run["config"], run["metrics"]
+        for run in store.results("done"):
+            config, metrics = run.config, run.flat()
             for attack in (a for a in config["attacks"] if a in ATTACKS):
-                roc = json.loads((store.run_dir(run["run_id"]) / attack / "roc.json").read_text())
+                roc = json.loads((run.folder / attack / "roc.json").read_text())
                 params = config["attack"].get(attack, {})
-                base = {"run_id": run["run_id"], "defense": config["defense"]["name"],
+                base = {"run_id": run.run_id, "defense": config["defense"]["name"],
                         "epsilon": metrics["privacy.epsilon"], "members": metrics[f"leakage.{attack}.n_members"],
                         "epochs": config["train"]["epochs"], "shadows": params.get("shadows", ""),
                         "attack": attack, "online": params.get("online", ""), "variance": params.get("variance", ""),

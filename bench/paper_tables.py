@@ -87,15 +87,15 @@ def grid_settings(record: dict, varying: list[str]) -> str:
 
 
 def chosen_points(folders: list[Path], source: str, table: str) -> list[Point]:
-    rows = [r for folder in folders for r in ResultStore(folder).rows(status="done")]
-    records = [r for r in leaderboard(rows, seeds_grouped=True)
+    runs = [r for folder in folders for r in ResultStore(folder).results("done")]
+    records = [r for r in leaderboard(runs, seeds_grouped=True)
                if source in str(r.get("paper.source", "")) and str(r.get("paper.table")) == table]
     by_row: dict[str, list[dict]] = {}
     for r in records:
         by_row.setdefault(str(r["paper.row"]), []).append(r)
     per_seed: dict[str, dict[int, float]] = {}  # configuration (group key) → seed → test accuracy
-    for r in rows:
-        per_seed.setdefault(group_key(r), {})[r["metrics"].get("seed")] = number(r["metrics"].get(ACC))
+    for r in runs:
+        per_seed.setdefault(group_key(r), {})[r.seed] = number(r.flat().get(ACC))
     points = []
     for row, group in sorted(by_row.items()):
         settings = sorted({k for r in group for k in r if k.startswith(("train.", "defense.", "model."))})
@@ -197,8 +197,8 @@ def second_stage(results: list[Path], recipes: list[Path], out_dir: Path) -> Non
     from dpeval.config import set_dotted
     from dpeval.sweep.grid import load_sweep, settings_of, swept_fields
 
-    accuracy = {r["run_key"]: number(r["metrics"].get(ACC)) for folder in results
-                for r in ResultStore(folder).rows(status="done")}
+    accuracy = {r.run_key: number(r.flat().get(ACC)) for folder in results
+                for r in ResultStore(folder).results("done")}
     out_dir.mkdir(parents=True, exist_ok=True)
     for recipe in recipes:
         specs = [s for s in load_sweep(recipe) if s.seed == 0]

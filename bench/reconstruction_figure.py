@@ -44,15 +44,15 @@ def collect(results: list[Path], out: Path) -> int:
     rows = []
     for folder in results:
         store = ResultStore(folder)
-        for run in store.rows("done"):
-            config = run["config"]
+        for run in store.results("done"):
+            config = run.config
             defense = config["defense"]
             model = config["model"]["name"] or default_model(config["data"]["name"])
             for attack in config["attacks"]:
-                scores_path = store.run_dir(run["run_id"]) / attack / f"{attack}-scores.json"
+                scores_path = run.folder / attack / f"{attack}-scores.json"
                 scores = json.loads(scores_path.read_text())
                 (state,) = scores["states"]  # these sweeps attack one state (init)
-                release = {"run_id": run["run_id"], "attack": attack, "defense": defense["name"],
+                release = {"run_id": run.run_id, "attack": attack, "defense": defense["name"],
                            "noise_std": defense.get("noise_std", 0.0) or 0.0, "rate": state.get("defense_rate", 0.0),
                            "mask_aware": config["attack"][attack].get("mask_aware", True), "model": model}
                 for t, (mse, psnr, ssim) in enumerate(zip(state["mse"], state["psnr"], state["ssim"])):

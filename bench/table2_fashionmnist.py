@@ -41,9 +41,9 @@ def export(folders: list[Path], out: Path) -> None:
 
     rows = []
     for folder in folders:
-        for row in ResultStore(folder).rows(status="done"):
-            flat = flat_row(row)
-            flat.update({f"train.{k}": v for k, v in row["config"].get("train", {}).items() if k == "epochs"})
+        for run in ResultStore(folder).results("done"):
+            flat = flat_row(run)
+            flat.update({f"train.{k}": v for k, v in run.config.get("train", {}).items() if k == "epochs"})
             rows.append({k: flat.get(k, "") for k in KEEP})
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:

@@ -232,10 +232,7 @@ def load_result(results: str | Path, run_id: str) -> RunResult:
     if len(matches) != 1:
         raise ConfigError(f"run_id: no run id contains {run_id!r:.60} in {results}" if not matches else
                           f"run_id: {run_id!r:.60} is part of {len(matches)} run ids; give more of it")
-    row = matches[0]
-    return dataclasses.replace(RunResult.from_flat({**(row["metrics"] or {}), "run_id": row["run_id"],
-                                                    "status": row["status"]}),
-                               folder=store.run_dir(row["run_id"]))
+    return store.result(matches[0])
 
 
 def attack_names(attacks: Any) -> list[str]:
@@ -341,7 +338,8 @@ def score_membership(model: nn.Module, members: Split | tuple[torch.Tensor, torc
     (the data's contents, the architecture and its initial state, the recipe; never with a ``train_shadow``).
     Bad input raises ``ConfigError`` naming the argument.
     """
-    from dpeval.runner import play_attacks, prepare, run_result
+    from dpeval.attacking import play_attacks
+    from dpeval.runner import prepare, run_result
     from dpeval.victims import OutsideModel
 
     spec = configure(settings_tree(recipe, "recipe"), attacks=attack_names(attacks))
@@ -438,7 +436,8 @@ def attack_release(release: ReleaseFunction, recipe: Settings | None = None,
     per released coordinate (finite, >= 0), for a function that returns a plain gradient dict (mask-aware and
     noise-aware attacks read it). A release that is not a finite gradient of the model's shapes raises
     ``ConfigError`` naming ``release``; files go to ``out`` or a temporary folder removed when the process exits."""
-    from dpeval.runner import play_attacks, prepare, run_result
+    from dpeval.attacking import play_attacks
+    from dpeval.runner import prepare, run_result
     from dpeval.victims import DefenseTrained
 
     if not callable(release):
@@ -481,10 +480,9 @@ def per_sample_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     so both engines compute one function; training itself runs in ``train.module_mode``) with its modes given back,
     on its own device; ``model`` as ``score_membership`` takes it (no BatchNorm,
     float32 trainable parameters)."""
-    from dpeval.core.per_sample import PerSampleGradients
+    from dpeval.core.per_sample import PerSampleGradients, check_per_sample, check_trainable
     from dpeval.defenses.lean_plan import LeanPlan
     from dpeval.engine.lean import LeanEngine, trainable_layers
-    from dpeval.runner import check_per_sample, check_trainable
 
     if engine not in ENGINES:
         raise ConfigError(f"engine: must be one of {', '.join(ENGINES)}, got {printable(repr(engine), 40)}")

@@ -154,7 +154,7 @@ def run(defense: str | None, attacks: tuple[str, ...], dataset: str | None, mode
     references = reference_runs(spec, store, to_run, progress=not quiet)
     text = format_run(metrics, results)
     if references:
-        metrics = {**metrics, "reference": {r["metrics"]["defense"]: deltas(metrics, r) for r in references}}
+        metrics = {**metrics, "reference": {r.defense: deltas(metrics, r) for r in references}}
         text += "\n  reference       this run − the reference run:\n" + "\n".join(
             line for r in references for line in format_deltas(metrics, r))
     emit(metrics, as_json, text, f"; run {metrics['run_id']} is recorded in {results}")
@@ -544,14 +544,16 @@ def show(run_id: str, results: str, as_json: bool) -> None:
     emit(row, as_json, "\n".join(printable(line) for line in text))
 
 
-def readable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows whose stored record reads; the damaged ones are left out with one note line on stderr."""
+def readable(store: Any) -> list[Any]:
+    """The store's runs whose stored record reads, as typed results (``RunResult``); the damaged ones are left out
+    with one note line on stderr."""
+    rows = store.rows()
     damaged = [r["run_id"] for r in rows if r.get("damaged")]
     if damaged:
         more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
         click.echo("dpeval: note: " + one_line(f"left out {len(damaged)} run(s) whose stored record is damaged "
                    f"({', '.join(damaged[:3])}{more}; dpeval show RUN_ID says which column)"), err=True)
-    return [r for r in rows if not r.get("damaged")]
+    return [store.result(r) for r in rows if not r.get("damaged")]
 
 
 @main.command()
@@ -573,9 +575,9 @@ def leaderboard(results: str, out: str | None, group_seeds: bool, sort_by: str |
     store.check(create=False)
     if out:
         store.refuse_output(out, "--out")
-    rows = readable(store.rows())
-    costs = lb.selection_costs(rows)
-    records = lb.leaderboard(rows, group_seeds, sort_by, descending, costs)
+    results = readable(store)
+    costs = lb.selection_costs(results)
+    records = lb.leaderboard(results, group_seeds, sort_by, descending, costs)
     selection = "".join(f"\n{printable(line)}" for line in lb.selection_sentences(costs))
     if out:
         with writing("--out", out):
@@ -603,9 +605,9 @@ def report(results: str, out: str, as_json: bool) -> None:
     store = ResultStore(results)
     store.check(create=False)
     store.refuse_output(out, "--out", earlier_output)  # at once; the figures beside it are checked once drawn
-    rows = readable(store.rows())
+    runs = readable(store)
     with writing("--out", out):
-        written = write_report(rows, Path(out), results, training_images.loader())
+        written = write_report(runs, Path(out), results, training_images.loader())
     if written["damaged"]:
         click.echo("dpeval: note: " + one_line(f"{len(written['damaged'])} artefact(s) could not be read and are "
                    f"left out (listed under 'Damaged artefacts' in the report); first: {written['damaged'][0]}"),

@@ -1,4 +1,5 @@
-"""Leaderboard rows from the results store: one row per ``done`` run with the result keys of docs/results.md.
+"""Leaderboard rows from the store's typed results (``ResultStore.results``): one row per ``done`` run with the
+result keys of docs/results.md, flattened here (``flat_row``), where the rows are printed and written.
 
 ``group_seeds`` aggregates runs that differ only in their seed: metric columns (utility, leakage, comm,
 time) become the mean, with ``<column>.sem`` (standard error of the mean, sample std / √n) beside those
@@ -50,6 +51,7 @@ from dpeval.headlines import (  # noqa: F401 (re-exported)
     is_number,
     read,
 )
+from dpeval.results import RunResult
 from dpeval.store import ResultStore
 
 LEADING = [
@@ -83,19 +85,20 @@ def with_paper(columns: list[str], present: set[str], brief: bool = False) -> li
     return out
 
 
-def flat_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A store row as one flat record of scalar result keys (lists such as per-epoch curves are left out),
-    plus the run's ``train.*`` / ``data.*`` settings and requested ε (``setting_columns``) and a digest of
-    its results (``results_digest``, what ``mark_identical`` compares)."""
-    flat = {"run_id": row["run_id"], "run_key": row["run_key"], "status": row["status"]}
-    flat.update({k: v for k, v in row["metrics"].items() if not isinstance(v, (list, dict))})
-    curve = row["metrics"].get("utility.test_accuracy_by_epoch")
+def flat_row(result: RunResult) -> dict[str, Any]:
+    """A run as one flat record: its scalar result keys (``RunResult.flat``; lists such as per-epoch curves are left
+    out), plus its ``train.*`` / ``data.*`` settings and requested ε (``setting_columns``, from its stored
+    configuration) and a digest of its results (``results_digest``, what ``mark_identical`` compares)."""
+    metrics = dict(sorted(result.flat().items()))  # in name order, as the store keeps a run's keys
+    flat = {"run_id": result.run_id, "run_key": result.run_key, "status": result.status}
+    flat.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))})
+    curve = metrics.get("utility.test_accuracy_by_epoch")
     if curve and all(finite(v) for v in curve):  # what papers that report the best epoch compare with
         flat["utility.best_test_accuracy"] = max(curve)
     dp = finite(flat.get("privacy.epsilon"))
-    for key, value in setting_columns(row.get("config") or {}, dp).items():
+    for key, value in setting_columns(result.config, dp).items():
         flat.setdefault(key, value)
-    flat["results_digest"] = results_digest(row["metrics"])
+    flat["results_digest"] = results_digest(metrics)
     return flat
 
 
@@ -148,21 +151,22 @@ def results_digest(metrics: dict[str, Any]) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
-def group_key(row: dict[str, Any]) -> str:
-    config = {k: v for k, v in row["config"].items() if k not in ("seed", "device", "defaults")}
+def group_key(result: RunResult) -> str:
+    """The run's configuration without its seed (and where it ran): runs that share it are one seed group."""
+    config = {k: v for k, v in result.config.items() if k not in ("seed", "device", "defaults")}
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def latest_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per run key, the last one (rows come in start order): a configuration run again at the
+def latest_per_key(results: list[RunResult]) -> list[RunResult]:
+    """One run per run key, the last one (runs come in start order): a configuration run again at the
     same seed is one observation, not two."""
-    return list({row["run_key"]: row for row in rows}.values())
+    return list({result.run_key: result for result in results}.values())
 
 
-def group_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def group_seeds(results: list[RunResult]) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
-    for row in latest_per_key(rows):
-        groups.setdefault(group_key(row), []).append(flat_row(row))
+    for result in latest_per_key(results):
+        groups.setdefault(group_key(result), []).append(flat_row(result))
     out = []
     for key, members in groups.items():
         members.sort(key=lambda m: (str(type(m.get("seed"))), m.get("seed")))
@@ -395,14 +399,14 @@ def selection_group(record: dict[str, Any]) -> str:
     return f"{record.get('dataset')} ({', '.join(cell)})" if cell else str(record.get("dataset"))
 
 
-def selection_costs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def selection_costs(results: list[RunResult]) -> dict[str, dict[str, Any]]:
     """Per dataset (per recipe cell: ``selection_group``) with ≥ 2 DP configurations among the finished runs: the
     privacy cost of selecting one of them on the private data (module docstring)."""
     configs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for row in latest_per_key([r for r in rows if r["status"] == "done"]):
-        m = row["metrics"]
+    for result in latest_per_key([r for r in results if r.status == "done"]):
+        m = result.flat()  # the privacy keys as recorded: a run of an older version may lack a σ, q or T
         if finite(m.get("privacy.epsilon")):
-            configs.setdefault(selection_group(m), {}).setdefault(group_key(row), []).append(m)
+            configs.setdefault(selection_group(m), {}).setdefault(group_key(result), []).append(m)
     out = {}
     for dataset, groups in configs.items():
         if len(groups) < 2:
@@ -467,11 +471,11 @@ def mark_selection(records: list[dict[str, Any]], costs: dict[str, dict[str, Any
             r["privacy.selection_random_stopping"] = c["random_stopping_name"]
 
 
-def leaderboard(rows: list[dict[str, Any]], seeds_grouped: bool = False, sort: str | None = None,
+def leaderboard(results: list[RunResult], seeds_grouped: bool = False, sort: str | None = None,
                 descending: bool = False, costs: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Records of the ``done`` runs (or seed groups), with Pareto marks and the selection's price (``costs``:
-    ``selection_costs(rows)`` when the caller has them already), optionally sorted."""
-    done = [r for r in rows if r["status"] == "done"]
+    ``selection_costs(results)`` when the caller has them already), optionally sorted."""
+    done = [r for r in results if r.status == "done"]
     records = group_seeds(done) if seeds_grouped else [flat_row(r) for r in done]
     mark_pareto(records)
     mark_selection(records, selection_costs(done) if costs is None else costs)

@@ -18,6 +18,7 @@ from dpeval.config import build_spec
 from dpeval.core.errors import ConfigError
 from dpeval.core.spec import RunSpec
 from dpeval.headlines import attacks_in, fmt, read, unit_of
+from dpeval.results import RunResult
 
 REFERENCES = ("none", "dpsgd")
 SAME = ("data", "model", "train", "seed")
@@ -35,27 +36,27 @@ def _matches(config: dict[str, Any], wanted: dict[str, Any], private: bool) -> b
     return all(config.get(k) == wanted.get(k) for k in keys)
 
 
-def find_reference(rows: list[dict[str, Any]], spec: RunSpec, defense: str) -> dict[str, Any] | None:
-    """The latest ``done`` row of ``defense`` matching ``spec``; among them, one that ran every attack of
+def find_reference(runs: list[RunResult], spec: RunSpec, defense: str) -> RunResult | None:
+    """The latest ``done`` run of ``defense`` matching ``spec``; among them, one that ran every attack of
     ``spec`` with the same parameters when there is one."""
     wanted = reference_spec(spec, defense).canonical()
     private = defense != "none"
-    found = [r for r in rows if r["status"] == "done" and (r["config"].get("defense") or {}).get("name") == defense
-             and _matches(r["config"], wanted, private)]
+    found = [r for r in runs if r.status == "done" and (r.config.get("defense") or {}).get("name") == defense
+             and _matches(r.config, wanted, private)]
     complete = [r for r in found if covers(r, wanted)]
     return (complete or found or [None])[-1]
 
 
-def covers(row: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Whether ``row`` ran every attack of the canonical configuration ``wanted`` with its parameters."""
-    return all(row["config"].get("attack", {}).get(a) == p for a, p in wanted["attack"].items())
+def covers(run: RunResult, wanted: dict[str, Any]) -> bool:
+    """Whether ``run`` ran every attack of the canonical configuration ``wanted`` with its parameters."""
+    return all(run.config.get("attack", {}).get(a) == p for a, p in wanted["attack"].items())
 
 
-def deltas(metrics: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """This run minus the reference run: test accuracy and each attack headline both measured (the
-    reference's attack parameters are the run's own)."""
-    ref = reference["metrics"]
-    out: dict[str, Any] = {"run_id": reference["run_id"], "defense": ref.get("defense")}
+def deltas(metrics: dict[str, Any], reference: RunResult) -> dict[str, Any]:
+    """This run (its result keys) minus the reference run: test accuracy and each attack headline both measured
+    (the reference's attack parameters are the run's own)."""
+    ref = reference.flat()
+    out: dict[str, Any] = {"run_id": reference.run_id, "defense": reference.defense}
     mine, theirs = metrics.get("utility.test_accuracy"), ref.get("utility.test_accuracy")
     if mine is not None and theirs is not None:
         out["utility.test_accuracy"] = mine - theirs
@@ -67,11 +68,11 @@ def deltas(metrics: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def format_deltas(metrics: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+def format_deltas(metrics: dict[str, Any], reference: RunResult) -> list[str]:
     """Printout lines: the reference, then each delta beside both values."""
-    ref = reference["metrics"]
+    ref = reference.flat()
     delta = deltas(metrics, reference)
-    lines = [f"  vs {ref.get('defense'):<12} run {reference['run_id']} (same data, model, training and seed)"]
+    lines = [f"  vs {reference.defense:<12} run {reference.run_id} (same data, model, training and seed)"]
     if "utility.test_accuracy" in delta:
         lines.append(f"  {'':<15} test accuracy {metrics['utility.test_accuracy']:.4f} vs "
                      f"{ref['utility.test_accuracy']:.4f}: Δ {delta['utility.test_accuracy']:+.4f}")
@@ -99,8 +100,8 @@ def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
     if asked is None or asked == spec.defense_name:
         return None
     wanted = reference_spec(spec, asked)
-    row = find_reference(store.rows("done"), spec, asked)
-    if row is not None and covers(row, wanted.canonical()):
+    found = find_reference(store.results("done"), spec, asked)
+    if found is not None and covers(found, wanted.canonical()):
         return None
     try:
         prepare(wanted)  # every check `run` makes before training
@@ -110,7 +111,7 @@ def reference_to_run(spec: Any, store: Any, asked: str | None) -> Any:
     return wanted
 
 
-def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[dict[str, Any]]:
+def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[RunResult]:
     """The stored reference runs (``none``, ``dpsgd``) that match ``spec``, after running ``to_run``
     (``reference_to_run``) when given."""
     from dpeval.runner import execute
@@ -118,6 +119,6 @@ def reference_runs(spec: Any, store: Any, to_run: Any, progress: bool) -> list[d
     if to_run is not None:
         click.echo(f"dpeval: running the reference: --defense {to_run.defense_name} with the same settings", err=True)
         execute(to_run, store, progress=progress)
-    rows = store.rows("done")
-    found = (find_reference(rows, spec, defense) for defense in REFERENCES if defense != spec.defense_name)
-    return [row for row in found if row is not None]
+    runs = store.results("done")
+    found = (find_reference(runs, spec, defense) for defense in REFERENCES if defense != spec.defense_name)
+    return [run for run in found if run is not None]

@@ -6,8 +6,12 @@ that stopped it). The flat result keys of the store, ``--json`` and the leaderbo
 (``leakage.<attack>.<metric>``, ``leakage.<attack>.<state>.<metric>``, ``artefacts.<attack>.<name>``; docs/results.md)
 are this object's view: ``RunResult.flat()`` builds them (the only code that writes a per-state key) and
 ``RunResult.from_flat()`` reads them back (its ``attack_outcomes``: the only reader of a run's per-state keys), both
-through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key. The leaderboard's
-seed-grouped records (means, spreads, mixed verdicts: no run's result) stay flat and are read by key.
+through ``dpeval.core.result_keys.AttackKey`` — the one place that spells an attack's key. A result read back keeps
+the keys it was read from (``recorded``): its ``flat()`` gives them as recorded, so that a row of an older version
+is printed and exported as it was stored. The store returns its runs as ``RunResult``s (``ResultStore.results``),
+and that is what the leaderboard, the report, the reference deltas and the bench scripts read; they flatten a run
+only where they print or write a row. The leaderboard's seed-grouped records (means, spreads, mixed verdicts: no
+run's result) are rows of that kind.
 """
 
 from __future__ import annotations
@@ -88,8 +92,10 @@ _UTILITY = {"utility.test_accuracy", "utility.train_accuracy", "utility.test_acc
             "utility.train_loss_by_epoch"}
 _COMM = {"comm.density", "comm.bytes_sparse", "comm.bytes_dense"}
 _TIME = {"time.train_s", "time.attack_s", "time.threads"}
-_LEDGER = ("noise_multiplier", "accounted_noise_multiplier", "sample_rate", "steps", "delta", "accountant",
-           "sampling", "pca_noise_multiplier")
+_LEDGER_KEYS = tuple(f"privacy.{k}" for k in ("noise_multiplier", "accounted_noise_multiplier", "sample_rate", "steps",
+                                                "delta", "accountant", "sampling", "pca_noise_multiplier"))
+# every key a ledger's ``metrics()`` writes (the derived ones read back as recorded)
+_LEDGER_READ = (*_LEDGER_KEYS, "privacy.epsilon", "privacy.accounted_sampling", "privacy.pca_epsilon")
 
 
 @dataclass(frozen=True)
@@ -109,14 +115,28 @@ class RunResult:
     time: Timing | None
     attacks: dict[str, AttackOutcome] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    folder: Path | None = None  # where the run's files are (model.pt, log.txt, artefacts); not a result key
+    # Where the run is kept; not result keys. ``folder``: its files (model.pt, log.txt, artefacts); ``run_key``: what
+    # identifies its configuration and seed (a run again under the same key is the same observation); ``config``: its
+    # canonical configuration as stored (what the leaderboard's settings columns and seed groups are read from).
+    folder: Path | None = None
+    run_key: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    # The keys a result read back (``from_flat``) was read from: ``flat()`` gives them as recorded, so that a row of
+    # an older version keeps its keys. None: built from the typed fields (a new run's result).
+    recorded: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def epsilon(self) -> float | None:
         return None if self.privacy is None else self.privacy.epsilon
 
     def flat(self) -> dict[str, Any]:
-        """The result keys (docs/results.md), as stored."""
+        """The result keys (docs/results.md), as stored: those it was read from (``recorded``), else built from the
+        typed fields once per result (a leaderboard flattens each of thousands of runs more than once); a new dict
+        each call."""
+        return dict(self.recorded if self.recorded is not None else self._flat)
+
+    @functools.cached_property
+    def _flat(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "dataset": self.dataset,
                                "model": self.model, "defense": self.defense,
                                "attack": "+".join(self.attacks) or "none", "seed": self.seed}
@@ -134,32 +154,44 @@ class RunResult:
         return out
 
     @classmethod
-    def from_flat(cls, row: dict[str, Any]) -> RunResult:
-        """A stored row (or ``--json`` output) read back."""
-        outcomes = attack_outcomes(row)
-        used = {"run_id", "status", "dataset", "model", "defense", "attack", "seed"}
-        used.update(key for key in row if key.startswith(SECTION_STARTS) and _attack_key(key))
+    def from_flat(cls, row: dict[str, Any], **kept: Any) -> RunResult:
+        """A stored row (or ``--json`` output) read back; ``kept``: where it is kept (``folder``, ``run_key``,
+        ``config``)."""
+        keys = _attack_keys(row)
+        outcomes = _outcomes(row, keys)
+        ran = [a for a in str(row.get("attack", "")).split("+") if a in outcomes]  # in the order the run named them
+        outcomes = {a: outcomes[a] for a in dict.fromkeys([*ran, *outcomes])}
+        used = {"run_id", "status", "dataset", "model", "defense", "attack", "seed"}  # besides the attacks' ``keys``
 
-        def take(keys: set[str], prefix: str) -> dict[str, Any]:
+        def take(keys: set[str], prefix: str, needed: set[str]) -> dict[str, Any] | None:
+            """The keys' values without ``prefix`` when the row has every ``needed`` one (then the keys are read
+            into a typed field), else None (then they stay in ``extra``, as a hand-written row may hold them)."""
+            found = {k.removeprefix(prefix): row[k] for k in keys if k in row}
+            if not needed <= set(found):
+                return None
             used.update(k for k in keys if k in row)
-            return {k.removeprefix(prefix): row[k] for k in keys if k in row}
+            return found
 
-        utility = take(_UTILITY, "utility.")
-        comm, timing = take(_COMM, "comm."), take(_TIME, "time.")
+        utility = take(_UTILITY, "utility.", {"test_accuracy", "train_accuracy"})
+        comm = take(_COMM, "comm.", {k.removeprefix("comm.") for k in _COMM})
+        timing = take(_TIME, "time.", {"train_s", "attack_s"})
         ledger = None
-        if all(f"privacy.{k}" in row for k in _LEDGER[:-1]):
-            ledger = PrivacyLedger(*(row.get(f"privacy.{k}", 0.0) or 0.0 for k in _LEDGER))
-            used.update(f"privacy.{k}" for k in _LEDGER)
-            used.update(k for k in ledger.metrics() if k in row)
+        if all(k in row for k in _LEDGER_KEYS[:-1]):
+            ledger = PrivacyLedger(*(row.get(k, 0.0) or 0.0 for k in _LEDGER_KEYS),
+                                   recorded_epsilon=row.get("privacy.epsilon"),
+                                   recorded_pca_epsilon=row.get("privacy.pca_epsilon"))
+            used.update(k for k in _LEDGER_READ if k in row)
         return cls(
             run_id=str(row.get("run_id", "")), status=str(row.get("status", "")), dataset=str(row.get("dataset", "")),
             model=str(row.get("model", "")), defense=str(row.get("defense", "")), seed=int(row.get("seed", 0) or 0),
-            utility=Utility(**utility) if {"test_accuracy", "train_accuracy"} <= set(utility) else None,
+            utility=None if utility is None else Utility(**utility),
             privacy=ledger,
-            comm=Communication(**comm) if len(comm) == len(_COMM) else None,
-            time=Timing(**timing) if {"train_s", "attack_s"} <= set(timing) else None,
+            comm=None if comm is None else Communication(**comm),
+            time=None if timing is None else Timing(**timing),
             attacks=outcomes,
-            extra={k: v for k, v in row.items() if k not in used},
+            extra={k: v for k, v in row.items() if k not in used and k not in keys},
+            recorded=dict(row),
+            **kept,
         )
 
 
@@ -179,17 +211,30 @@ def _attack_key(key: str) -> tuple[str, str, str | None, str] | None:
     return None
 
 
+def _attack_keys(row: dict[str, Any]) -> dict[str, tuple[str, str, str | None, str]]:
+    """The row's attack keys, each with its parts (``_attack_key``); not to be changed (shared by rows with the same
+    keys)."""
+    return _attack_keys_among(tuple(row))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _attack_keys_among(keys: tuple[str, ...]) -> dict[str, tuple[str, str, str | None, str]]:
+    """Remembered per key list: the runs of a sweep's configuration store the same keys."""
+    return {key: parsed for key in keys if key.startswith(SECTION_STARTS) and (parsed := _attack_key(key)) is not None}
+
+
 def attack_outcomes(row: dict[str, Any]) -> dict[str, AttackOutcome]:
     """The attacks of a flat row (stored metrics, ``--json`` output), typed: the one reader that takes the
     ``leakage.<attack>.<state>.<metric>`` keys apart (``RunResult.from_flat`` reads its attacks here)."""
+    return _outcomes(row, _attack_keys(row))
+
+
+def _outcomes(row: dict[str, Any], keys: dict[str, tuple[str, str, str | None, str]]) -> dict[str, AttackOutcome]:
     metrics: dict[str, dict[str, Any]] = {}
     states: dict[str, dict[str, dict[str, Any]]] = {}
     artefacts: dict[str, dict[str, str]] = {}
-    for key, value in row.items():
-        parsed = _attack_key(key) if key.startswith(SECTION_STARTS) else None
-        if parsed is None:
-            continue
-        section, attack, state, metric = parsed
+    for key, (section, attack, state, metric) in keys.items():
+        value = row[key]
         if section == "artefacts":
             artefacts.setdefault(attack, {})[metric] = value
         elif state is not None:

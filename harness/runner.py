@@ -15,7 +15,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,14 +25,13 @@ import yaml
 from torch import nn
 
 from dpeval import __version__, checkpoint
-from dpeval.attacks import ATTACKS
-from dpeval.attacks.base import Artefact
-from dpeval.attacks.view import AttackerView
+from dpeval.attacking import SHADOWS, attacks_of, check_attacks, play_attacks
 from dpeval.core.accounting import ACCOUNTED_SAMPLING
 from dpeval.core.datasets import load_task
 from dpeval.core.errors import ConfigError, RunFailure
-from dpeval.core.files import inside, write_atomic, write_text_atomic
+from dpeval.core.files import write_atomic, write_text_atomic
 from dpeval.core.ledger import PrivacyLedger
+from dpeval.core.per_sample import check_per_sample, check_trainable
 from dpeval.core.runtime import apply_thread_default, resolve_device
 from dpeval.core.spec import RunSpec
 from dpeval.core.splits import Task
@@ -40,7 +39,6 @@ from dpeval.core.states import resolve
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses.base import Defense, DefenseContext
 from dpeval.engine.lean import check_lean
-from dpeval.engine.release import ReleaseOracle
 from dpeval.engine.training import BatchSampler, Loop, Observers, TrainingObserver, accuracy, train
 from dpeval.logs import LOG_ONLY, open_run_log
 from dpeval.results import AttackOutcome, Communication, RunResult, Timing, Utility
@@ -49,7 +47,6 @@ from dpeval.victims import DefenseTrained, VictimSource
 from dpeval.weights import check_weights, read_weights
 
 log = logging.getLogger("dpeval")
-SHADOWS = "shadows"  # a run folder's finished shadow models, kept until the run is done (resume)
 
 
 @dataclass
@@ -64,19 +61,6 @@ class Prepared:
     build_model: Callable[[], nn.Module]
     streams: Streams                       # the run's root streams
     device: torch.device
-
-
-def check_attacks(spec: RunSpec, model: nn.Module, task: Any, privacy: PrivacyLedger | None = None) -> None:
-    """Fail before training when an attack cannot work on this run: data its game cannot be played on
-    (``Attack.check_task``), a model it does not support (``Attack.check_model``) or a model state that
-    training will never record. Also for a run from ``model.weights``, which is attacked on the same data."""
-    for _name, attack in attacks_of(spec):
-        type(attack).check_task(attack.params, task)
-        type(attack).check_model(attack.params, model, task.shape)
-        if privacy is not None:
-            type(attack).check_privacy(attack.params, privacy)
-        for state in resolve(type(attack).wanted_states(attack.params), spec.train.epochs):
-            state.check_exists(spec.train.epochs)
 
 
 def prepare(spec: RunSpec, task: Task | None = None, source: VictimSource | None = None) -> Prepared:
@@ -119,35 +103,6 @@ def prepare(spec: RunSpec, task: Task | None = None, source: VictimSource | None
         defense.bind(bound_to if bound_to is not None else model, task.public, task.num_classes)
         return defense
     return Prepared(spec, task, model_name, model, sampler, privacy, make_defense, build, streams, device)
-
-
-def check_per_sample(model: nn.Module, field: str) -> None:
-    """The per-sample engines need a model whose every example is computed alone: BatchNorm mixes the examples of
-    a batch (its per-sample gradients do not exist), so a model holding one is refused before anything runs."""
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            raise ConfigError(f"{field}: {name or 'the model'} is a {type(module).__name__}, which mixes the examples "
-                              f"of a batch; per-sample gradients need a model without BatchNorm (GroupNorm or "
-                              f"LayerNorm instead)")
-
-
-def check_trainable(model: nn.Module, field: str) -> None:
-    """Refuse before training a model dpeval cannot train (a plug-in's, or one given to the API): tensors on the meta
-    device (shapes without values), no trainable parameter (nothing to release), or trainable parameters that are
-    not float32 (the engines, the defenses' noise and the release path compute in float32)."""
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    meta = next((name for name, t in tensors if t.is_meta), None)
-    if meta is not None:
-        raise ConfigError(f"{field}: {meta} is on the meta device (a shape without values); build the model with "
-                          f"real weights")
-    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    if not trainable:
-        raise ConfigError(f"{field}: the model has no trainable parameter (every requires_grad is False); a defense "
-                          f"releases the gradients of trainable parameters")
-    other = next(((name, p.dtype) for name, p in trainable if p.dtype != torch.float32), None)
-    if other is not None:
-        raise ConfigError(f"{field}: parameter {other[0]} is {str(other[1]).removeprefix('torch.')}; dpeval trains "
-                          f"float32 models (build it in float32, or call .float())")
 
 
 def check_points(specs: list[RunSpec], describe: Callable[[RunSpec], str]) -> None:
@@ -198,31 +153,6 @@ def config_columns(prep: Prepared) -> dict[str, Any]:
     return row
 
 
-def attacks_of(spec: RunSpec) -> list:
-    return [(name, ATTACKS.get(name, field="attack")(spec.attack[name])) for name in spec.attacks]
-
-
-def write_artefacts(artefacts: Mapping[str, Artefact], folder: Path) -> dict[str, Path]:
-    """Write an attack's artefacts (``AttackResult.artefacts``) into its folder, each under its file name: name ->
-    path written."""
-    paths = {name: inside(folder, artefact.file, "artefact") for name, artefact in artefacts.items()}
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, artefact in artefacts.items():
-        artefact.write(paths[name])
-    return paths
-
-
-def artefact_path(path: str | Path, run_id: str, run_dir: Path) -> str:
-    """An artefact's path as stored: relative to the results folder (``runs/<run_id>/…``, the store's
-    layout), so that a moved or copied results folder still finds it; a file written outside the run's
-    folder keeps the path it was given."""
-    try:
-        inside = Path(path).resolve().relative_to(run_dir.resolve())
-    except ValueError:
-        return str(path)
-    return (ResultStore(".").run_dir(run_id) / inside).as_posix()
-
-
 class AttacksFailed(RuntimeError):
     """Some attacks of a run failed after training: ``result`` holds everything that finished (training and
     the other attacks; the failed ones' ``AttackOutcome.error``), so it can be recorded, not lost."""
@@ -238,68 +168,6 @@ class AttacksFailed(RuntimeError):
 
     def __reduce__(self):  # crosses process boundaries (sweep workers) with its result
         return (AttacksFailed, (str(self), self.result))
-
-
-def attacker_view(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                  out_dir: Path, run_id: str = "", progress: bool = True,
-                  train_shadow: Callable[..., nn.Module | None] | None = None) -> AttackerView:
-    """What an attack of this run sees (``attacks/view.py``): never ``prep.task``, which the games keep. Its
-    finished shadow models are kept under the run's folder, for the run ``run_id`` only. ``progress``: False
-    hides the shadow models' progress bar; ``train_shadow``: the researcher's own shadow training function."""
-    spec, task = prep.spec, prep.task
-    oracle = ReleaseOracle(prep.make_defense, defense_states, int(spec.train.epochs),
-                           int(spec.train.physical_batch_size), spec.train.precision, spec.train.module_mode)
-    return AttackerView(
-        architecture=prep.model, states=states, defense_states=defense_states, release=oracle, public=task.public,
-        shape=tuple(task.shape), num_classes=task.num_classes, mean=tuple(task.mean), std=tuple(task.std),
-        privacy=prep.privacy, spec=spec, build_model=prep.build_model, make_defense=prep.make_defense,
-        streams=prep.streams, out_dir=out_dir, device=prep.device, shadow_progress=lambda key: checkpoint.ShadowStore(
-            out_dir.parent / SHADOWS / hashlib.sha256(key.encode()).hexdigest()[:16], f"{run_id}:{spec.run_key}:{key}"),
-        train_shadow=train_shadow, progress=None if progress else False)
-
-
-def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], defense_states: dict[str, Any],
-                 out_dir: Path, run_id: str = "", progress: bool = True,
-                 train_shadow: Callable[..., nn.Module | None] | None = None,
-                 ) -> tuple[dict[str, AttackOutcome], dict[str, float]]:
-    """Play every attack of the run: its outcome (artefact paths as stored: ``artefact_path``, given the run's id)
-    and its wall-clock seconds. An attack that raises does not stop the others: its outcome holds the error (the
-    traceback goes to the log). ``progress`` and ``train_shadow``: ``attacker_view``'s."""
-    outcomes: dict[str, AttackOutcome] = {}
-    seconds: dict[str, float] = {}
-    for name, attack in attacks_of(prep.spec):
-        folder = inside(out_dir, name, "attack")  # a registered name is plain: never a folder elsewhere
-        view = attacker_view(prep, states, defense_states, folder, run_id, progress, train_shadow)
-        view.out_dir.mkdir(parents=True, exist_ok=True)
-        log.info("attack %s", name)
-        start = time.perf_counter()
-        try:
-            result = attack.play(view, prep.task)
-            written = write_artefacts(result.artefacts, view.out_dir)
-            check_headline(attack, result.metrics)
-        except Exception as exc:
-            log.error("attack %s failed", name, exc_info=True, extra=LOG_ONLY)
-            outcomes[name] = AttackOutcome(name, error=f"{type(exc).__name__}: {exc}")
-            continue
-        finally:
-            seconds[name] = time.perf_counter() - start
-        artefacts = {k: artefact_path(v, run_id, out_dir) if run_id else str(v) for k, v in written.items()}
-        outcomes[name] = AttackOutcome.of(name, result.metrics, result.states, result.verdict, artefacts)
-    return outcomes, seconds
-
-
-class NonFiniteResult(RuntimeError):
-    """An attack's headline metric came out NaN or infinite: an error of the attack, never a verdict."""
-
-
-def check_headline(attack: Any, metrics: dict[str, Any]) -> None:
-    """``NonFiniteResult`` when the attack's headline metric (the one its verdict and the rankings read) is NaN or
-    infinite; a headline it does not report (None: not resolvable) is left as it is."""
-    name = type(attack).headline
-    value = metrics.get(name)
-    if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
-        raise NonFiniteResult(f"its headline metric {name} is {value}; NaN or infinite values are an error, never a "
-                              f"verdict")
 
 
 @dataclass

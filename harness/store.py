@@ -19,7 +19,6 @@ that only read (leaderboard, report, show) open the database read-only.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -549,9 +548,10 @@ class ResultStore:
         return [self.result(row) for row in self.rows(status) if not row.get("damaged")]
 
     def result(self, row: dict[str, Any]) -> RunResult:
-        """One row of ``rows`` as a typed result (``results``)."""
+        """One row of ``rows`` as a typed result (``results``), with its run key and stored configuration."""
         flat = {**row["metrics"], "run_id": row["run_id"], "status": row["status"]}
-        return dataclasses.replace(RunResult.from_flat(flat), folder=self.run_dir(row["run_id"]))
+        return RunResult.from_flat(flat, folder=self.run_dir(row["run_id"]), run_key=row["run_key"],
+                                   config=row["config"])
 
     def matching(self, run_id: str) -> list[dict[str, Any]]:
         """The row whose id is ``run_id``, else every row whose id contains it (none for an empty string)."""

@@ -56,7 +56,8 @@ def untrained_view(spec: RunSpec, out_dir: str | Path) -> tuple[AttackerView, Ta
     ``final`` state is the initial one (nothing was trained). The defense's public state at epoch 0 is
     taken exactly as training would snapshot it (after ``begin_epoch(0)``).
     """
-    from dpeval.runner import attacker_view, prepare  # here: most users of this file need no runner
+    from dpeval.attacking import attacker_view  # here: most users of this file need no runner
+    from dpeval.runner import prepare
 
     prep = prepare(spec)
     prep.model.to(prep.device).eval()
@@ -103,3 +104,14 @@ def write_rows_csv(path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, sorted({k for r in rows for k in r}))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def typed(rows: list[dict]) -> list:
+    """Store rows written by hand (``run_id``, ``run_key``, ``status``, ``metrics``, ``config``, as
+    ``ResultStore.rows`` gives them) as the typed results ``ResultStore.results`` would give back."""
+    import dataclasses
+
+    from dpeval.results import RunResult
+
+    return [dataclasses.replace(RunResult.from_flat({**r["metrics"], "run_id": r["run_id"], "status": r["status"]}),
+                                run_key=r["run_key"], config=r["config"]) for r in rows]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from dpeval.core.accounting import ACCOUNTED_SAMPLING, Release, epsilon_of
 
@@ -31,15 +31,27 @@ class PrivacyLedger:
     sampling: str                       # how batches were drawn (``poisson`` or ``shuffle``)
     pca_noise_multiplier: float = 0.0   # σ_p of a DP-PCA released before training (0: none)
 
-    epsilon: float = field(init=False)  # derived: the accountant's ε of the above
+    # A stored run's ledger is read back with the ε it recorded (``RunResult.from_flat``), not derived again: the
+    # version that wrote it is the record. None (a new ledger, or one changed by ``dataclasses.replace``): derived.
+    recorded_epsilon: InitVar[float | None] = None
+    recorded_pca_epsilon: InitVar[float | None] = None
 
-    def __post_init__(self) -> None:
+    epsilon: float = field(init=False)      # the accountant's ε of the above
+    pca_epsilon: float = field(init=False)  # the DP-PCA's ε alone (0 without one)
+
+    def __post_init__(self, recorded_epsilon: float | None, recorded_pca_epsilon: float | None) -> None:
         """ε by the configured accountant, on construction: a σ it cannot evaluate is a ConfigError here."""
-        eps = math.inf
-        if self.accounted_noise_multiplier > 0:
-            eps = epsilon_of([*self.before, (self.accounted_noise_multiplier, self.sample_rate, self.steps)],
-                             self.delta, self.accountant)
+        eps = recorded_epsilon
+        if eps is None:
+            eps = math.inf
+            if self.accounted_noise_multiplier > 0:
+                eps = epsilon_of([*self.before, (self.accounted_noise_multiplier, self.sample_rate, self.steps)],
+                                 self.delta, self.accountant)
+        pca_eps = recorded_pca_epsilon
+        if pca_eps is None:
+            pca_eps = epsilon_of(list(self.before), self.delta, self.accountant) if self.before else 0.0
         object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "pca_epsilon", pca_eps)
 
     @property
     def before(self) -> tuple[Release, ...]:
@@ -67,5 +79,5 @@ class PrivacyLedger:
         }
         if self.before:  # the DP-PCA: its σ_p and what it would spend alone
             keys["privacy.pca_noise_multiplier"] = self.pca_noise_multiplier
-            keys["privacy.pca_epsilon"] = epsilon_of(list(self.before), self.delta, self.accountant)
+            keys["privacy.pca_epsilon"] = self.pca_epsilon
         return keys

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from dpeval.core.errors import RunFailure
+from dpeval.core.errors import ConfigError, RunFailure
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -154,3 +154,32 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, size: int) -> Iterator[tuple
     """Split a logical batch into chunks of at most ``size`` examples (none for an empty batch)."""
     for start in range(0, x.shape[0], size):
         yield x[start:start + size], y[start:start + size]
+
+
+def check_per_sample(model: nn.Module, field: str) -> None:
+    """The per-sample engines need a model whose every example is computed alone: BatchNorm mixes the examples of
+    a batch (its per-sample gradients do not exist), so a model holding one is refused before anything runs."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ConfigError(f"{field}: {name or 'the model'} is a {type(module).__name__}, which mixes the examples "
+                              f"of a batch; per-sample gradients need a model without BatchNorm (GroupNorm or "
+                              f"LayerNorm instead)")
+
+
+def check_trainable(model: nn.Module, field: str) -> None:
+    """Refuse before training a model dpeval cannot train (a plug-in's, or one given to the API): tensors on the meta
+    device (shapes without values), no trainable parameter (nothing to release), or trainable parameters that are
+    not float32 (the engines, the defenses' noise and the release path compute in float32)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = next((name for name, t in tensors if t.is_meta), None)
+    if meta is not None:
+        raise ConfigError(f"{field}: {meta} is on the meta device (a shape without values); build the model with "
+                          f"real weights")
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ConfigError(f"{field}: the model has no trainable parameter (every requires_grad is False); a defense "
+                          f"releases the gradients of trainable parameters")
+    other = next(((name, p.dtype) for name, p in trainable if p.dtype != torch.float32), None)
+    if other is not None:
+        raise ConfigError(f"{field}: parameter {other[0]} is {str(other[1]).removeprefix('torch.')}; dpeval trains "
+                          f"float32 models (build it in float32, or call .float())")

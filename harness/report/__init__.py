@@ -19,7 +19,7 @@ drawn" instead. Everything read from the store is text on the page: the page bui
 that writes HTML, and escapes it. The page and the figures are written only where ``ResultStore.write_outputs``
 allows (``page.write_report``).
 
-Artefact paths in results are relative to the results folder (``dpeval.runner.artefact_path``), so a
+Artefact paths in results are relative to the results folder (``dpeval.attacking.artefact_path``), so a
 moved or copied folder still reports its pictures; absolute paths of older runs are read under the
 folder's own ``runs/<run_id>/``. An artefact resolves only inside its own run's folder (after following
 links): a path that leads elsewhere (``../``, an absolute path, a symlink out) is never read. A file that

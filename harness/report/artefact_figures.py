@@ -6,7 +6,6 @@ from __future__ import annotations
 import textwrap
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import matplotlib.pyplot as plt
 
@@ -25,30 +24,30 @@ from dpeval.report.files import (
     save_drawing,
 )
 from dpeval.report.labels import MAX_DRAWN, MAX_PICTURES, Figures, point_label, sort_key, too_many
-from dpeval.results import attack_outcomes
+from dpeval.results import RunResult
 
 
-def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
+def roc_curves(runs: list[RunResult], root: Path, swept: list[str], out_dir: Path,
                stem: str, damaged: list[str] | None = None) -> Figures:
     """One log-log ROC figure per membership attack; a ROC file that cannot be read adds a line to
     ``damaged``."""
     damaged = [] if damaged is None else damaged
     curves: dict[str, list] = defaultdict(list)
-    for row in rows:
-        for attack, outcome in attack_outcomes(row["metrics"]).items():
+    for run in runs:
+        for attack, outcome in run.attacks.items():
             if "roc" not in outcome.artefacts:
                 continue
-            path = resolve_artefact(outcome.artefacts["roc"], root, row["run_id"])
+            path = resolve_artefact(outcome.artefacts["roc"], root, run.run_id)
             if path is None:
                 continue
             try:
                 fpr, tpr, floor = read_roc(path)
             except ARTEFACT_ERRORS as exc:
-                damaged.append(damaged_line(row, str(AttackKey(attack, "roc", "artefacts")), path, exc))
+                damaged.append(damaged_line(run.run_id, str(AttackKey(attack, "roc", "artefacts")), path, exc))
                 continue
             n_out = outcome.metrics.get("n_nonmembers")
             floor = floor or (1 / n_out if is_number(n_out) and n_out > 0 else 1e-5)
-            curves[attack].append((lb.flat_row(row), fpr, tpr, floor))
+            curves[attack].append((lb.flat_row(run), fpr, tpr, floor))
     plots = []
     for attack, items in sorted(curves.items()):
         if len(items) > MAX_DRAWN:  # one line per run
@@ -80,7 +79,7 @@ def roc_curves(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir
     return plots
 
 
-def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path,
+def reconstruction_grids(runs: list[RunResult], root: Path, swept: list[str], out_dir: Path,
                          stem: str, damaged: list[str] | None = None) -> tuple[Figures, set[str]]:
     """One figure per gradient attack: rows = configurations (swept values), columns = seeds; each cell the
     run's first targets (originals over the worst state's reconstructions) with its PSNR and state.
@@ -88,24 +87,23 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
     ``damaged``."""
     damaged = [] if damaged is None else damaged
     cells: dict[str, dict[tuple, dict]] = defaultdict(dict)
-    for row in rows:
-        m = row["metrics"]
-        for attack, outcome in attack_outcomes(m).items():
+    for run in runs:
+        for attack, outcome in run.attacks.items():
             if "images" not in outcome.artefacts:
                 continue
-            path = resolve_artefact(outcome.artefacts["images"], root, row["run_id"])
+            path = resolve_artefact(outcome.artefacts["images"], root, run.run_id)
             if path is None:
                 continue
             try:
                 flat, recon, psnr, state = read_cell(path, outcome.metrics.get("state"))
                 image = grid_cell(flat, recon)
             except ARTEFACT_ERRORS as exc:
-                damaged.append(damaged_line(row, str(AttackKey(attack, "images", "artefacts")), path, exc))
+                damaged.append(damaged_line(run.run_id, str(AttackKey(attack, "images", "artefacts")), path, exc))
                 continue
-            record = lb.flat_row(row)
-            cells[attack][(point_label(record, swept), m.get("seed"))] = {
-                "image": image, "text": f"seed {m.get('seed')}: {psnr:.1f} dB @{state}",
-                "sort": sort_key(record, swept), "run": row["run_id"]}
+            record = lb.flat_row(run)
+            cells[attack][(point_label(record, swept), run.seed)] = {
+                "image": image, "text": f"seed {run.seed}: {psnr:.1f} dB @{state}",
+                "sort": sort_key(record, swept), "run": run.run_id}
     plots, covered = [], set()
     for attack, found in sorted(cells.items()):
         configs = sorted({(v["sort"], label) for (label, _), v in found.items()})
@@ -142,20 +140,20 @@ def reconstruction_grids(rows: list[dict[str, Any]], root: Path, swept: list[str
     return plots, covered
 
 
-def pictures(rows: list[dict[str, Any]], root: Path, swept: list[str],
+def pictures(runs: list[RunResult], root: Path, swept: list[str],
              skip_runs: set[str]) -> tuple[list[tuple[str, Path]], list[str]]:
     """(pictures of runs not in a grid, one line per artefact that cannot be found)."""
     found, missing = [], []
-    for row in rows:
+    for run in runs:
         artefacts = sorted((str(AttackKey(attack, name, "artefacts")), attack, value)
-                           for attack, outcome in attack_outcomes(row["metrics"]).items()
+                           for attack, outcome in run.attacks.items()
                            for name, value in outcome.artefacts.items())
-        record = lb.flat_row(row) if artefacts else {}  # only for a run that has artefacts: a store has thousands
+        record = lb.flat_row(run) if artefacts else {}  # only for a run that has artefacts: a store has thousands
         for key, attack, value in artefacts:
-            path = resolve_artefact(value, root, row["run_id"])
+            path = resolve_artefact(value, root, run.run_id)
             if path is None:
-                missing.append(f"run {row['run_id']} ({point_label(record, swept)}, seed {record.get('seed')}): "
+                missing.append(f"run {run.run_id} ({point_label(record, swept)}, seed {record.get('seed')}): "
                                f"{key} = {value}")
-            elif (str(value).endswith(".png") and "roc" not in key and row["run_id"] not in skip_runs):
+            elif (str(value).endswith(".png") and "roc" not in key and run.run_id not in skip_runs):
                 found.append((f"{attack} — {point_label(record, swept)}, seed {record.get('seed')}", path))
     return found[:MAX_PICTURES], missing

@@ -48,6 +48,7 @@ from dpeval.report.labels import (
     swept_parameters,
     too_many,
 )
+from dpeval.results import RunResult
 
 
 def _reference_line(ax: plt.Axes, records: list[dict[str, Any]], attack: str, vertical: bool) -> None:
@@ -336,13 +337,14 @@ def matched_epsilon(records: list[dict[str, Any]], out_dir: Path, stem: str) -> 
     return [("Configurations at matched ε", save_drawing(fig, out_dir, stem, "matched_epsilon"))]
 
 
-def _curves(rows: list[dict[str, Any]], key: str) -> dict[str, list[list[float]]]:
-    """Per configuration (``group_key``), each seed's per-epoch list ``key``."""
+def _curves(runs: list[RunResult], key: str) -> dict[str, list[list[float]]]:
+    """Per configuration (``group_key``), each seed's per-epoch list ``key`` as recorded (the result key: a run
+    recorded without every utility key keeps its curve among its other keys)."""
     found: dict[str, list] = defaultdict(list)
-    for row in rows:
-        curve = row["metrics"].get(key)
+    for run in runs:
+        curve = run.flat().get(key)
         if isinstance(curve, list) and len(curve) >= 2 and all(finite(v) for v in curve):
-            found[lb.group_key(row)].append(curve)
+            found[lb.group_key(run)].append(curve)
     return found
 
 
@@ -362,10 +364,10 @@ def _draw_curves(ax: plt.Axes, curves: dict[str, list], labels: dict[str, str], 
             ax.fill_between(epochs, mean - sem, mean + sem, color=colour, alpha=0.15, lw=0)
 
 
-def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
+def learning_curves(runs: list[RunResult], records: list[dict[str, Any]], out_dir: Path,
                     stem: str) -> Figures:
     """Test accuracy and mean training loss per epoch, one line per configuration."""
-    accuracy, loss = _curves(rows, "utility.test_accuracy_by_epoch"), _curves(rows, "utility.train_loss_by_epoch")
+    accuracy, loss = _curves(runs, "utility.test_accuracy_by_epoch"), _curves(runs, "utility.train_loss_by_epoch")
     if not accuracy and not loss:
         return []
     if len(accuracy.keys() | loss.keys()) > MAX_DRAWN:
@@ -391,11 +393,11 @@ def learning_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], o
     return [("Learning curves", save_drawing(fig, out_dir, stem, "learning_curves"))]
 
 
-def density_curves(rows: list[dict[str, Any]], records: list[dict[str, Any]], out_dir: Path,
+def density_curves(runs: list[RunResult], records: list[dict[str, Any]], out_dir: Path,
                    stem: str) -> Figures:
     """The released density per epoch for the configurations that sparsify (any epoch below 1)."""
-    curves = {k: runs for k, runs in _curves(rows, "comm.density_by_epoch").items()
-              if any(v < 1 for c in runs for v in c)}
+    density = _curves(runs, "comm.density_by_epoch")
+    curves = {k: seeds for k, seeds in density.items() if any(v < 1 for c in seeds for v in c)}
     if not curves:
         return []
     if len(curves) > MAX_DRAWN:

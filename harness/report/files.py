@@ -40,8 +40,8 @@ def resolve_artefact(value: Any, root: Path, run_id: str) -> Path | None:
     return candidate if candidate.is_relative_to(run_dir) and candidate.is_file() else None
 
 
-def damaged_line(row: dict[str, Any], key: str, path: Path, exc: BaseException) -> str:
-    return f"run {row['run_id']}: {key} = {path}: cannot be read ({type(exc).__name__}: {brief(str(exc), 120)})"
+def damaged_line(run_id: str, key: str, path: Path, exc: BaseException) -> str:
+    return f"run {run_id}: {key} = {path}: cannot be read ({type(exc).__name__}: {brief(str(exc), 120)})"
 
 
 PNG_START = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,7 @@ from dpeval.headlines import (
 from dpeval.report.files import ARTEFACT_ERRORS, damaged_line, resolve_artefact, save_drawing
 from dpeval.report.labels import MAX_DRAWN, Figures, point_label, private, too_many
 from dpeval.report.markup import bullets, heading, image, paragraph, table_html
-from dpeval.results import attack_outcomes
+from dpeval.results import RunResult
 
 EXPOSURE_FPRS = (0.001, 0.01)  # the false-positive rates at which records are counted as named
 
@@ -37,32 +37,32 @@ EXPOSED_SHOWN = 8              # images per configuration in the grid
 class ScoredGame:
     """One run's membership game with per-example scores: its records most exposed first."""
 
-    row: dict[str, Any]
+    run: RunResult
     record: dict[str, Any]
     label: str
     records: list[Exposure]
 
 
-def scored_games(rows: list[dict[str, Any]], root: Path, swept: list[str],
+def scored_games(runs: list[RunResult], root: Path, swept: list[str],
                  damaged: list[str]) -> dict[str, list[ScoredGame]]:
     """Attack → the runs whose game saved per-example scores (``artefacts.<attack>.scores``, a CSV), each read into
     exposures; a file that cannot be read adds a line to ``damaged``."""
     games: dict[str, list[ScoredGame]] = defaultdict(list)
-    for row in rows:
-        for attack, outcome in attack_outcomes(row["metrics"]).items():
+    for run in runs:
+        for attack, outcome in run.attacks.items():
             value = outcome.artefacts.get("scores")
             if not str(value).endswith(".csv"):
                 continue
-            path = resolve_artefact(value, root, row["run_id"])
+            path = resolve_artefact(value, root, run.run_id)
             if path is None:
                 continue
             try:
                 found = exposures(path)
             except ARTEFACT_ERRORS as exc:
-                damaged.append(damaged_line(row, str(AttackKey(attack, "scores", "artefacts")), path, exc))
+                damaged.append(damaged_line(run.run_id, str(AttackKey(attack, "scores", "artefacts")), path, exc))
                 continue
-            record = lb.flat_row(row)
-            games[attack].append(ScoredGame(row, record, point_label(record, swept), found))
+            record = lb.flat_row(run)
+            games[attack].append(ScoredGame(run, record, point_label(record, swept), found))
     return games
 
 
@@ -92,7 +92,7 @@ def exposure_rows(games: list[ScoredGame]) -> list[list[str]]:
 
 # Source index → image (H × W or H × W × C in [0, 1]) of a run's private pool, or (None, why not): given by the
 # caller, since the report reads stored artefacts only (``dpeval.training_images.loader`` for ``dpeval report``).
-TrainingImages = Callable[[dict[str, Any]], tuple[dict[int, np.ndarray] | None, str]]
+TrainingImages = Callable[[RunResult], tuple[dict[int, np.ndarray] | None, str]]
 
 
 def exposure_grid(attack: str, games: list[ScoredGame], out_dir: Path, stem: str,
@@ -107,7 +107,7 @@ def exposure_grid(attack: str, games: list[ScoredGame], out_dir: Path, stem: str
         return too_many(title, len(first)), []
     shown, notes = [], []
     for label, g in sorted(first.items(), key=lambda kv: (private(kv[1].record), kv[0])):
-        images, why = training_images(g.row) if training_images else (None, "no images were given")
+        images, why = training_images(g.run) if training_images else (None, "no images were given")
         if images is None:
             notes.append(f"{attack}, {label}: the training images cannot be loaded here ({why}); the table counts "
                          f"its records")
@@ -138,12 +138,12 @@ def exposure_grid(attack: str, games: list[ScoredGame], out_dir: Path, stem: str
     return [(title, save_drawing(fig, out_dir, stem, f"exposed_{attack}"))], notes
 
 
-def exposure_sections(rows: list[dict[str, Any]], root: Path, swept: list[str], out_dir: Path, stem: str,
+def exposure_sections(runs: list[RunResult], root: Path, swept: list[str], out_dir: Path, stem: str,
                       damaged: list[str], training_images: TrainingImages | None) -> tuple[list[str], list[Path]]:
     """The page's "Which records leak" section (HTML) and the figures it drew."""
     sections: list[str] = []
     drawn: list[Path] = []
-    games = scored_games(rows, root, swept, damaged)
+    games = scored_games(runs, root, swept, damaged)
     if not games:
         return sections, drawn
     sections += [heading("Which records leak"), paragraph(

@@ -23,6 +23,7 @@ from dpeval.report.labels import spread_note, swept_columns
 from dpeval.report.leaking_records import TrainingImages, exposure_sections
 from dpeval.report.markup import bullets, figure, heading, image, page_html, paragraph, wide
 from dpeval.report.tables import metric_tables, summary_lines, table
+from dpeval.results import RunResult
 from dpeval.store import ResultStore
 
 RULES = ("Verdicts: a reconstruction attack leaks when, at some attacked state, its per-target PSNR "
@@ -34,9 +35,9 @@ METRICS_NOTE = ("Every metric each attack reported, per configuration (mean ± S
                 "the per-state metrics of an attack over several model states are in the leaderboard CSV.")
 
 
-def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str,
+def write_report(runs: list[RunResult], out: Path, results: Path | str,
                  training_images: TrainingImages | None = None) -> dict[str, Any]:
-    """Write the HTML report and its figures (PNG + SVG) for the store rows of the results folder
+    """Write the HTML report and its figures (PNG + SVG) for the runs (``ResultStore.results``) of the results folder
     ``results`` (where relative artefact paths point); returns what was written, ``damaged`` listing the
     artefacts that could not be read. The figures are drawn in a private folder first; then the page and
     every figure are written beside ``out`` as every output file is (``ResultStore.write_outputs``): none
@@ -45,7 +46,7 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str,
     say that none were given; the tables are drawn either way)."""
     root = Path(results).resolve()
     with tempfile.TemporaryDirectory(prefix="dpeval-report-") as scratch:
-        page, written = _draw_report(rows, out.stem, root, Path(scratch), training_images)
+        page, written = _draw_report(runs, out.stem, root, Path(scratch), training_images)
         files = {out.with_name(p.name): p.read_bytes() for p in written["plots"] + written["vector"]}
     ResultStore(results).write_outputs({**files, out: page.encode()}, "--out", earlier_output)
     folder = out.parent.resolve()
@@ -53,11 +54,11 @@ def write_report(rows: list[dict[str, Any]], out: Path, results: Path | str,
             "vector": [str(folder / p.name) for p in written["vector"]]}
 
 
-def _draw_report(rows: list[dict[str, Any]], stem: str, root: Path, figures: Path,
+def _draw_report(runs: list[RunResult], stem: str, root: Path, figures: Path,
                  training_images: TrainingImages | None) -> tuple[str, dict[str, Any]]:
     """The page, and what ``write_report`` says it wrote (``plots``, ``vector``: the figures in ``figures``)."""
     damaged: list[str] = []
-    done = lb.latest_per_key([r for r in rows if r["status"] == "done"])
+    done = lb.latest_per_key([r for r in runs if r.status == "done"])
     costs = lb.selection_costs(done)
     records = lb.leaderboard(done, seeds_grouped=True, costs=costs)
     swept = swept_columns(records)

@@ -11,6 +11,7 @@ from dpeval.attacks import ATTACKS
 from dpeval.attacks.base import Attack
 from dpeval.core.errors import ConfigError
 from dpeval.core.verdicts import Verdict
+from tests.helpers import typed
 
 
 def row(run_id, seed, acc, psnr=None, auc=None, rate=0.0):
@@ -27,7 +28,7 @@ def row(run_id, seed, acc, psnr=None, auc=None, rate=0.0):
 def test_pareto_front_per_attack():
     rows = [row("a", 0, 0.90, psnr=30), row("b", 0, 0.80, psnr=20), row("c", 0, 0.70, psnr=25),  # c dominated by b
             row("d", 0, 0.90, psnr=31), row("e", 0, 0.95, auc=0.6)]
-    records = {r["run_id"]: r for r in lb.leaderboard(rows)}
+    records = {r["run_id"]: r for r in lb.leaderboard(typed(rows))}
     assert records["a"]["pareto.ig"] and records["b"]["pareto.ig"]
     assert not records["c"]["pareto.ig"] and not records["d"]["pareto.ig"]  # d: same accuracy, more leakage
     assert "pareto.ig" not in records["e"] and records["e"]["pareto.lira"]
@@ -52,7 +53,7 @@ def test_lower_mse_means_more_leakage(lower_leaks):
     rows = [row("a", 0, 0.9), row("b", 0, 0.9)]
     rows[0]["metrics"][f"leakage.{lower_leaks}.mse"] = 0.01
     rows[1]["metrics"][f"leakage.{lower_leaks}.mse"] = 0.2
-    records = {r["run_id"]: r for r in lb.leaderboard(rows)}
+    records = {r["run_id"]: r for r in lb.leaderboard(typed(rows))}
     assert records["b"][f"pareto.{lower_leaks}"] and not records["a"][f"pareto.{lower_leaks}"]
     assert "lower = more leakage" in lb.headline_label(lower_leaks)
 
@@ -62,23 +63,24 @@ def test_only_the_declared_headline_ranks():
     rows = [row("a", 0, 0.9), row("b", 0, 0.9)]
     rows[0]["metrics"]["leakage.ig.mse"] = 0.01
     rows[1]["metrics"]["leakage.ig.mse"] = 0.2
-    records = {r["run_id"]: r for r in lb.leaderboard(rows)}
+    records = {r["run_id"]: r for r in lb.leaderboard(typed(rows))}
     assert "pareto.ig" not in records["a"] and "pareto.ig" not in records["b"]
     assert lb.headline({"leakage.ig.psnr", "leakage.ig.mse"}, "ig") == ("leakage.ig.psnr", True)
 
 
 def test_sorting_and_unknown_column():
     rows = [row("a", 0, 0.5), row("b", 0, 0.9), row("c", 0, 0.7)]
-    assert [r["run_id"] for r in lb.leaderboard(rows, sort="utility.test_accuracy")] == ["a", "c", "b"]
-    assert [r["run_id"] for r in lb.leaderboard(rows, sort="utility.test_accuracy", descending=True)] == ["b", "c", "a"]
+    assert [r["run_id"] for r in lb.leaderboard(typed(rows), sort="utility.test_accuracy")] == ["a", "c", "b"]
+    descending = lb.leaderboard(typed(rows), sort="utility.test_accuracy", descending=True)
+    assert [r["run_id"] for r in descending] == ["b", "c", "a"]
     with pytest.raises(ConfigError, match="--sort"):
-        lb.leaderboard(rows, sort="nope")
+        lb.leaderboard(typed(rows), sort="nope")
 
 
 def test_group_seeds_mean_and_sem():
     rows = [row("a", 0, 0.8, rate=0.5), row("b", 1, 0.9, rate=0.5), row("c", 2, 1.0, rate=0.5),
             row("d", 0, 0.3, rate=0.9)]
-    groups = sorted(lb.leaderboard(rows, seeds_grouped=True), key=lambda g: g["defense.final_rate"])
+    groups = sorted(lb.leaderboard(typed(rows), seeds_grouped=True), key=lambda g: g["defense.final_rate"])
     assert [g["n"] for g in groups] == [3, 1]
     assert groups[0]["utility.test_accuracy"] == pytest.approx(0.9)
     assert groups[0]["utility.test_accuracy.sem"] == pytest.approx(0.1 / math.sqrt(3))
@@ -88,7 +90,7 @@ def test_group_seeds_mean_and_sem():
 
 def test_csv_has_fixed_leading_columns_and_no_lists():
     handle = io.StringIO()
-    lb.write_csv(lb.leaderboard([row("a", 0, 0.5, psnr=12.0)]), handle)
+    lb.write_csv(lb.leaderboard(typed([row("a", 0, 0.5, psnr=12.0)])), handle)
     reader = csv.DictReader(io.StringIO(handle.getvalue()))
     assert reader.fieldnames[:8] == ["run_id", "run_key", "status", "dataset", "model", "defense", "attack", "seed"]
     assert "utility.test_accuracy_by_epoch" not in reader.fieldnames
@@ -98,7 +100,7 @@ def test_csv_has_fixed_leading_columns_and_no_lists():
 def test_failed_runs_are_not_on_the_board():
     failed = row("x", 0, 0.1)
     failed["status"] = "failed"
-    assert [r["run_id"] for r in lb.leaderboard([row("a", 0, 0.5), failed])] == ["a"]
+    assert [r["run_id"] for r in lb.leaderboard(typed([row("a", 0, 0.5), failed]))] == ["a"]
 
 
 def test_results_digest_compares_values_as_stored():
@@ -118,7 +120,7 @@ def test_identical_run_keys_count_once_when_grouping():
     """The same configuration and seed run twice is one observation: n = 2 for seeds 0 and 1, not 3."""
     rows = [row("a", 0, 0.8), row("b", 1, 0.9), row("c", 0, 0.6)]
     rows[2]["run_key"] = rows[0]["run_key"] = "same"
-    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    (group,) = lb.leaderboard(typed(rows), seeds_grouped=True)
     assert group["n"] == 2 and group["seeds"] == "0 1"
     assert group["utility.test_accuracy"] == pytest.approx((0.6 + 0.9) / 2)  # the later run of the two counts
 
@@ -133,10 +135,10 @@ def test_standard_error_matches_exact_arithmetic(values):
 def test_sem_only_where_values_vary():
     rows = [row("a", 0, 0.8, psnr=10.0), row("b", 1, 0.9, psnr=10.0)]
     rows[0]["metrics"]["leakage.ig.defense_rate"] = rows[1]["metrics"]["leakage.ig.defense_rate"] = 0.9
-    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    (group,) = lb.leaderboard(typed(rows), seeds_grouped=True)
     assert "utility.test_accuracy.sem" in group
     assert "leakage.ig.psnr.sem" not in group and "leakage.ig.defense_rate.sem" not in group
-    (single,) = lb.leaderboard(rows[:1], seeds_grouped=True)
+    (single,) = lb.leaderboard(typed(rows[:1]), seeds_grouped=True)
     assert not any(c.endswith(".sem") for c in single)
 
 
@@ -144,9 +146,9 @@ def test_grouped_verdicts_say_how_many_seeds_leak():
     rows = [row(r, s, 0.9, psnr=20.0) for r, s in (("a", 0), ("b", 1), ("c", 2))]
     for r, verdict in zip(rows, (Verdict.LEAKS, Verdict.NO_LEAK, Verdict.NO_LEAK)):
         r["metrics"]["leakage.ig.verdict"] = verdict
-    (group,) = lb.leaderboard(rows, seeds_grouped=True)
+    (group,) = lb.leaderboard(typed(rows), seeds_grouped=True)
     assert group["leakage.ig.verdict"] == "mixed (1/3 leak)"
-    (agreed,) = lb.leaderboard(rows[1:], seeds_grouped=True)
+    (agreed,) = lb.leaderboard(typed(rows[1:]), seeds_grouped=True)
     assert agreed["leakage.ig.verdict"] == "no-leak-detected"
 
 
@@ -158,7 +160,7 @@ def test_no_pareto_mark_inside_the_baseline_noise():
     for r in rows:
         r["metrics"]["leakage.ig.verdict"] = Verdict.of(r["run_id"].startswith("leaky"))
         r["metrics"]["leakage.ig.baseline_psnr"] = 9.0
-    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(rows)}
+    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(typed(rows))}
     # quiet-b has less PSNR than quiet-a but is inside the noise: neither is marked; leaky is dominated by
     # quiet-a (more accurate, no detected leakage); leaky-best buys accuracy with leakage: on the front.
     assert marks == {"quiet-a": False, "quiet-b": False, "leaky": False, "leaky-best": True}
@@ -168,10 +170,10 @@ def test_without_a_verdict_the_declared_baseline_decides():
     rows = [row("below", 0, 0.95, psnr=8.0), row("above", 0, 0.90, psnr=20.0)]
     for r in rows:
         r["metrics"]["leakage.ig.baseline_psnr"] = 9.0
-    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(rows)}
+    marks = {r["run_id"]: r["pareto.ig"] for r in lb.leaderboard(typed(rows))}
     assert marks == {"below": False, "above": False}  # "above" is dominated by a more accurate, non-leaking run
     auc = [row("chance", 0, 0.9, auc=0.49), row("better", 0, 0.95, auc=0.7)]
-    marks = {r["run_id"]: r["pareto.lira"] for r in lb.leaderboard(auc)}
+    marks = {r["run_id"]: r["pareto.lira"] for r in lb.leaderboard(typed(auc))}
     assert marks == {"chance": False, "better": True}  # AUC's chance level 0.5 (declared by its headline)
 
 
@@ -179,7 +181,7 @@ def test_terminal_table_shows_verdicts_and_swept_attack_settings():
     rows = [row("a", 0, 0.9, psnr=20.0), row("b", 0, 0.8, psnr=10.0)]
     rows[0]["metrics"].update({"leakage.ig.verdict": Verdict.LEAKS, "attack.ig.targets": 6})
     rows[1]["metrics"].update({"leakage.ig.verdict": Verdict.NO_LEAK, "attack.ig.targets": 12})
-    text = lb.format_table(lb.leaderboard(rows))
+    text = lb.format_table(lb.leaderboard(typed(rows)))
     assert "leakage.ig.verdict" in text and "no-leak-detected" in text and "attack.ig.targets" in text
 
 
@@ -222,7 +224,7 @@ def test_a_grid_of_twelve_reports_the_selection_cost_in_a_column_and_a_sentence(
     baseline = row("none", 0, 0.97)
     baseline["metrics"].update({"defense": "none", "privacy.epsilon": math.inf})
     baseline["config"] = {"defense": {"name": "none"}, "seed": 0}
-    records = {r["run_id"]: r for r in lb.leaderboard(rows + [baseline])}
+    records = {r["run_id"]: r for r in lb.leaderboard(typed(rows + [baseline]))}
     best = records["r11"]
     assert best["privacy.selection_configs"] == 12  # the non-private baseline is not a candidate
     assert best["privacy.selection_epsilon"] == pytest.approx(36.0)  # 12 × 3
@@ -232,31 +234,31 @@ def test_a_grid_of_twelve_reports_the_selection_cost_in_a_column_and_a_sentence(
     assert 3.0 < best["privacy.selection_epsilon_random_stopping"] < 9.0
     assert "truncated negative binomial" in best["privacy.selection_random_stopping"]
     assert "privacy.selection_epsilon" not in records["none"]
-    (sentence,) = lb.selection_sentences(lb.selection_costs(rows + [baseline]))
+    (sentence,) = lb.selection_sentences(lb.selection_costs(typed(rows + [baseline])))
     assert "best of 12 DP configurations" in sentence and "ε ≤ 3" in sentence
     assert "(36, 0.00012)-DP by composition" in sentence and "E[K] = 12" in sentence
-    text = lb.format_table(lb.leaderboard(rows))
+    text = lb.format_table(lb.leaderboard(typed(rows)))
     assert "privacy.selection_epsilon" in text.splitlines()[0]
 
 
 def test_seeds_of_one_configuration_are_runs_of_one_trial():
     rows = [dp_row("a0", 0, 1.0, 0.9), dp_row("a1", 1, 1.0, 0.91), dp_row("b0", 0, 2.0, 0.92)]
-    (cost,) = lb.selection_costs(rows).values()
+    (cost,) = lb.selection_costs(typed(rows)).values()
     assert cost["configs"] == 2 and cost["runs"] == 3
     assert cost["epsilon"] == pytest.approx(9.0)  # every run on the private data counts
-    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    grouped = lb.leaderboard(typed(rows), seeds_grouped=True)
     assert [g["privacy.selection_epsilon"] for g in grouped] == pytest.approx([9.0, 9.0])
 
 
 def test_one_configuration_or_separate_datasets_select_nothing():
-    assert lb.selection_costs([dp_row("a0", 0, 1.0, 0.9), dp_row("a1", 1, 1.0, 0.9)]) == {}
-    assert lb.selection_costs([dp_row("a", 0, 1.0, 0.9), dp_row("b", 0, 2.0, 0.9, dataset="cifar10")]) == {}
-    assert "privacy.selection_epsilon" not in lb.leaderboard([dp_row("a", 0, 1.0, 0.9)])[0]
+    assert lb.selection_costs(typed([dp_row("a0", 0, 1.0, 0.9), dp_row("a1", 1, 1.0, 0.9)])) == {}
+    assert lb.selection_costs(typed([dp_row("a", 0, 1.0, 0.9), dp_row("b", 0, 2.0, 0.9, dataset="cifar10")])) == {}
+    assert "privacy.selection_epsilon" not in lb.leaderboard(typed([dp_row("a", 0, 1.0, 0.9)]))[0]
 
 
 def test_without_sigma_only_composition_is_reported():
     rows = [row("a", 0, 0.9, rate=0.5), row("b", 0, 0.8, rate=0.9)]  # ε = 3 but no σ, q, T recorded
-    (cost,) = lb.selection_costs(rows).values()
+    (cost,) = lb.selection_costs(typed(rows)).values()
     assert cost["epsilon"] == pytest.approx(6.0) and "random_stopping" not in cost
     (sentence,) = lb.selection_sentences({"digits": cost})
     assert "by composition." in sentence and "random" not in sentence
@@ -273,10 +275,10 @@ def test_each_recipe_cell_is_priced_on_its_own_grid():
             r["metrics"].update({"paper.table": "Table 1", "paper.row": cell})
             r["run_key"] = f"{cell}-{clip}"
             rows.append(r)
-    costs = lb.selection_costs(rows)
+    costs = lb.selection_costs(typed(rows))
     assert sorted(c["configs"] for c in costs.values()) == [2, 3]
     assert any("Table 1, AdaCliP; ε = 1" in line and "best of 3" in line for line in lb.selection_sentences(costs))
-    records = {r["run_id"]: r for r in lb.leaderboard(rows)}
+    records = {r["run_id"]: r for r in lb.leaderboard(typed(rows))}
     assert records["AdaCliP; ε = 1-1.0"]["privacy.selection_configs"] == 3
     assert records["Abadi et al; ε = 1-2.0"]["privacy.selection_epsilon"] == pytest.approx(6.0)
 

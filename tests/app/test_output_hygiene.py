@@ -492,9 +492,9 @@ def test_the_scale_benchmark_builds_a_store_like_a_sweeps(tmp_path):
     bench.build(tmp_path, 70)
     rows = ResultStore(tmp_path).rows()
     assert len(rows) == 70 and len({r["run_key"] for r in rows}) == 70 and not any(r.get("damaged") for r in rows)
-    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    grouped = lb.leaderboard(ResultStore(tmp_path).results(), seeds_grouped=True)
     assert {g["n"] for g in grouped} == {5} and len(grouped) == 14
-    costs = lb.selection_costs(rows)
+    costs = lb.selection_costs(ResultStore(tmp_path).results())
     assert costs and all("random_stopping" in c for c in costs.values())
     recipe = next(paper for _, paper in bench.configurations() if paper)  # every other study (the second on)
     assert {"paper.source", "paper.table", "paper.row"} <= recipe.keys()

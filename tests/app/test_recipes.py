@@ -140,6 +140,7 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
 
     from dpeval import leaderboard as lb
     from dpeval.report.tables import table
+    from tests.helpers import typed
 
     def row(seed: int, acc: float) -> dict:
         metrics = {"dataset": "cifar10", "model": "hcnn", "defense": "rs", "attack": "none", "seed": seed,
@@ -151,7 +152,7 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
                 "config": {"defense": {"name": "rs"}, "seed": seed}}
 
     rows = [row(0, 0.68), row(1, 0.70)]
-    grouped = lb.leaderboard(rows, seeds_grouped=True)
+    grouped = lb.leaderboard(typed(rows), seeds_grouped=True)
     (record,) = grouped
     assert record["paper.test_accuracy"] == 0.7 and record["paper.test_accuracy.sem"] == 0.0011
     assert record["utility.best_test_accuracy"] == pytest.approx(0.71)  # mean over seeds of the best epoch
@@ -170,4 +171,4 @@ def test_leaderboard_and_report_put_the_paper_beside_the_measured(tmp_path: Path
     assert '<th title="paper.test_accuracy">paper.test_accuracy</th>' in table(grouped)[1]
     # without a paper number nothing moves
     plain = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if not k.startswith("paper.")}} for r in rows]
-    assert "paper.test_accuracy" not in lb.format_table(lb.leaderboard(plain))
+    assert "paper.test_accuracy" not in lb.format_table(lb.leaderboard(typed(plain)))

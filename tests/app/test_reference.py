@@ -9,6 +9,7 @@ from dpeval.cli import main
 from dpeval.config import build_spec
 from dpeval.core.verdicts import Verdict
 from dpeval.reference import find_reference
+from dpeval.results import RunResult
 from dpeval.store import ResultStore
 
 QUICK = ["--epochs", "1", "--set", "train.batch_size=64", "--quiet",
@@ -39,11 +40,11 @@ def test_a_reference_must_share_data_model_training_and_seed(tmp_path):
     run(tmp_path, "--defense", "none", "--set", "train.lr=0.05")
     text = run(tmp_path, "--defense", "rs").stdout
     assert "vs none" not in text  # another seed, another learning rate: no match
-    rows = ResultStore(tmp_path).rows("done")
+    runs = ResultStore(tmp_path).results("done")
     spec = build_spec({"defense": "rs", "data": {"name": "synthetic", "synthetic": {"size": 200}},
                        "train": {"epochs": 1, "batch_size": 64}, "seed": 1, "privacy": {"epsilon": 8.0}})
-    assert find_reference(rows, spec, "none") is not None  # a non-private reference ignores privacy settings
-    assert find_reference(rows, spec, "dpsgd") is None
+    assert find_reference(runs, spec, "none") is not None  # a non-private reference ignores privacy settings
+    assert find_reference(runs, spec, "dpsgd") is None
 
 
 def test_deltas_name_both_headlines_and_the_direction_of_leakage():
@@ -51,11 +52,11 @@ def test_deltas_name_both_headlines_and_the_direction_of_leakage():
 
     mine = {"defense": "rs", "utility.test_accuracy": 0.85, "attack.ig.targets": 6, "leakage.ig.psnr": 7.6,
             "leakage.ig.baseline_psnr": 12.1, "leakage.ig.verdict": Verdict.NO_LEAK}
-    ref = {"run_id": "ref", "metrics": {**mine, "defense": "none", "utility.test_accuracy": 0.97,
-                                        "leakage.ig.psnr": 27.3, "leakage.ig.verdict": Verdict.LEAKS}}
+    ref = RunResult.from_flat({**mine, "run_id": "ref", "defense": "none", "utility.test_accuracy": 0.97,
+                               "leakage.ig.psnr": 27.3, "leakage.ig.verdict": Verdict.LEAKS})
     delta = deltas(mine, ref)
     assert delta["utility.test_accuracy"] == 0.85 - 0.97 and delta["leakage.ig.psnr"] == 7.6 - 27.3
     text = "\n".join(format_deltas(mine, ref))
     assert "IG PSNR 7.6 vs 27.3 dB: Δ -19.7 dB (less leakage; verdicts no-leak-detected vs leaks)" in text
-    other = {"run_id": "ref", "metrics": {**ref["metrics"], "attack.ig.targets": 3}}
+    other = RunResult.from_flat({**ref.flat(), "attack.ig.targets": 3})
     assert "leakage.ig.psnr" not in deltas(mine, other)  # another attack setting: no leakage delta

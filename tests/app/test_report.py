@@ -17,6 +17,7 @@ from PIL import Image
 from dpeval.cli import main
 from dpeval.core.verdicts import Verdict
 from dpeval.store import ResultStore
+from tests.helpers import typed
 
 STATES = ["epoch:7", "epoch:13", "final"]
 
@@ -214,7 +215,7 @@ def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
     (run / "roc.json").write_text(json.dumps({"fpr": [0.0, 0.01, 1.0], "tpr": [0.0, 0.2, 1.0], "fpr_floor": 1 / 250}))
     row = {"run_id": "r1", "run_key": "k", "status": "done",
            "metrics": {"artefacts.lira.roc": "runs/r1/lira/roc.json", "leakage.lira.auc": 0.6,
-                       "leakage.lira.n_nonmembers": 250, "seed": 0, "defense": "none"}}
+                       "leakage.lira.n_nonmembers": 250, "seed": 0, "defense": "none"}, "config": {}}
     axes = []
     real = artefact_figures.plt.subplots
 
@@ -224,7 +225,7 @@ def test_roc_axes_stop_at_one_over_the_non_members(tmp_path, monkeypatch):
         return fig, ax
 
     monkeypatch.setattr(artefact_figures.plt, "subplots", recording)
-    (title, path), = artefact_figures.roc_curves([row], tmp_path, [], tmp_path, "report")
+    (title, path), = artefact_figures.roc_curves(typed([row]), tmp_path, [], tmp_path, "report")
     assert path.is_file() and title == "ROC curves (lira)"
     assert axes[0].get_xlim()[0] == pytest.approx(1 / 250) and axes[0].get_ylim()[0] == pytest.approx(1 / 250)
 

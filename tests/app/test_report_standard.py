@@ -66,7 +66,7 @@ def test_a_utility_only_folder_gets_the_standard_figures(tmp_path):
 def test_varying_recipe_settings_are_columns_and_labels_not_header(tmp_path):
     utility_store(tmp_path / "r", [("none", 3.0, {"optimizer": "adam", "lr": 0.01}), ("rs", 3.0, {}),
                                    ("dpsgd", 3.0, {})], seeds=(0,))
-    records = lb.leaderboard(ResultStore(tmp_path / "r").rows(), seeds_grouped=True)
+    records = lb.leaderboard(ResultStore(tmp_path / "r").results(), seeds_grouped=True)
     assert {"train.lr", "train.optimizer"} <= set(lb.varying_settings(records))
     assert "privacy.target_epsilon" not in lb.varying_settings(records)  # the none run asks for no ε
     assert "train.momentum" not in next(r for r in records if r["defense"] == "none")  # Adam has none
@@ -87,7 +87,7 @@ def test_identical_results_are_flagged(tmp_path):
     twin = [r for r in store.rows() if r["metrics"]["defense"] == "rs"][0]
     run_id = store.begin("random-freeze-3", {**twin["config"], "defense": {"name": "random-freeze"}})
     store.finish(run_id, {**twin["metrics"], "defense": "random-freeze"})
-    records = {r["defense"]: r for r in lb.leaderboard(store.rows(), seeds_grouped=True)}
+    records = {r["defense"]: r for r in lb.leaderboard(store.results(), seeds_grouped=True)}
     assert records["rs"]["identical_results"] == records["random-freeze"]["identical_results"]
     assert "identical_results" not in records["dpsgd"]
     out = tmp_path / "report.html"

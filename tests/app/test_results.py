@@ -63,3 +63,35 @@ def test_the_result_a_run_returns_is_the_row_it_stores(tmp_path):
         assert typed.attacks["loss"].verdict == result.attacks["loss"].verdict is not None
         assert store.results("failed") == []
     assert "utility.test_accuracy_by_epoch" not in row and row["comm.density"] is None  # the weights run
+
+
+def test_a_row_of_an_older_version_reads_back_as_it_was_recorded():
+    """A stored ε is the record: read back, the ledger keeps it (an accountant of another version may have computed
+    it) and the row flattens to itself, keys it lacks included; the typed fields are still read, and a ledger
+    changed from it derives its ε again."""
+    import dataclasses
+
+    row = {"run_id": "old", "status": "done", "dataset": "digits", "model": "mlp", "defense": "dpsgd",
+           "attack": "loss", "seed": 0, "privacy.epsilon": 2.5, "privacy.delta": 1e-5, "privacy.noise_multiplier": 1.1,
+           "privacy.accounted_noise_multiplier": 1.1, "privacy.sample_rate": 0.01, "privacy.steps": 1000,
+           "privacy.accountant": "rdp", "privacy.sampling": "poisson", "leakage.loss.auc": 0.51}
+    back = RunResult.from_flat(row)
+    assert back.epsilon == 2.5 and back.privacy.steps == 1000 and back.attacks["loss"].metrics["auc"] == 0.51
+    assert back.flat() == row  # no privacy.accounted_sampling added, the order kept
+    derived = dataclasses.replace(back.privacy, steps=1000)
+    assert derived.epsilon != 2.5 and 0 < derived.epsilon < 10  # the accountant's, not the recorded one
+    assert back.privacy.at(0.01, 2000).epsilon > derived.epsilon
+
+
+def test_the_attacks_read_back_in_the_order_the_run_named_them():
+    row = {"run_id": "r", "status": "done", "attack": "rgap+ig", "leakage.ig.psnr": 20.0, "leakage.rgap.psnr": 30.0}
+    back = RunResult.from_flat(row)
+    assert list(back.attacks) == ["rgap", "ig"]
+    assert built_flat(back)["attack"] == "rgap+ig"
+
+
+def built_flat(result: RunResult) -> dict:
+    """The keys built from the typed fields alone (what a new run's result writes)."""
+    import dataclasses
+
+    return dataclasses.replace(result, recorded=None).flat()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpeval.attacking import write_artefacts
 from dpeval.attacks import ATTACKS
 from dpeval.attacks.ig import GradientMatcher, IGParams, invert
 from dpeval.config import build_spec
@@ -14,7 +15,6 @@ from dpeval.core.errors import ConfigError
 from dpeval.core.params import from_dict
 from dpeval.core.verdicts import Verdict
 from dpeval.defenses.base import Capabilities, Defense, DefenseContext, SharedGradient
-from dpeval.runner import write_artefacts
 from tests.helpers import untrained_view
 
 

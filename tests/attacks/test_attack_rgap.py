@@ -8,6 +8,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from dpeval.attacking import write_artefacts
 from dpeval.attacks import ATTACKS, image_metrics
 from dpeval.attacks import gradient_game as gc
 from dpeval.attacks.rgap import RGAPParams, check_model, reconstruct_one
@@ -20,7 +21,6 @@ from dpeval.core.per_sample import PerSampleGradients
 from dpeval.core.streams import Streams
 from dpeval.core.verdicts import Verdict
 from dpeval.defenses.base import Capabilities, Defense, DefenseContext, SharedGradient
-from dpeval.runner import write_artefacts
 from tests.helpers import untrained_view
 
 

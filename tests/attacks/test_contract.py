@@ -67,7 +67,7 @@ def test_an_attack_cannot_replace_its_familys_game():
 
 def test_a_game_writes_no_file_the_application_writes_its_artefacts(tmp_path):
     """A game returns its artefacts as data; the runner's ``write_artefacts`` writes them under their names."""
-    from dpeval.runner import write_artefacts
+    from dpeval.attacking import write_artefacts
     from tests.helpers import untrained_view
 
     spec = build_spec({"attacks": ["loss"], "device": "cpu"})

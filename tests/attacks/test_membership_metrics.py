@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
+from dpeval.attacking import write_artefacts
 from dpeval.attacks.membership_metrics import membership_metrics, membership_verdict, nonmembers_needed, roc_artefacts
 from dpeval.core.statistics import (
     auc_delong,
@@ -20,7 +21,6 @@ from dpeval.core.statistics import (
     epsilon_lower_bound,
 )
 from dpeval.core.verdicts import Verdict
-from dpeval.runner import write_artefacts
 
 
 def gaussian_scores(n, shift, seed, members=0.5):

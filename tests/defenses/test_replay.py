@@ -19,7 +19,7 @@ import importlib
 import pytest
 import torch
 
-from dpeval import runner
+from dpeval import attacking
 from dpeval.config import build_spec
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.defenses import DEFENSES
@@ -90,7 +90,7 @@ def attacker_view(prep, records, noise_state):
 
     states = {n: r["weights"] for n, r in records.items()} | {"final": copy.deepcopy(prep.model.state_dict())}
     public = {n: r["public"] for n, r in records.items()}
-    view = runner.attacker_view(prep, states, public, None)
+    view = attacking.attacker_view(prep, states, public, None)
     return dataclasses.replace(view, release=dataclasses.replace(view.release, make_defense=make_defense))
 
 
