@@ -122,9 +122,11 @@ def test_the_printout_names_verdict_state_rate_and_picture(trajectory_run):
 @pytest.mark.slow
 def test_make_run_attacks_rs_while_it_sparsifies(tmp_path):
     """`make run` (the default `dpeval run --defense rs --attack ig`): RS attacked at non-zero rates, a
-    verdict, the picture's path."""
-    out = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "ig", "--results", str(tmp_path), "--quiet"],
-                             catch_exceptions=False)
+    verdict, the picture's path. IG optimises for 50 steps instead of 1,000: what is checked is the
+    trajectory of the default 20-epoch run (its states and their rates) and the printout, not how well IG
+    reconstructs (tests/attacks/test_attack_ig.py measures that at its default budget)."""
+    out = CliRunner().invoke(main, ["run", "--defense", "rs", "--attack", "ig", "--set", "attack.ig_iterations=50",
+                                    "--results", str(tmp_path), "--quiet"], catch_exceptions=False)
     assert out.exit_code == 0, out.output
     (line,) = [entry for entry in out.stdout.splitlines() if entry.strip().startswith("ig ")]
     assert any(v in line for v in Verdict) and "(rate 0." in line

