@@ -466,45 +466,10 @@ def check_attack(targets: tuple[str, ...], as_json: bool) -> None:
 def list_cmd(with_params: bool, as_json: bool) -> None:
     """Defenses, attacks, datasets (with their default models) and models, with one-line descriptions (and,
     with --params, every defense and attack parameter: default, allowed values, meaning)."""
-    from dpeval.attacks import ATTACKS
-    from dpeval.core.params import describe
-    from dpeval.core.registry import DATASETS, MODELS
-    from dpeval.defenses import DEFENSES
+    from dpeval.catalogue import catalogue, catalogue_text
 
-    data: dict[str, Any] = {"defenses": DEFENSES.describe(), "attacks": {"none": "no attack", **ATTACKS.describe()},
-                            "datasets": DATASETS.describe(), "models": MODELS.describe()}
-    defaults = {n: DATASETS.detail(n, "default_model") for n in DATASETS.names()}
-    data["default_models"] = {n: m for n, m in defaults.items() if m is not None}
-    params: dict[str, dict[str, Any]] = {}
-    unavailable: dict[str, str] = {}  # --params: a broken plug-in's one-line reason instead of its parameters
-    if with_params:  # only then are the modules (and torch) imported: names and descriptions are read from source
-        for section, registry in (("defenses", DEFENSES), ("attacks", ATTACKS)):
-            params[section] = {}
-            for name in registry.names():
-                try:
-                    params[section][name] = describe(registry.get(name).Params)
-                except ConfigError as exc:
-                    unavailable[name] = str(exc)
-        data["parameters"] = params
-        if unavailable:
-            data["unavailable"] = unavailable
-    text = []
-    for section in ("defenses", "attacks", "datasets", "models"):
-        text.append(f"{section}:")
-        for name, desc in data[section].items():
-            model = data["default_models"].get(name) if section == "datasets" else None
-            line = f"  {name:<16} {desc}" + (f" [default model: {model}]" if model else "")
-            text.append(printable(line))  # a plug-in's name or description may hold terminal commands
-            prefix = "defense" if section == "defenses" else "attack"
-            if name in unavailable and section in params:
-                text.append(printable(f"      (parameters unavailable: {unavailable[name]})"))
-            for row in params.get(section, {}).get(name, []):
-                allowed = f" ({row['allowed']})" if row["allowed"] else ""
-                own = name.replace("-", "_") + "_"
-                key = (f"{name}.{row['name'][len(own):]}" if prefix == "attack" and row["name"].startswith(own)
-                       else row["name"])  # attack.ig.iterations, not attack.ig_iterations
-                text.append(printable(f"      {prefix}.{key} = {row['default']!r}{allowed}: {row['help']}"))
-    emit(data, as_json, "\n".join(text))
+    data = catalogue(with_params)
+    emit(data, as_json, catalogue_text(data))
 
 
 @main.command()
