@@ -66,7 +66,7 @@ from dpeval.core.statistics import (
 from dpeval.core.streams import Streams, seed_globals
 from dpeval.core.verdicts import BoundCheck
 from dpeval.engine.shadow_training import train_shadows, train_shadows_sequential
-from dpeval.engine.training import BatchSampler
+from dpeval.engine.training import BatchSampler, FixedRateSampler
 
 DEFAULT_MODELS = 200
 MIN_MODELS, MAX_MODELS = 20, 10_000
@@ -259,30 +259,6 @@ def _copy(model: nn.Module) -> nn.Module:
 
 # ---------------------------------------------------------------------------------------------------
 # sampling
-
-
-@dataclass
-class FixedRateSampler(BatchSampler):
-    """Poisson batches of a pool at a fixed rate and step count, whatever the pool's size: the models with and
-    without the target sample every record at the same q (the accountant's add / remove neighbours). Rate 1 is
-    full-batch training: every record in every step."""
-
-    rate: float = 1.0
-    steps: int = 1
-
-    @property
-    def sample_rate(self) -> float:
-        return self.rate
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.steps
-
-    def epoch(self) -> list[torch.Tensor]:
-        if self.rate >= 1.0:
-            return [torch.arange(self.n) for _ in range(self.steps)]
-        return [torch.nonzero(torch.rand(self.n, generator=self.generator) < self.rate).flatten()
-                for _ in range(self.steps)]
 
 
 # ---------------------------------------------------------------------------------------------------

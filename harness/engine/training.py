@@ -71,6 +71,30 @@ class BatchSampler:
 
 
 @dataclass
+class FixedRateSampler(BatchSampler):
+    """Poisson batches of a pool at a fixed rate and step count, whatever the pool's size: the models with and
+    without the target sample every record at the same q (the accountant's add / remove neighbours). Rate 1 is
+    full-batch training: every record in every step."""
+
+    rate: float = 1.0
+    steps: int = 1
+
+    @property
+    def sample_rate(self) -> float:
+        return self.rate
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.steps
+
+    def epoch(self) -> list[torch.Tensor]:
+        if self.rate >= 1.0:
+            return [torch.arange(self.n) for _ in range(self.steps)]
+        return [torch.nonzero(torch.rand(self.n, generator=self.generator) < self.rate).flatten()
+                for _ in range(self.steps)]
+
+
+@dataclass
 class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)  # per epoch: test_accuracy, train_loss, density
     steps: int = 0

@@ -17,7 +17,6 @@ from dpeval.audit.driver import dp_defense_names
 from dpeval.audit.model import (
     ESTIMATORS,
     STATISTICS,
-    FixedRateSampler,
     ModelAuditOptions,
     balanced_labels,
     gdp_split_test,
@@ -30,6 +29,7 @@ from dpeval.core.accounting import epsilon_for
 from dpeval.core.one_run_bounds import gdp_epsilon
 from dpeval.defenses import DEFENSES
 from dpeval.defenses.dpsgd import DPSGD
+from dpeval.engine.training import FixedRateSampler
 from tests.helpers import needs_fashionmnist, noiseless
 
 # digits, logistic regression (650 parameters), 150 records, 5 full-batch SGD steps on the summed release. At a
