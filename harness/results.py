@@ -131,12 +131,9 @@ class RunResult:
 
     def flat(self) -> dict[str, Any]:
         """The result keys (docs/results.md), as stored: those it was read from (``recorded``), else built from the
-        typed fields once per result (a leaderboard flattens each of thousands of runs more than once); a new dict
-        each call."""
-        return dict(self.recorded if self.recorded is not None else self._flat)
-
-    @functools.cached_property
-    def _flat(self) -> dict[str, Any]:
+        typed fields; a new dict each call."""
+        if self.recorded is not None:
+            return dict(self.recorded)
         out: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "dataset": self.dataset,
                                "model": self.model, "defense": self.defense,
                                "attack": "+".join(self.attacks) or "none", "seed": self.seed}
