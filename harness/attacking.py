@@ -103,8 +103,8 @@ def play_attacks(prep: Prepared, states: dict[str, dict[str, torch.Tensor]], def
     outcomes: dict[str, AttackOutcome] = {}
     seconds: dict[str, float] = {}
     for name, attack in attacks_of(prep.spec):
-        folder = inside(out_dir, name, "attack")  # a registered name is plain: never a folder elsewhere
-        view = attacker_view(prep, states, defense_states, folder, run_id, progress, train_shadow)
+        # the registry refused every name that is not plain (``core.files.inside``): never a folder elsewhere
+        view = attacker_view(prep, states, defense_states, out_dir / name, run_id, progress, train_shadow)
         view.out_dir.mkdir(parents=True, exist_ok=True)
         log.info("attack %s", name)
         start = time.perf_counter()

@@ -223,13 +223,13 @@ def perform(prep: Prepared, run_id: str, run_dir: Path, progress: bool = True, c
     (a single run, or a sweep driver for its workers) records the result.
     """
     spec = prep.spec
+    seed_globals(prep.streams)  # first: nothing below draws from an unseeded global generator
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(spec.canonical(), sort_keys=True))
     close_log = open_run_log(run_dir / "log.txt")
     try:
         log.info("run %s: %s", run_id, json_line({"run_id": run_id, **base_metrics(prep)}))
         warn_sampling(prep.privacy)
-        seed_globals(prep.streams)
         asked = set().union(*(type(a).wanted_states(a.params) for _, a in attacks_of(spec)))
         wanted = set(resolve(asked, spec.train.epochs))
         states = {"init": copy.deepcopy(prep.model.state_dict())}

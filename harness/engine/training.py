@@ -431,12 +431,12 @@ def train(model: nn.Module, train_split: Split, test_split: Split, defense: Defe
     result = TrainResult(engine=engine, engine_reason=why)
     log.info("per-sample engine: %s (train.engine=%s, train.precision=%s: %s)", engine, cfg.engine,
              cfg.precision, why)
-    watch = SilentParameters()
-    feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision, watch)
     optimizer = make_optimizer(model, cfg)
     total_steps = cfg.epochs * sampler.steps_per_epoch
     schedule = make_schedule(optimizer, cfg, total_steps)
     params = dict(model.named_parameters())
+    watch = SilentParameters()
+    feed = clipped_sum_feeder(result.engine, model, defense, cfg.precision, watch)
     start, start_cpu = time.perf_counter(), time.process_time()
     # The fixed front (normalisation, H-CNN's scattering) is computed once per data set, not once per epoch.
     cut = fixed_front(model)
