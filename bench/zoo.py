@@ -42,11 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+import dp_step  # the step functions, shared with the DP-step benchmark (a script's own folder is on its path)
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dp_step  # noqa: E402 - the step functions, shared with the DP-step benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = {"non-private": "non-private", "func": "func", "lean": "lean-M1", "opacus": "opacus"}

@@ -135,6 +135,30 @@ def test_no_module_imports_the_folder_names():
     assert not bad, bad
 
 
+def edits_of_the_import_path(path: Path) -> list[int]:
+    """Lines of ``path`` that change ``sys.path`` (a call on it, or an assignment to it)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        if isinstance(target, ast.Attribute) and target.attr == "path" and isinstance(target.value, ast.Name) \
+                and target.value.id == "sys":
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_package_module_or_script_edits_the_import_path(tmp_path):
+    """The package and bench/'s scripts import what is installed and, for a script, what sits beside it (a
+    script's own folder is on its path): none edits ``sys.path``. Checked on a planted edit first."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("import sys\nsys.path.insert(0, 'x')\nsys.path = ['y']\nsys.path += ['z']\n")
+    assert edits_of_the_import_path(planted) == [2, 3, 4]
+    bad = [f"{path.relative_to(ROOT)}:{line}" for folder in ("harness", "defenses", "attacks", "bench")
+           for path in sorted((ROOT / folder).rglob("*.py")) for line in edits_of_the_import_path(path)]
+    assert not bad, bad
+
+
 def test_the_package_dir_matches_the_folders():
     """pyproject maps exactly these folders and lists every package in them."""
     import tomllib
