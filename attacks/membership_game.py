@@ -46,8 +46,7 @@ import torch
 
 from dpeval.attacks import shadow_signals as sig
 from dpeval.attacks.base import Artefact, AttackParams, TextFile
-from dpeval.attacks.game import Game as GameTemplate  # this module's Game is the shadows' plan
-from dpeval.attacks.game import Played, Round
+from dpeval.attacks.game import Game, Played, Round
 from dpeval.attacks.membership_metrics import (
     MembershipScores,
     mean_metrics,
@@ -108,7 +107,7 @@ def check_game(params: ShadowParams, task: Any) -> None:
 
 
 @dataclass
-class Game:
+class ShadowPlan:
     """Who trains on what: the population, the shadows' membership, their training recipe, and (``victim``
     game) which population examples the victim trained on."""
 
@@ -123,7 +122,7 @@ class Game:
     data: str = ""             # digest of the population's contents (``data_digest``): names its signals' cache
 
 
-def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> Game:
+def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Generator) -> ShadowPlan:
     """The game's population, membership matrix (drawn from ``gen``) and the shadows' training settings."""
     pop = sig.population(task)
     n = len(task.train)
@@ -143,12 +142,12 @@ def plan_game(task: Any, train: TrainConfig, k: int, target: str, gen: torch.Gen
         half = len(index) // 2
         membership = sig.membership_matrix(k, len(index), gen)
         recipe = dataclasses.replace(train, batch_size=min(half, max(1, round(train.batch_size / n * half))))
-    return Game(target, pop.x[index], pop.y[index], index, membership, pop.in_victim[index].numpy(), recipe)
+    return ShadowPlan(target, pop.x[index], pop.y[index], index, membership, pop.in_victim[index].numpy(), recipe)
 
 
 @dataclass
 class ShadowPool:
-    game: Game
+    game: ShadowPlan
     phi: np.ndarray            # [K, N] shadows' φ on the population
     prob: np.ndarray           # [K, N] shadows' probability of the true label
 
@@ -247,7 +246,7 @@ def shadow_pool(view: AttackerView, task: Task, k: int, target: str) -> ShadowPo
     return pool
 
 
-def own_shadows(view: AttackerView, game: Game, pools: list[torch.Tensor],
+def own_shadows(view: AttackerView, game: ShadowPlan, pools: list[torch.Tensor],
                 scopes: list[Streams]) -> list[dict[str, torch.Tensor]]:
     """The shadows trained by the researcher's own function (``view.train_shadow``), one after another: model i is
     the architecture initialised in shadow i's ``init`` stream, given its pool and the seed of that stream."""
@@ -271,7 +270,7 @@ def fresh_model(view: AttackerView) -> torch.nn.Module:
 
 
 def outputs_of(model: torch.nn.Module, view: AttackerView, state: dict[str, torch.Tensor],
-               game: Game) -> tuple[np.ndarray, np.ndarray]:
+               game: ShadowPlan) -> tuple[np.ndarray, np.ndarray]:
     """(φ, probability of the true label) of weights ``state`` on the game's population, through the disk
     cache (a folder per population's contents: the same weights on other data give other signals)."""
     return sig.cached_outputs(model, state, game.features, game.y, game.index,
@@ -301,7 +300,7 @@ def target_signals(pool: ShadowPool,
     return out
 
 
-def target_privacy(privacy: PrivacyLedger, game: Game) -> dict[str, float]:
+def target_privacy(privacy: PrivacyLedger, game: ShadowPlan) -> dict[str, float]:
     """Sample rate, steps and accounted ε of the ``shadows`` game's target models: the victim's ledger at
     their q and T."""
     q = game.train.batch_size / (len(game.index) // 2)
@@ -343,7 +342,7 @@ class ShadowDeal:
     order: np.ndarray
 
 
-class ShadowAttack(GameTemplate[Signals, ShadowDeal, MembershipScores]):
+class ShadowAttack(Game[Signals, ShadowDeal, MembershipScores]):
     """A membership attack scoring a target against shadow references: subclasses give ``guess(Signals) ->
     Scores`` (a pure function of the signals the game read once off the models), and may give ``title()``; the
     game, pool, metrics and ROC artefacts are common."""
@@ -424,7 +423,7 @@ class Candidates:
     order: torch.Tensor
 
 
-class VictimMembershipAttack(GameTemplate[VictimOutputs, Candidates, MembershipScores]):
+class VictimMembershipAttack(Game[VictimOutputs, Candidates, MembershipScores]):
     """Membership against the trained victim without shadow models (``loss``, plug-ins). The game's
     candidates are the victim's private pool and the held-out split, shuffled (stream ``attack/<name>``
     ``order``) and unlabelled; the game computes the final model's outputs on them once, and a subclass's
