@@ -83,7 +83,19 @@ def run(results: Path, chosen: list[str], anchor: Path) -> None:
 
 COLUMNS = ["cell", "model", "init", "models", "epsilon", "accounted_mu", "epsilon_lower_bound", "estimator",
            "statistic", "mu_lower_bound", "mu_hat", "mu_hat_lo", "mu_hat_hi", "anchor_reading_epsilon",
-           "anchor_reading_mu", "loss_separation", "train_s", "threads"]
+           "anchor_reading_mu", "loss_separation", "train_s", "threads", "models_trained"]
+
+
+def models_trained(result: dict) -> int | str:
+    """How many of the audit's models its ``time.train_s`` trained (the others were kept by an interrupted run and
+    loaded); blank for a result written before dpeval recorded ``audit.models_resumed``."""
+    resumed = result.get("audit.models_resumed")
+    return "" if resumed is None else result["audit.models"] - resumed
+
+
+def trained_here(row: dict) -> str:
+    known = str(row.get("models_trained", "")) not in ("", str(row["models"]))
+    return f", {row['models_trained']} models" if known else ""
 
 
 def table(rows: list[dict]) -> str:
@@ -97,7 +109,7 @@ def table(rows: list[dict]) -> str:
                      f"{r['statistic']}/{r['estimator']} | {float(r['mu_hat']):.2f} [{float(r['mu_hat_lo']):.2f}, "
                      f"{float(r['mu_hat_hi']):.2f}] | {float(r['loss_separation']):.2f} | "
                      f"{float(r['anchor_reading_epsilon']):.2f} ({float(r['anchor_reading_mu']):.2f}) | "
-                     f"{r['train_s']} ({r['threads']}) |")
+                     f"{r['train_s']} ({r['threads']}){trained_here(r)} |")
     return "\n".join(lines)
 
 
@@ -119,7 +131,8 @@ def export(results: Path) -> None:
                      "mu_hat_hi": round(r["audit.mu_hat_ci"][1], 3),
                      "anchor_reading_epsilon": round(best["epsilon"], 3),
                      "anchor_reading_mu": round(best["mu"], 3), "loss_separation": round(loss["separation"], 3),
-                     "train_s": round(r["time.train_s"]), "threads": r["time.threads"]})
+                     "train_s": round(r["time.train_s"]), "threads": r["time.threads"],
+                     "models_trained": models_trained(r)})
     out = ROOT / "docs/results/model-audit-anchor.csv"
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)

@@ -58,7 +58,7 @@ ROW_NAMES = {"groupwise-all": "groupwise (all)", "groupwise-layer": "groupwise (
 COLUMNS = ["defense", "target_epsilon", "epsilon", "accounted_mu", "noise_multiplier", "models", "epsilon_lower_bound",
            "estimator", "statistic", "mu_lower_bound", "mu_hat", "mu_hat_lo", "mu_hat_hi", "loss_separation",
            "loss_separation_se", "projection_separation", "anchor_reading_epsilon", "crafted_test_accuracy", "train_s",
-           "threads"]
+           "threads", "models_trained"]
 
 
 def separation_se(d: float, n_in: int, n_out: int) -> float:
@@ -91,7 +91,9 @@ def export_rows(results: Path, out: Path) -> list[dict]:
             "anchor_reading_epsilon": round(max((a["epsilon"] for a in r.get("audit.anchor_reading", {}).values()),
                                                 default=math.nan), 3),
             "crafted_test_accuracy": round(r["audit.init"].get("test_accuracy", float("nan")), 4),
-            "train_s": round(r["time.train_s"]), "threads": r["time.threads"]})
+            "train_s": round(r["time.train_s"]), "threads": r["time.threads"],
+            # of the models, those time.train_s trained (blank: a result from before audit.models_resumed)
+            "models_trained": "" if "audit.models_resumed" not in r else r["audit.models"] - r["audit.models_resumed"]})
     if rows:
         with out.open("w", newline="") as f:
             writer = csv.DictWriter(f, COLUMNS)

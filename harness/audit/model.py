@@ -355,9 +355,11 @@ class _Finished:
 
     bar: Any
     store: Any = None
+    resumed: int = 0  # models loaded from the store, not trained by this process
 
     def finished(self, k: int) -> dict[int, dict[str, torch.Tensor]]:
         done = self.store.finished(k) if self.store is not None else {}
+        self.resumed = len(done)
         self.bar.update(len(done))
         return done
 
@@ -498,13 +500,13 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         def defense_of(i: int, model: nn.Module, steps_per_epoch: int) -> Any:
             return prep.make_defense(scopes[i], model, steps_per_epoch)
 
+        finished = _Finished(bar, kept)
         if training == "together":
             states = train_shadows(build, x, y, pools, defense_of, cfg, scopes, prep.device,
-                                   progress=options.progress, store=_Finished(bar, kept), group=group,
-                                   make_sampler=make_sampler)
+                                   progress=options.progress, store=finished, group=group, make_sampler=make_sampler)
         else:
             states = train_shadows_sequential(build, x, y, pools, defense_of, cfg, scopes, prep.device,
-                                              progress=False, store=_Finished(bar, kept), make_sampler=make_sampler)
+                                              progress=False, store=finished, make_sampler=make_sampler)
     train_s = time.perf_counter() - trained
     scores = final_model_scores(prep.build_model, states, theta0, target, prep.device)
     tests = judge(scores, labels, privacy.delta)
@@ -529,6 +531,7 @@ def run_model_audit(spec: RunSpec, options: ModelAuditOptions | None = None,
         "audit.models": k,
         "audit.models_with_target": int(labels.sum()),
         "audit.models_per_group": group,
+        "audit.models_resumed": finished.resumed,  # time.train_s is the training of the other models only
         "audit.training": training,
         "audit.init": init,
         "audit.target": target.description,

@@ -173,6 +173,7 @@ def test_kept_models_resume_an_audit_and_only_under_the_same_settings(tmp_path, 
     again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models", group=8,
                                                              training="together"))
     assert trained == [1] and again["audit.tests"] == first["audit.tests"]  # only model 13 trained; same result
+    assert (first["audit.models_resumed"], again["audit.models_resumed"]) == (0, 19)
     trained.clear()
     other = run_model_audit(spec("dpsgd", privacy={"epsilon": 2.0}),
                             ModelAuditOptions(models=20, keep=tmp_path / "models", training="together"))
@@ -186,12 +187,14 @@ def test_sequential_training_keeps_each_model_and_resumes(tmp_path, monkeypatch)
 
     first = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models"))
     assert first["audit.training"] == "sequential" and first["audit.models_per_group"] == 1
+    assert first["audit.models_resumed"] == 0
     (tmp_path / "models" / "shadow-4.pt").unlink()
     trained = []
     real = shadow_training.train
     monkeypatch.setattr(shadow_training, "train", lambda *a, **k: trained.append(1) or real(*a, **k))
     again = run_model_audit(spec("dpsgd"), ModelAuditOptions(models=20, keep=tmp_path / "models"))
     assert len(trained) == 1 and again["audit.tests"] == first["audit.tests"]
+    assert again["audit.models_resumed"] == 19  # its time.train_s is model 4's alone
 
 
 @pytest.mark.parametrize("name", ["dpsgd", "rs", "gep"])
