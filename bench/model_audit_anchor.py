@@ -28,6 +28,8 @@ import json
 import time
 from pathlib import Path
 
+from model_audit_column import models_trained  # a script's own folder is on its path
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = {"data": {"name": "mnist", "max_train": 1000}, "train": {"epochs": 100, "optimizer": "sgd", "lr": 1.33e-4,
           "momentum": 0.0, "engine": "func"}, "defense": {"name": "dpsgd", "clip": 1.0}}
@@ -84,13 +86,6 @@ def run(results: Path, chosen: list[str], anchor: Path) -> None:
 COLUMNS = ["cell", "model", "init", "models", "epsilon", "accounted_mu", "epsilon_lower_bound", "estimator",
            "statistic", "mu_lower_bound", "mu_hat", "mu_hat_lo", "mu_hat_hi", "anchor_reading_epsilon",
            "anchor_reading_mu", "loss_separation", "train_s", "threads", "models_trained"]
-
-
-def models_trained(result: dict) -> int | str:
-    """How many of the audit's models its ``time.train_s`` trained (the others were kept by an interrupted run and
-    loaded); blank for a result written before dpeval recorded ``audit.models_resumed``."""
-    resumed = result.get("audit.models_resumed")
-    return "" if resumed is None else result["audit.models"] - resumed
 
 
 def trained_here(row: dict) -> str:

@@ -61,6 +61,13 @@ COLUMNS = ["defense", "target_epsilon", "epsilon", "accounted_mu", "noise_multip
            "threads", "models_trained"]
 
 
+def models_trained(result: dict) -> int | str:
+    """How many of the audit's models its ``time.train_s`` trained (the others were kept by an interrupted run and
+    loaded); blank for a result written before dpeval recorded ``audit.models_resumed``."""
+    resumed = result.get("audit.models_resumed")
+    return "" if resumed is None else result["audit.models"] - resumed
+
+
 def separation_se(d: float, n_in: int, n_out: int) -> float:
     """Standard error of the standardised shift (mean_in − mean_out) / sd_out of Gaussian scores of equal spread:
     √(1/n_in + 1/n_out + d²/(2 n_out)) (the last term from estimating sd_out)."""
@@ -91,9 +98,7 @@ def export_rows(results: Path, out: Path) -> list[dict]:
             "anchor_reading_epsilon": round(max((a["epsilon"] for a in r.get("audit.anchor_reading", {}).values()),
                                                 default=math.nan), 3),
             "crafted_test_accuracy": round(r["audit.init"].get("test_accuracy", float("nan")), 4),
-            "train_s": round(r["time.train_s"]), "threads": r["time.threads"],
-            # of the models, those time.train_s trained (blank: a result from before audit.models_resumed)
-            "models_trained": "" if "audit.models_resumed" not in r else r["audit.models"] - r["audit.models_resumed"]})
+            "train_s": round(r["time.train_s"]), "threads": r["time.threads"], "models_trained": models_trained(r)})
     if rows:
         with out.open("w", newline="") as f:
             writer = csv.DictWriter(f, COLUMNS)

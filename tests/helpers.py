@@ -83,8 +83,12 @@ def noiseless(cls: type[Defense]) -> type[Defense]:
     return Noiseless
 
 
-def load_bench_script(name: str):
-    """A script of bench/ as a module (bench/ is not a package): ``load_bench_script("paper_tables")``."""
+def load_bench_script(name: str, *first: str):
+    """A script of bench/ as a module (bench/ is not a package): ``load_bench_script("paper_tables")``. ``first``:
+    the scripts beside it that it imports, loaded before it (run as a script, its folder is on its path; loaded
+    here, it finds them among the loaded modules): ``load_bench_script("zoo", "dp_step")``."""
+    for script in first:
+        load_bench_script(script)
     import importlib.util
     import sys
     from pathlib import Path

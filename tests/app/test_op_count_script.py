@@ -7,15 +7,8 @@ import torch
 from tests.helpers import load_bench_script
 
 
-def load_op_count():
-    """bench/op_count.py, with the bench/dp_step.py it imports loaded first (run as a script, its folder is on its
-    path; loaded as a module here, it finds dp_step among the loaded modules)."""
-    load_bench_script("dp_step")
-    return load_bench_script("op_count")
-
-
 def test_counts_computing_operators_not_views_and_counts_host_syncs():
-    op_count = load_op_count()
+    op_count = load_bench_script("op_count", "dp_step")
     x = torch.randn(8, 4)
 
     def views_only() -> None:
@@ -35,7 +28,7 @@ def test_counts_computing_operators_not_views_and_counts_host_syncs():
 
 
 def test_a_dp_step_dispatches_more_than_the_non_private_step_and_lean_never_syncs():
-    op_count = load_op_count()
+    op_count = load_bench_script("op_count", "dp_step")
     plain = op_count.measure("dpcnn", "non-private", 4)
     lean = op_count.measure("dpcnn", "lean-M1", 4)
     assert 0 < plain["ops"] < lean["ops"]

@@ -9,13 +9,6 @@ import csv
 from tests.helpers import load_bench_script
 
 
-def load_zoo():
-    """bench/zoo.py, with the bench/dp_step.py it imports loaded first (run as a script, its folder is on its path;
-    loaded as a module here, it finds dp_step among the loaded modules)."""
-    load_bench_script("dp_step")
-    return load_bench_script("zoo")
-
-
 def rows() -> list[dict]:
     return [{"model": "tv-vit", "params": 914122.0, "auto": "lean", "non-private_s": 0.4, "func_s": 0.8,
              "lean_s": 0.5, "opacus_s": 1.2, "noise_s": 0.1, "non-private_mb": 100.0, "lean_mb": 120.0,
@@ -26,7 +19,7 @@ def rows() -> list[dict]:
 
 
 def test_the_table_gives_each_ratio_with_and_without_the_noise_and_notes_failures():
-    zoo = load_zoo()
+    zoo = load_bench_script("zoo", "dp_step")
     text = zoo.table(rows(), "header")
     vit = next(line for line in text.splitlines() if line.startswith("| tv-vit"))
     assert "0.500 (1.25×; 1.00×)" in vit and "0.800 (2.00×; 1.75×)" in vit and "0.91M" in vit
@@ -39,7 +32,7 @@ def test_the_table_gives_each_ratio_with_and_without_the_noise_and_notes_failure
 
 
 def test_a_partial_run_keeps_the_other_rows_of_the_csv(tmp_path):
-    zoo = load_zoo()
+    zoo = load_bench_script("zoo", "dp_step")
     path = tmp_path / "zoo.csv"
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=zoo.COLUMNS, extrasaction="ignore")

@@ -270,8 +270,8 @@ def null_pool(k=8, n=3000, seed=0):
     rng = np.random.default_rng(seed)
     membership = sh.membership_matrix(k, n, torch.Generator().manual_seed(seed))
     phi = rng.normal(0, 3, n) + rng.normal(0, 1, (k, n))
-    game = mc.ShadowPlan("shadows", torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), torch.arange(n), membership,
-                   np.zeros(n, bool), build_spec({}).train)
+    game = mc.ShadowPlan("shadows", torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), torch.arange(n),
+                         membership, np.zeros(n, bool), build_spec({}).train)
     return mc.ShadowPool(game, phi, 1 / (1 + np.exp(-phi)))
 
 
