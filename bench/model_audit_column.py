@@ -146,17 +146,49 @@ def section(rows: list[dict]) -> str:
     text = ["\n".join(lines), ""]
     if missing:
         text.append(f"Not measured yet: {', '.join(missing)}.\n")
-    reading = []
-    for r, b, diff, half in against_dpsgd(rows):
-        eps = _f(r, "target_epsilon")
-        verdict = ("less than DP-SGD" if diff + half < 0 else "more than DP-SGD" if diff - half > 0 else
-                   "within noise of DP-SGD")
-        reading.append(f"{r['defense']} at ε = {eps:g}: {verdict} (loss separation {_f(r, 'loss_separation'):.2f} "
-                       f"against {_f(b, 'loss_separation'):.2f}, difference {diff:+.2f} ± {half:.2f})")
-    if reading:
-        text.append("Against DP-SGD at the same ε (the difference of the loss separations with its 95 % interval; "
-                    "*less* or *more* only where the interval excludes zero): " + "; ".join(reading) + ".")
+    compared = against_dpsgd(rows)
+    if compared:
+        text += [reading(compared), "", differences_table(compared)]
     return "\n".join(text)
+
+
+def verdict(diff: float, half: float) -> str:
+    """"less" or "more" than DP-SGD where the difference's 95 % interval excludes zero, else "" (within noise)."""
+    return "less" if diff + half < 0 else "more" if diff - half > 0 else ""
+
+
+def called(compared: list[tuple[dict, dict, float, float]]) -> tuple[list[str], list[str]]:
+    """The rows resolved to leak less and more than DP-SGD."""
+    names = {"less": [], "more": [], "": []}
+    for r, _, diff, half in compared:
+        names[verdict(diff, half)].append(f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}")
+    return names["less"], names["more"]
+
+
+def reading(compared: list[tuple[dict, dict, float, float]]) -> str:
+    """The reading against DP-SGD in sentences: what is resolved either way, and how much is within noise."""
+    less, more = called(compared)
+    rest = len(compared) - len(less) - len(more)
+    return ("Against DP-SGD at the same ε, by the difference of the loss separations (the row's minus DP-SGD's) and "
+            "its 95 % interval; a difference is called only where the interval excludes zero. "
+            f"Resolved to leak less than DP-SGD: {', '.join(less) or 'none'}. "
+            f"Resolved to leak more: {', '.join(more) or 'none'}. "
+            + (f"The other {rest} of {len(compared)}" if less or more else f"All {rest}")
+            + " differences are within noise.")
+
+
+def differences_table(compared: list[tuple[dict, dict, float, float]]) -> str:
+    """One line per defense, one column per ε: the difference ± its half-width, *less* / *more* where resolved."""
+    cells: dict[str, dict[float, str]] = {}
+    for r, _, diff, half in compared:
+        called_as = verdict(diff, half)
+        cells.setdefault(r["defense"], {})[_f(r, "target_epsilon")] = (
+            f"{diff:+.2f} ± {half:.2f}" + (f" *{called_as}*" if called_as else ""))
+    lines = ["| defense − DP-SGD | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+             "|---|" + "---|" * len(EPSILONS)]
+    for defense in sorted(cells, key=lambda d: ORDER.index(d) if d in ORDER else 99):
+        lines.append(f"| {defense} | " + " | ".join(cells[defense].get(e, "not measured") for e in EPSILONS) + " |")
+    return "\n".join(lines)
 
 
 def summary_line(rows: list[dict]) -> str:
@@ -165,8 +197,7 @@ def summary_line(rows: list[dict]) -> str:
         return ""
     ratios = [_f(r, "epsilon_lower_bound") / _f(r, "epsilon") for r in rows]
     compared = against_dpsgd(rows)
-    less = [f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}" for r, _, d, h in compared if d + h < 0]
-    more = [f"{r['defense']} at ε = {_f(r, 'target_epsilon'):g}" for r, _, d, h in compared if d - h > 0]
+    less, more = called(compared)
     return (f"- **Final model, worst case** (`--scope model`, crafted θ₀, blank target, {rows[0]['models']} models "
             f"a row): {len(rows)} of 21 private rows audited; ε_LB is {min(ratios):.0%}–{max(ratios):.0%} of the "
             f"accounted ε; against DP-SGD's loss separation at the same ε, "

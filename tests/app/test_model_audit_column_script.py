@@ -32,8 +32,16 @@ def test_rows_section_and_reading_against_dpsgd(tmp_path):
     assert by[("groupwise (all)", 8.0)]["loss_separation"] == 1.6
     assert by[("dpsgd", 8.0)]["loss_separation_se"] == pytest.approx(math.sqrt(0.02 + 1.7 ** 2 / 200), abs=1e-3)
     text = column.section([{k: str(v) for k, v in r.items()} for r in rows])
-    assert "rs at ε = 8: less than DP-SGD" in text  # 0.6 against 1.7: the interval (≈ ±0.4) excludes zero
-    assert "groupwise (all) at ε = 8: within noise of DP-SGD" in text
+    # 0.6 against 1.7: the interval (≈ ±0.4) excludes zero; groupwise (all) 1.6 against 1.7 does not
+    assert "Resolved to leak less than DP-SGD: rs at ε = 8. Resolved to leak more: none." in text
+    assert "The other 1 of 2 differences are within noise." in text
+    differences = text.split("differences are within noise.")[1].strip().splitlines()
+    def half(row: str) -> float:  # the 95 % half-width of the difference from DP-SGD at ε = 8
+        return 1.96 * math.hypot(by[(row, 8.0)]["loss_separation_se"], by[("dpsgd", 8.0)]["loss_separation_se"])
+    assert differences[0] == "| defense − DP-SGD | ε = 1 | ε = 3 | ε = 8 |"
+    blank = "| not measured | not measured |"
+    assert differences[2:] == [f"| rs {blank} -1.10 ± {half('rs'):.2f} *less* |",
+                               f"| groupwise (all) {blank} -0.10 ± {half('groupwise (all)'):.2f} |"]
     assert "Not measured yet:" in text and "gep at ε = 3" in text
     summary = column.summary_line(rows)
     assert "4 of 21 private rows" in summary and "resolved less: rs at ε = 8" in summary
