@@ -45,12 +45,6 @@ def reach(theta_norm: float, residual_norm: float, clip0: float, clip1: float) -
     return shift / (math.sqrt(2) * math.sqrt(clip0 ** 2 * theta_norm ** 2 + clip1 ** 2 * g2))
 
 
-def separation(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """(mean in − mean out) / sd out: the column's loss and projection separations."""
-    inside, outside = scores[labels], scores[~labels]
-    return float((inside.mean() - outside.mean()) / outside.std())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draws", type=int, default=3, help="anchor draws (the first models' scopes)")
@@ -64,6 +58,7 @@ def main() -> None:
     from dpeval.checkpoint import ShadowStore
     from dpeval.config import build_spec
     from dpeval.core.datasets import load_task
+    from dpeval.core.statistics import separation  # the column's loss and projection separations
     from dpeval.runner import prepare
 
     measured = {}
@@ -101,12 +96,16 @@ def main() -> None:
         theta_hat = theta * min(1.0, clip0 / a)
         residual_hat = residual * min(1.0, clip1 / b)
         whitened = residual_hat / clip1 ** 2 + defense.lift(theta_hat[None])[0] / (clip0 ** 2 + clip1 ** 2)
-        start = defense.flatten({name: theta0[name].unsqueeze(0) for name in defense.names})[0]
-        directions.append((draw, g, whitened, start, defense))
+        directions.append((draw, g.double(), whitened.double()))
     if args.kept is None:
         return
+
+    def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:  # every draw's defense flattens alike
+        return defense.flatten({name: state[name].unsqueeze(0) for name in defense.names})[0]
+
+    start = flat(theta0)
     options = ModelAuditOptions(models=200, init="crafted", target="blank", sampling="full")
-    labels = torch.from_numpy(balanced_labels(options.models, streams.numpy("membership")))
+    labels = balanced_labels(options.models, streams.numpy("membership"))
     for eps in EPSILONS:
         folder = args.kept / f"gep-eps{eps:g}"
         row = build_spec(row_config("gep", eps))
@@ -115,10 +114,9 @@ def main() -> None:
         if len(states) < options.models:
             print(f"ε = {eps:g}: {len(states)} of {options.models} models kept in {folder}; skipped")
             continue
-        for draw, g, whitened, start, defense in directions:
-            moved = torch.stack([defense.flatten({n: states[i][n].unsqueeze(0) for n in defense.names})[0] - start
-                                 for i in range(options.models)]).double()
-            along_g, along_w = -(moved @ g.double()), -(moved @ whitened.double())
+        moved = torch.stack([flat(states[i]) - start for i in range(options.models)]).double()
+        for draw, g, whitened in directions:
+            along_g, along_w = -(moved @ g).numpy(), -(moved @ whitened).numpy()
             print(f"ε = {eps:g}, draw {draw}: kept models' separation along −g {separation(along_g, labels):.3f}, "
                   f"along the GEP-aware −w {separation(along_w, labels):.3f}")
 
